@@ -1,0 +1,64 @@
+"""What every command gets: the inventory (loaded on first use), consoles and an SSH connector.
+
+Like httpie's environment object: commands and operations take this instead of reaching for globals,
+so tests can inject their own consoles and inventory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ..inventory import Inventory, inventory_path, load_inventory
+from ..transport import Connector
+
+
+@dataclass
+class AppContext:
+    inventory_arg: str | None = None
+    trust_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    # stdout carries results (tables, or JSON with --json); stderr carries progress and notices.
+    out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=True))
+    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    _inventory: Inventory | None = None
+    _connector: Connector | None = None
+
+    @property
+    def inventory_path(self) -> Path:
+        return inventory_path(self.inventory_arg)
+
+    @property
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            self._inventory = load_inventory(self.inventory_path)
+        return self._inventory
+
+    def reload_inventory(self) -> Inventory:
+        self._inventory = None
+        return self.inventory
+
+    @property
+    def connector(self) -> Connector:
+        if self._connector is None:
+            self._connector = Connector(
+                self.inventory,
+                trust_new_host_keys=self.trust_new_host_keys,
+                connect_timeout=self.connect_timeout,
+                on_notice=lambda msg: self.err.print(f"[yellow]{msg}[/]"),
+            )
+        return self._connector
+
+    def close(self) -> None:
+        if self._connector is not None:
+            self._connector.close()
+
+    def print_json(self, data: Any) -> None:
+        """Machine-readable output: exactly one JSON document on stdout."""
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+        sys.stdout.flush()

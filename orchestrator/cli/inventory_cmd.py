@@ -1,0 +1,147 @@
+"""`dfo inventory …`: validate, show, check connectivity, and edit the inventory in place."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import InputError
+from ..inventory_edit import add_host, parse_cli_value, remove_host, set_field, write_inventory
+from ..host_facts import gather_facts
+from .context import AppContext
+from .main import app
+
+inventory_app = typer.Typer(help="Validate, inspect and edit inventory.yaml (comments and order are kept).",
+                            no_args_is_help=True)
+app.add_typer(inventory_app, name="inventory")
+
+
+@inventory_app.command("check")
+def check(
+    ctx: typer.Context,
+    connect: bool = typer.Option(False, "--connect", help="Also reach every host in parallel and report facts."),
+    host: list[str] = typer.Option([], "--host", "-H", help="Only these hosts (repeatable)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """Validate the inventory; with --connect, reach each host and show what dfo found there."""
+    app_ctx: AppContext = ctx.obj
+    inv = app_ctx.inventory
+    names = inv.select(host)
+    if not connect:
+        if json_out:
+            app_ctx.print_json({"inventory": str(inv.source), "valid": True, "hosts": names})
+        else:
+            app_ctx.out.print(f"{inv.source}: valid, {len(names)} host(s): {', '.join(names)}")
+        return
+    facts = gather_facts(app_ctx.connector, names)
+    if json_out:
+        app_ctx.print_json({"inventory": str(inv.source), "hosts": {n: f.as_dict() for n, f in facts.items()}})
+    else:
+        table = Table(title=f"{inv.source}", title_justify="left")
+        for col in ("host", "reachable", "auth", "python", "GPUs", "free disk", "latency"):
+            table.add_column(col)
+        for name, f in facts.items():
+            if not f.reachable:
+                table.add_row(name, "[red]no[/]", "", "", "", "", escape(f.error or ""))
+                continue
+            table.add_row(
+                name, "[green]yes[/]", f.auth, f.python or "[red]missing[/]",
+                escape("\n".join(f.gpus) if f.gpus else "none"),
+                "\n".join(f"{p}: {_gib(b)}" for p, b in f.free_disk.items()),
+                f"{f.latency_ms:.0f} ms",
+            )
+        app_ctx.out.print(table)
+    if not all(f.reachable for f in facts.values()):
+        raise typer.Exit(1)
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+@inventory_app.command("show")
+def show(
+    ctx: typer.Context,
+    json_out: bool = typer.Option(False, "--json", help="Print the validated inventory as JSON."),
+) -> None:
+    """Show the hosts as dfo understands them (defaults and ssh_config applied)."""
+    from ..inventory import resolve_host
+
+    app_ctx: AppContext = ctx.obj
+    inv = app_ctx.inventory
+    if json_out:
+        app_ctx.print_json({
+            "inventory": str(inv.source),
+            "hosts": {n: {**h.model_dump(), "venv": h.venv, "ssh": resolve_host(inv, n).label}
+                      for n, h in inv.hosts.items()},
+        })
+        return
+    table = Table(title=str(inv.source), title_justify="left")
+    for col in ("host", "ssh", "roles", "workdir", "venv", "paths", "gpu", "reaches"):
+        table.add_column(col)
+    for name, h in inv.hosts.items():
+        r = resolve_host(inv, name)
+        table.add_row(
+            name, escape(r.label + (f" via {r.proxy_jump.label}" if r.proxy_jump else "")), ",".join(h.roles),
+            h.workdir, h.venv,
+            "\n".join(f"{k}: {v}" for k, v in h.paths.model_dump().items() if v and k != "venv"),
+            {True: "yes", False: "no", None: "detect"}[h.gpu], ", ".join(h.reaches) or "-",
+        )
+    app_ctx.out.print(table)
+
+
+@inventory_app.command("set")
+def set_cmd(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., metavar="HOST.FIELD", help="e.g. ct129.port or ct129.paths.models"),
+    value: str = typer.Argument(..., metavar="VALUE", help="YAML value: 2222, true, /data/x, [eval]"),
+) -> None:
+    """Set one field of one host, keeping everything else in the file byte-for-byte."""
+    app_ctx: AppContext = ctx.obj
+    inv = app_ctx.inventory
+    host, _, dotted = target.partition(".")
+    if not dotted:
+        raise InputError(f"expected HOST.FIELD (e.g. ct129.port), got {target!r}")
+    path = app_ctx.inventory_path
+    new = set_field(path.read_text(encoding="utf-8"), host, dotted.split("."), parse_cli_value(value),
+                    list(inv.hosts))
+    write_inventory(path, new)
+    app_ctx.err.print(f"{path}: set hosts.{host}.{dotted} = {escape(value)}")
+
+
+@inventory_app.command("add-host")
+def add_host_cmd(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Name used on the command line, e.g. ct130."),
+    address: str = typer.Option(..., "--address", help="Hostname, IP or ssh_config alias."),
+    user: Optional[str] = typer.Option(None, "--user"),
+    port: Optional[int] = typer.Option(None, "--port"),
+    workdir: str = typer.Option("/data/dfo", "--workdir", help="Where dfo keeps its files on the host."),
+    identity_file: Optional[str] = typer.Option(None, "--identity-file"),
+    role: list[str] = typer.Option([], "--role", help="train or eval (repeatable)."),
+) -> None:
+    """Add a host at the end of `hosts:`."""
+    app_ctx: AppContext = ctx.obj
+    app_ctx.inventory  # validate the current file first: never edit a broken inventory blindly
+    path = app_ctx.inventory_path
+    fields = {"address": address, "user": user, "port": port, "identity_file": identity_file,
+              "workdir": workdir, "roles": role or None}
+    write_inventory(path, add_host(path.read_text(encoding="utf-8"), name, fields))
+    app_ctx.err.print(f"{path}: added host {name} (check it with `dfo inventory check --connect -H {name}`)")
+
+
+@inventory_app.command("remove-host")
+def remove_host_cmd(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
+    """Remove a host and its block."""
+    app_ctx: AppContext = ctx.obj
+    inv = app_ctx.inventory
+    path = app_ctx.inventory_path
+    referrers = [n for n, h in inv.hosts.items() if name in h.reaches]
+    if referrers:
+        raise InputError(f"host {name!r} is listed in 'reaches' of {', '.join(referrers)}",
+                         hint="remove it there first (dfo inventory set HOST.reaches [...])")
+    write_inventory(path, remove_host(path.read_text(encoding="utf-8"), name, list(inv.hosts)))
+    app_ctx.err.print(f"{path}: removed host {name}")

@@ -1,0 +1,92 @@
+"""`dfo` entry point: global options, sub-command registration, and the error/exit-code policy.
+
+Exit codes: 0 success, 1 an operation failed, 2 bad input (inventory, arguments), 130 interrupted.
+Expected failures print one clear message (no traceback); set DFO_DEBUG=1 to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import DfoError
+from .context import AppContext
+
+app = typer.Typer(
+    name="dfo",
+    help="Run and verify the DFlash drafter evaluation loop across SSH hosts.\n\n"
+    "Hosts come from inventory.yaml (see `dfo inventory show`). Every command that changes a host "
+    "has --dry-run; commands whose output feeds scripts have --json.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    inventory: Optional[str] = typer.Option(
+        None, "--inventory", "-i", metavar="PATH", envvar="DFO_INVENTORY",
+        help="Inventory file (default ./inventory.yaml; env DFO_INVENTORY).",
+    ),
+    trust_new_host_keys: bool = typer.Option(
+        False, "--trust-new-host-keys",
+        help="Trust-on-first-use: accept host keys not yet in known_hosts and record them there. "
+        "Mismatching keys are always refused.",
+    ),
+    connect_timeout: float = typer.Option(10.0, "--connect-timeout", metavar="SECONDS", help="SSH connect timeout."),
+) -> None:
+    ctx.obj = AppContext(inventory_arg=inventory, trust_new_host_keys=trust_new_host_keys,
+                         connect_timeout=connect_timeout)
+    ctx.call_on_close(ctx.obj.close)
+
+
+def _register() -> None:
+    # Each command group lives in its own module and adds itself to `app`.
+    from . import deploy_cmd, inventory_cmd  # noqa: F401
+
+    for optional in ("relay_cmd", "provision_cmd", "jobs_cmd", "eval_cmd", "runs_cmd", "demo_cmd"):
+        try:
+            __import__(f"{__package__}.{optional}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{optional}":
+                raise
+
+
+_register()
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Console-script entry: returns (and exits with) dfo's exit code."""
+    code = main(argv)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = os.environ.get("DFO_DEBUG") == "1"
+    err = AppContext().err
+    try:
+        result = app(args=argv, prog_name="dfo", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except DfoError as exc:
+        if debug:
+            raise
+        err.print(f"[bold red]error:[/] {escape(exc.message)}")
+        if exc.hint:
+            err.print(f"  [dim]hint:[/] {escape(exc.hint)}")
+        return exc.exit_code
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.TyperException as exc:  # usage errors (typer vendors click; exit code 2)
+        exc.show()
+        return getattr(exc, "exit_code", 2)
+    except (KeyboardInterrupt, typer.Abort):
+        err.print("interrupted")
+        return 130

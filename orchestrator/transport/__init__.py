@@ -1,0 +1,71 @@
+"""The only place that touches SSH.
+
+``Connector`` hands out verified, cached sessions per inventory host (control plane, Fabric/paramiko);
+``bulk`` builds system-`ssh` argv for the data plane; ``pool`` runs per-host work in parallel.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from ..inventory import Inventory, ResolvedHost, resolve_host
+from .control import CommandResult, HostSession, command_line, connect, fingerprint
+from .pool import HostOutcome, for_each_host
+
+__all__ = [
+    "CommandResult", "Connector", "HostOutcome", "HostSession", "command_line", "fingerprint", "for_each_host",
+]
+
+
+class Connector:
+    """Opens (once) and caches one verified session per host; thread-safe."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        trust_new_host_keys: bool = False,
+        connect_timeout: float = 10.0,
+        on_notice: Callable[[str], None] | None = None,
+    ):
+        self.inventory = inventory
+        self.trust_new_host_keys = trust_new_host_keys
+        self.connect_timeout = connect_timeout
+        self.on_notice = on_notice
+        self._sessions: dict[str, HostSession] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def resolved(self, name: str) -> ResolvedHost:
+        return resolve_host(self.inventory, name, connect_timeout=self.connect_timeout)
+
+    def session(self, name: str) -> HostSession:
+        with self._guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            existing = self._sessions.get(name)
+            if existing is not None and existing.transport is not None and existing.transport.is_active():
+                return existing
+            session = connect(self.resolved(name), trust_new=self.trust_new_host_keys, on_trust=self.on_notice)
+            self._sessions[name] = session
+            return session
+
+    def drop(self, name: str) -> None:
+        """Forget (and close) a host's session, e.g. after its connection broke."""
+        with self._guard:
+            session = self._sessions.pop(name, None)
+        if session is not None:
+            session.close()
+
+    def close(self) -> None:
+        with self._guard:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            session.close()
+
+    def __enter__(self) -> "Connector":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,290 @@
+"""The SSH control plane: verified Fabric/paramiko sessions that run commands and move small files.
+
+Fabric's defaults are overridden where they are unsafe or slow (see architecture.md): host keys are
+checked against the inventory's known_hosts (unknown keys refused unless trust-on-first-use is asked
+for, and then recorded), keepalive is on, every phase of the connect has a timeout, and commands are run
+on raw paramiko channels (Fabric's ``run(in_stream=...)`` feeds stdin at ~100 B/s).
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import shlex
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import paramiko
+from fabric import Config, Connection
+
+from ..errors import HostError
+from ..inventory import ResolvedHost
+
+KEEPALIVE_SECONDS = 15
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style SHA256 fingerprint, as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(hostname: str, port: int) -> str:
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown host keys, or (trust-on-first-use) record them in the known_hosts file."""
+
+    def __init__(self, host: ResolvedHost, trust_new: bool, on_trust: Callable[[str], None] | None = None):
+        self.host = host
+        self.trust_new = trust_new
+        self.on_trust = on_trust
+
+    def missing_host_key(self, client, hostname, key):
+        fp = f"{key.get_name()} {fingerprint(key)}"
+        if not self.trust_new:
+            raise HostError(
+                self.host.name,
+                f"unknown host key for {hostname} ({fp}); not in {self.host.known_hosts}",
+                hint="check the fingerprint with the host's admin (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
+                "then re-run with --trust-new-host-keys to record it",
+            )
+        path = Path(self.host.known_hosts)
+        with _KNOWN_HOSTS_LOCK:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        if self.on_trust:
+            self.on_trust(f"{self.host.name}: trusted new host key {fp}, recorded in {path}")
+
+
+@dataclass
+class CommandResult:
+    host: str
+    command: str
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", errors="replace")
+
+    @property
+    def err_text(self) -> str:
+        return self.stderr.decode("utf-8", errors="replace")
+
+
+def command_line(command: str | Sequence[str]) -> str:
+    """A command for the remote shell: argv lists are quoted with shlex, strings pass as written."""
+    return command if isinstance(command, str) else shlex.join(str(part) for part in command)
+
+
+def tail(text: str, lines: int = 12) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+class HostSession:
+    """One open SSH connection to one inventory host."""
+
+    def __init__(self, host: ResolvedHost, connection: Connection, auth: str, connect_seconds: float):
+        self.host = host
+        self.connection = connection
+        self.auth = auth
+        self.connect_seconds = connect_seconds
+        self._sftp: paramiko.SFTPClient | None = None
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        return self.connection.transport
+
+    # -- commands
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        check: bool = True,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
+        """Run a command; stdin is sent whole, stdout/stderr are collected concurrently (no deadlock)."""
+        cmd = command_line(command)
+        if env:
+            cmd = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + cmd
+        try:
+            channel = self.transport.open_session(timeout=self.host.connect_timeout)
+            channel.exec_command(cmd)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            out, err = self._collect(channel, timeout)
+            code = channel.recv_exit_status()
+            channel.close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(self.name, f"connection lost while running `{_short(cmd)}`: {exc}") from None
+        result = CommandResult(self.name, cmd, code, out, err)
+        if check and not result.ok:
+            detail = tail(result.err_text) or tail(result.text)
+            raise HostError(self.name, f"`{_short(cmd)}` exited with {code}" + (f":\n{detail}" if detail else ""))
+        return result
+
+    def _collect(self, channel: paramiko.Channel, timeout: float | None) -> tuple[bytes, bytes]:
+        # stderr drains in its own thread: an unread stream stops the channel's window from moving.
+        out, err = bytearray(), bytearray()
+        channel.settimeout(timeout)
+
+        def drain_stderr() -> None:
+            try:
+                while chunk := channel.recv_stderr(65536):
+                    err.extend(chunk)
+            except (socket.timeout, OSError):
+                pass
+
+        reader = threading.Thread(target=drain_stderr, daemon=True)
+        reader.start()
+        try:
+            while chunk := channel.recv(65536):
+                out.extend(chunk)
+        except socket.timeout:
+            channel.close()
+            raise HostError(self.name, f"command did not finish within {timeout:.0f}s") from None
+        reader.join(timeout)
+        return bytes(out), bytes(err)
+
+    def python(self, script: str, *args: str, python: str = "python3", **kwargs) -> CommandResult:
+        """Run a Python script on the host (sent on stdin, so nothing is left behind)."""
+        return self.run([python, "-", *args], stdin=script.encode(), **kwargs)
+
+    # -- files
+
+    @property
+    def sftp(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self.connection.sftp()
+        return self._sftp
+
+    def put(self, local: str | os.PathLike, remote: str, progress: Callable[[int, int], None] | None = None) -> None:
+        try:
+            self.sftp.put(str(local), remote, callback=progress, confirm=True)
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostError(self.name, f"upload of {local} to {remote} failed: {exc}") from None
+
+    def put_bytes(self, data: bytes, remote: str) -> None:
+        try:
+            with self.sftp.open(remote, "wb") as fh:
+                fh.set_pipelined(True)
+                fh.write(data)
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostError(self.name, f"writing {remote} failed: {exc}") from None
+
+    def get(self, remote: str, local: str | os.PathLike, progress: Callable[[int, int], None] | None = None) -> None:
+        try:
+            self.sftp.get(remote, str(local), callback=progress)
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostError(self.name, f"download of {remote} failed: {exc}") from None
+
+    def close(self) -> None:
+        try:
+            if self._sftp is not None:
+                self._sftp.close()
+            self.connection.close()
+        except Exception:  # closing a dead connection must not mask the real error
+            pass
+
+
+def _short(cmd: str, limit: int = 160) -> str:
+    return cmd if len(cmd) <= limit else cmd[: limit - 1] + "…"
+
+
+def connect(
+    host: ResolvedHost,
+    *,
+    trust_new: bool = False,
+    on_trust: Callable[[str], None] | None = None,
+) -> HostSession:
+    """Open a verified SSH session to ``host``; every failure becomes a HostError that says why."""
+    gateway = None
+    if host.proxy_jump is not None:
+        gateway = connect(host.proxy_jump, trust_new=trust_new, on_trust=on_trust).connection
+    keys = [k for k in host.identity_files if os.path.exists(k)]
+    conn = Connection(
+        host=host.hostname,
+        user=host.user,
+        port=host.port,
+        config=Config(overrides={"load_ssh_configs": False}),
+        connect_timeout=max(1, int(round(host.connect_timeout))),
+        connect_kwargs={
+            "key_filename": keys,
+            "look_for_keys": not keys,
+            "allow_agent": not keys,
+            "banner_timeout": host.connect_timeout,
+            "auth_timeout": host.connect_timeout,
+        },
+        gateway=gateway or False,
+    )
+    # Fabric installs AutoAddPolicy and loads no known_hosts: replace both before open().
+    client = conn.client
+    client.set_missing_host_key_policy(HostKeyPolicy(host, trust_new, on_trust))
+    if os.path.exists(host.known_hosts):
+        try:
+            client.load_host_keys(host.known_hosts)
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostError(host.name, f"cannot read known_hosts {host.known_hosts}: {exc}") from None
+    started = time.monotonic()
+    try:
+        conn.open()
+    except HostError:
+        raise
+    except paramiko.BadHostKeyException as exc:
+        raise HostError(
+            host.name,
+            f"HOST KEY MISMATCH for {known_hosts_name(host.hostname, host.port)}: the server offered "
+            f"{exc.key.get_name()} {fingerprint(exc.key)} but {host.known_hosts} records "
+            f"{exc.expected_key.get_name()} {fingerprint(exc.expected_key)}. Refusing to connect.",
+            hint="if the host was reinstalled, confirm the new fingerprint with its admin, then remove the old line "
+            f"(ssh-keygen -R '{known_hosts_name(host.hostname, host.port)}' -f {host.known_hosts}) and re-run "
+            "with --trust-new-host-keys; otherwise this may be an attack",
+        ) from None
+    except paramiko.AuthenticationException as exc:
+        raise HostError(
+            host.name,
+            f"authentication failed for {host.label} ({exc})",
+            hint=f"keys tried: {', '.join(keys) or 'agent and ~/.ssh defaults'}; set identity_file in the inventory",
+        ) from None
+    except socket.gaierror as exc:
+        raise HostError(host.name, f"cannot resolve host name {host.hostname!r} ({exc.strerror})",
+                        hint="check 'address' in the inventory or the HostName in ssh_config") from None
+    except paramiko.ssh_exception.NoValidConnectionsError as exc:
+        raise HostError(host.name, f"connection refused by {host.hostname}:{host.port} (is sshd running?)",
+                        hint=str(exc)) from None
+    except (socket.timeout, TimeoutError):
+        raise HostError(host.name, f"no answer from {host.hostname}:{host.port} within {host.connect_timeout:g}s "
+                        "(host down or firewalled)") from None
+    except OSError as exc:
+        reason = {errno.ENETUNREACH: "network unreachable", errno.EHOSTUNREACH: "host unreachable",
+                  errno.ECONNREFUSED: "connection refused (is sshd running?)"}.get(exc.errno, str(exc))
+        raise HostError(host.name, f"cannot connect to {host.hostname}:{host.port}: {reason}") from None
+    except paramiko.SSHException as exc:
+        raise HostError(host.name, f"SSH handshake with {host.hostname}:{host.port} failed: {exc}") from None
+    elapsed = time.monotonic() - started
+    conn.transport.set_keepalive(KEEPALIVE_SECONDS)
+    auth = conn.transport.auth_handler.auth_method if conn.transport.auth_handler else "?"
+    return HostSession(host, conn, auth, elapsed)

@@ -1,0 +1,52 @@
+"""Run one function per host in a bounded thread pool and keep every host's outcome.
+
+Fabric's ThreadingGroup has no concurrency cap and stops at the first failure's exception; dfo wants
+"the other hosts still finish, and each host says what happened to it".
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Generic, Iterable, TypeVar
+
+from ..errors import DfoError, HostError
+
+T = TypeVar("T")
+MAX_PARALLEL_HOSTS = 8
+
+
+@dataclass
+class HostOutcome(Generic[T]):
+    host: str
+    value: T | None = None
+    error: DfoError | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def for_each_host(
+    hosts: Iterable[str], fn: Callable[[str], T], max_workers: int = MAX_PARALLEL_HOSTS
+) -> dict[str, HostOutcome[T]]:
+    """``fn(host)`` for every host in parallel; results in the given host order."""
+    names = list(hosts)
+
+    def one(name: str) -> HostOutcome[T]:
+        started = time.monotonic()
+        try:
+            return HostOutcome(name, value=fn(name), seconds=time.monotonic() - started)
+        except DfoError as exc:
+            return HostOutcome(name, error=exc, seconds=time.monotonic() - started)
+        except Exception as exc:  # an unexpected bug on one host must not hide the others' results
+            return HostOutcome(name, error=HostError(name, f"{type(exc).__name__}: {exc}"),
+                               seconds=time.monotonic() - started)
+
+    if len(names) <= 1:
+        return {n: one(n) for n in names}
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(names)), thread_name_prefix="dfo-host") as pool:
+        outcomes = list(pool.map(one, names))
+    return {o.host: o for o in outcomes}
