@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Prepare this machine for dfo's demo and tests: OpenSSH server/client and iproute2 (for the sandbox
+# hosts), and a virtual environment at .venv with dfo and what the tests need. Safe to re-run: it only
+# does what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+[ -x /usr/sbin/sshd ] || need_pkgs+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || need_pkgs+=(openssh-client)
+command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing ${need_pkgs[*]}; install them (sudo apt-get install -y ${need_pkgs[*]}) and re-run" >&2
+    exit 1
+  fi
+  echo "setup: installing ${need_pkgs[*]} with apt-get" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+py=""
+for cand in python3.11 python3.12 python3.13 python3; do
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    py=$cand; break
+  fi
+done
+[ -n "$py" ] || { echo "setup: Python >= 3.11 is required" >&2; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $py" >&2
+  "$py" -m venv .venv
+fi
+# Re-install only when the project's dependencies changed.
+stamp=.venv/.dfo-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing dfo and test dependencies into .venv (torch pinned to the 2.13.0 CPU build)" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[payload,plots,test]'
+  echo "$want" > "$stamp"
+fi
