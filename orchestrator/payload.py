@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +16,9 @@ _SKIP_SUFFIXES = {".pyc", ".pyo", ".swp"}
 
 
 def default_payload_root() -> Path:
-    """The directory that contains the ``remote_payload`` package (the repository root)."""
-    return Path(__file__).resolve().parent.parent
+    """The directory that contains the ``remote_payload`` package: $DFO_PAYLOAD_ROOT, else this checkout."""
+    override = os.environ.get("DFO_PAYLOAD_ROOT")
+    return Path(override) if override else Path(__file__).resolve().parent.parent
 
 
 def sha256_file(path: Path) -> str:

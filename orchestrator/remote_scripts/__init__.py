@@ -15,6 +15,8 @@ _WRAPPER = """
 import json as _json, sys as _sys
 try:
     _result = {{"ok": {func}(**_json.loads({kwargs!r}))}}
+except RuntimeError as _exc:  # expected failures: the message is the whole story
+    _result = {{"error": str(_exc)}}
 except Exception as _exc:
     _result = {{"error": "%s: %s" % (type(_exc).__name__, _exc)}}
 _sys.stdout.write("\\n@@dfo-result@@" + _json.dumps(_result) + "\\n")
