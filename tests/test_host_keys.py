@@ -88,3 +88,31 @@ def test_inventory_check_connect_reports_facts_for_every_host(sandbox):
         assert f["latency_ms"] > 0
     table = dfo(sandbox, "inventory", "check", "--connect")
     assert table.returncode == 0 and "publickey" in table.stdout and "GiB" in table.stdout
+
+
+def test_wrong_key_is_an_authentication_failure_naming_the_key(fresh_sandbox, tmp_path):
+    box = fresh_sandbox
+    stranger = tmp_path / "stranger_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    assert dfo(box, "inventory", "set", "kpro6.identity_file", str(stranger)).returncode == 0
+    proc = dfo(box, "inventory", "check", "--connect", "--json")
+    facts = json.loads(proc.stdout)["hosts"]
+    assert proc.returncode == 1 and facts["ct129"]["reachable"]
+    assert "authentication failed for root@" in facts["kpro6"]["error"]
+
+
+def test_dns_failure_is_named(monkeypatch):
+    import socket
+
+    from orchestrator.errors import HostError
+    from orchestrator.inventory import ResolvedHost
+    from orchestrator.transport.control import connect
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    host = ResolvedHost(name="ct999", hostname="ct999.example", port=22, user="u", identity_files=(),
+                        known_hosts="/dev/null", ssh_config=None, connect_timeout=1)
+    with pytest.raises(HostError, match=r"ct999: cannot resolve host name 'ct999.example'"):
+        connect(host)
