@@ -233,16 +233,18 @@ def _free_port(address: str) -> int:
 
 def _used_networks() -> list[ipaddress.IPv4Network]:
     """IPv4 networks already in use on this machine: interface addresses and routes."""
+    addrs = _run(["ip", "-j", "-4", "addr"], "listing addresses").stdout
+    routes = _run(["ip", "-j", "-4", "route", "show", "table", "all"], "listing routes").stdout
     nets = []
-    addrs = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True)
-    for link in json.loads(addrs.stdout or "[]"):
-        for a in link.get("addr_info", []):
-            nets.append(ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network)
-    routes = subprocess.run(["ip", "-j", "-4", "route", "show", "table", "all"], capture_output=True, text=True)
-    for r in json.loads(routes.stdout or "[]"):
-        dst = r.get("dst", "default")
-        if dst != "default":
-            nets.append(ipaddress.ip_network(dst, strict=False))
+    try:
+        for link in json.loads(addrs or "[]"):
+            for a in link.get("addr_info", []):
+                nets.append(ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network)
+        for r in json.loads(routes or "[]"):
+            if r.get("dst", "default") != "default":
+                nets.append(ipaddress.ip_network(r["dst"], strict=False))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SandboxError(f"cannot read `ip -j` output (iproute2 too old?): {exc}") from None
     return nets
 
 
@@ -297,6 +299,11 @@ class SandboxHost:
         return self.root_dir / "models"
 
     @property
+    def home(self) -> Path:
+        """HOME of the host's sessions with own_home=True."""
+        return self.root_dir / "home"
+
+    @property
     def host_key(self) -> Path:
         return self.root_dir / "host_key"
 
@@ -342,7 +349,9 @@ _hooks_installed = False
 
 def _cleanup_live(*_: Any) -> None:
     for box in list(_live):
-        if not box.keep:
+        # A forked child (e.g. a multiprocessing worker) inherits _live and these hooks: only the
+        # process that started a sandbox may tear it down.
+        if not box.keep and box._owner_pid == os.getpid():
             try:
                 box._teardown()
             except Exception as exc:  # at exit there is nobody left to raise to
@@ -377,6 +386,8 @@ class Sandbox:
     netns:   True/False to force; None: on unless DFO_SANDBOX_NETNS=0. Falls back to 127.0.0.x
              when namespaces are unavailable (see `isolated` and `reason`).
     keep:    stop() leaves everything running and prints how to clean up.
+    own_home: sessions get HOME=ROOT/hosts/NAME/home (own ~/.cache, no dotfiles of this machine,
+             so the sshd default PATH); off by default: without it all hosts share this user's home.
     """
 
     def __init__(
@@ -390,6 +401,7 @@ class Sandbox:
         python: str = HOST_PYTHON,
         sshd: str = SSHD,
         start_timeout: float = 10.0,
+        own_home: bool = False,
     ):
         self.root = Path(root).absolute()
         self.keep = keep
@@ -397,6 +409,7 @@ class Sandbox:
         self.python = python
         self.sshd = sshd
         self.start_timeout = start_timeout
+        self.own_home = own_home
         self.run_id = secrets.token_hex(3)
         self.inventory_path = self.root / "inventory.yaml"
         self.ssh_config_path = self.root / "ssh_config"
@@ -419,7 +432,8 @@ class Sandbox:
             if not HOST_NAME_RE.match(name):
                 raise SandboxError(f"bad host name {name!r}: use letters, digits and '-' (at most 31)")
         self.hosts: dict[str, SandboxHost] = {
-            name: SandboxHost(name=name, roles=list(r), root_dir=self.root / "hosts" / name) for name, r in roles.items()
+            name: SandboxHost(name=name, roles=list(r), root_dir=self.root / "hosts" / name)
+            for name, r in roles.items()
         }
 
         if netns is None:
@@ -434,6 +448,7 @@ class Sandbox:
         self.own_hostname = False  # each host has its own hostname (UTS namespace)
         self._cleanups: list[tuple[str, Callable[[], None]]] = []
         self._started = False
+        self._owner_pid = os.getpid()
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -456,6 +471,7 @@ class Sandbox:
             raise SandboxError(f"{self.sshd} not found: install openssh-server (apt-get install -y openssh-server)")
         self._refuse_live_state()
         _install_hooks()
+        self._owner_pid = os.getpid()
         _live.add(self)
         self._started = True
         try:
@@ -473,6 +489,8 @@ class Sandbox:
         for host in self.hosts.values():
             for d in (host.root_dir, host.workdir, host.checkpoints, host.models):
                 d.mkdir(parents=True, exist_ok=True)
+            if self.own_home:
+                host.home.mkdir(exist_ok=True)
         _keygen([self.client_key, *(h.host_key for h in self.hosts.values())], f"dfo-sandbox-{self.run_id}")
         pub = self.client_key.with_name(self.client_key.name + ".pub").read_text()
         for host in self.hosts.values():
@@ -480,8 +498,8 @@ class Sandbox:
 
         self.isolated, self.reason = self._netns_available()
         # An own UTS namespace (so `hostname` says kpro6/ct129) needs root; without it hosts share ours.
-        self.own_hostname = os.geteuid() == 0 and subprocess.run(
-            ["unshare", "--uts", "true"], capture_output=True).returncode == 0
+        self.own_hostname = (os.geteuid() == 0 and shutil.which("unshare") is not None
+                             and subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0)
         if self.isolated:
             for index, host in enumerate(self.hosts.values()):
                 self._setup_network(host, index)
@@ -669,7 +687,9 @@ class Sandbox:
             ("PrintMotd", "no"),
             ("PrintLastLog", "no"),
             # Which fake host a session is on; the run marker finds detached jobs at teardown.
-            ("SetEnv", f"DFO_SANDBOX_HOST={host.name} DFO_SANDBOX_RUN={self.run_id}"),
+            ("SetEnv", " ".join(_quote_conf(v) for v in (
+                f"DFO_SANDBOX_HOST={host.name}", f"DFO_SANDBOX_RUN={self.run_id}",
+                *([f"HOME={host.home}"] if self.own_home else [])))),
         ]
         if self._penalties_option:
             # OpenSSH >= 9.8 would lock out 127.0.0.1 after the auth failures tests provoke on purpose.

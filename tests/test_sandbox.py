@@ -135,8 +135,8 @@ def test_relay_through_controller_verified_by_sha256(sandbox):
                                 capture_output=True, timeout=60)
         reader.stdout.close()
         assert reader.wait(30) == 0 and writer.returncode == 0, writer.stderr
-        remote = ok(sandbox.run_ssh(
-            "ct129", f"/usr/bin/python3 -c \"import hashlib; print(hashlib.sha256(open('{dst}','rb').read()).hexdigest())\""))
+        hasher = f"import hashlib; print(hashlib.sha256(open('{dst}', 'rb').read()).hexdigest())"
+        remote = ok(sandbox.run_ssh("ct129", f"/usr/bin/python3 -c \"{hasher}\""))
         assert remote.strip() == digest
     finally:
         src.unlink(missing_ok=True)
@@ -231,17 +231,23 @@ def test_link_down_makes_host_unreachable_and_link_up_restores_it(fresh_sandbox)
 # ----------------------------------------------------------------------------------- fallback
 
 
-@pytest.mark.parametrize("how", ["env", "flag"])
+FALLBACK_REASONS = {"env": "DFO_SANDBOX_NETNS=0", "flag": "netns=False", "not-root": "not root (uid 1000)"}
+
+
+@pytest.mark.parametrize("how", list(FALLBACK_REASONS))
 def test_forced_fallback_on_loopback(tmp_path, monkeypatch, how):
     require_sshd()
     if how == "env":
         monkeypatch.setenv("DFO_SANDBOX_NETNS", "0")
         box = Sandbox(tmp_path / "sb")
-    else:
+    elif how == "flag":
         box = Sandbox(tmp_path / "sb", netns=False)
+    else:  # what a plain user gets (sshd itself still runs as whoever we are)
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)
+        box = Sandbox(tmp_path / "sb")
     with box:
         assert box.isolated is False
-        assert ("DFO_SANDBOX_NETNS=0" if how == "env" else "netns=False") in box.reason
+        assert FALLBACK_REASONS[how] in box.reason
         assert [h.address for h in box.hosts.values()] == ["127.0.0.2", "127.0.0.3"]
         assert all(h.netns is None and h.veth is None for h in box.hosts.values())
         for name in box.hosts:
@@ -257,6 +263,14 @@ def test_forced_fallback_on_loopback(tmp_path, monkeypatch, how):
         box.stop_host("kpro6")
         box.start_host("kpro6")
         ok(box.run_ssh("kpro6", "true"))
+
+
+def test_own_home_per_host(tmp_path):
+    require_sshd()
+    with Sandbox(tmp_path / "sb", own_home=True) as box:
+        for name, host in box.hosts.items():
+            home, cd = ok(box.run_ssh(name, "echo $HOME; cd && pwd")).split()
+            assert home == cd == str(host.home) and host.home.is_dir()
 
 
 def test_custom_host_names_and_roles(tmp_path):
