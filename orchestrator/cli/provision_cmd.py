@@ -1,0 +1,79 @@
+"""`dfo provision`: build or check the payload's uv venv on hosts (idempotent; --dry-run shows the plan)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..provision import provision_hosts
+from .context import AppContext
+from .main import app
+
+
+@app.command("provision")
+def provision_cmd(
+    ctx: typer.Context,
+    host: list[str] = typer.Option([], "--host", "-H", help="Provision these hosts (repeatable; default: all)."),
+    offline: Optional[bool] = typer.Option(
+        None, "--offline/--online",
+        help="--offline: build a wheelhouse on the controller, push it, install with no index. "
+        "--online: the host downloads from the index itself. Default: offline when the host cannot reach it.",
+    ),
+    force: bool = typer.Option(False, "--force", help="Recreate the venv and sync even when it is up to date."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be done; change nothing."),
+    json_out: bool = typer.Option(False, "--json", help="Print per-host results as JSON on stdout."),
+) -> None:
+    """Make each host's payload venv match remote_payload/requirements-<flavour>.lock.
+
+    The flavour (cpu or cuda) comes from the inventory's gpu / torch_backend, else from nvidia-smi.
+    A venv whose marker matches the lock, Python, flavour and uv version is left alone ("up-to-date").
+    """
+    app_ctx: AppContext = ctx.obj
+    names = app_ctx.inventory.select(host)
+    outcomes = provision_hosts(app_ctx.connector, names, offline=offline, force=force, dry_run=dry_run,
+                               console=None if json_out else app_ctx.err)
+    failed = [o for o in outcomes.values() if not o.ok]
+    if json_out:
+        app_ctx.print_json({
+            "hosts": {n: (o.value.as_dict() if o.ok else {"status": "failed", "error": str(o.error)})
+                      for n, o in outcomes.items()},
+            "ok": not failed,
+        })
+    else:
+        table = Table(title="dfo provision" + (" (dry run)" if dry_run else ""), title_justify="left")
+        for col in ("host", "status", "flavour", "torch", "detail"):
+            table.add_column(col)
+        plans = []
+        for n, o in outcomes.items():
+            if not o.ok:
+                table.add_row(n, "[red]failed[/]", "", "", escape(o.error.message.removeprefix(f"{n}: ")))
+                continue
+            r = o.value
+            mode = "offline" if r.offline else "online" if r.offline is False else ""
+            if r.status == "would-install":
+                detail = "; ".join(r.reasons)
+                plans.append((n, r))
+            elif r.status == "installed":
+                detail = (f"{mode}; uv {r.uv_version} ({r.uv_source}); pushed {r.pushed_files} files "
+                          f"({r.pushed_bytes / 2**20:.1f} MiB); {r.seconds:.1f}s")
+            else:
+                detail = f"{r.lock} {r.lock_sha256[:12]}; uv {r.uv_version}"
+            flavour = r.flavour + (f" ({r.torch_backend})" if r.torch_backend and r.torch_backend != r.flavour else "")
+            style = {"up-to-date": "green", "installed": "green"}.get(r.status, "cyan")
+            table.add_row(n, f"[{style}]{r.status}[/]", flavour, r.packages.get("torch") or "", escape(detail))
+        app_ctx.out.print(table)
+        for n, r in plans:
+            app_ctx.out.print(f"{escape(n)}: would, in {escape(r.venv)} ({'offline' if r.offline else 'online'}):")
+            for step in r.steps:
+                app_ctx.out.print(f"  - {escape(step)}")
+        for n, o in outcomes.items():
+            if o.ok and o.value.status != "would-install":
+                app_ctx.out.print(f"{escape(n)}: python {escape(o.value.python)}", highlight=False)
+        for o in failed:
+            if o.error.hint:
+                app_ctx.err.print(f"[dim]{escape(o.host)}: hint: {escape(o.error.hint)}[/]")
+    if failed:
+        raise typer.Exit(1)
