@@ -243,6 +243,7 @@ def test_forced_fallback_on_loopback(tmp_path, monkeypatch, how):
     elif how == "flag":
         box = Sandbox(tmp_path / "sb", netns=False)
     else:  # what a plain user gets (sshd itself still runs as whoever we are)
+        monkeypatch.delenv("DFO_SANDBOX_NETNS", raising=False)
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
         box = Sandbox(tmp_path / "sb")
     with box:
