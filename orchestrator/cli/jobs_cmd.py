@@ -1,0 +1,273 @@
+"""`dfo jobs`: detached remote jobs — run, list, status, logs [-f], cancel, pull.
+
+A job is named ``HOST:JOB_ID`` (as `dfo jobs list` prints it); ``--host H JOB_ID`` works too, a bare id
+is searched for on every host, an id prefix is enough when unique, and ``HOST:last`` is the newest job.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import InputError
+from ..jobs import (
+    DEFAULT_LOCK, JobStatus, cancel_job, default_pull_dest, follow_job, job_status, launch_job, list_jobs,
+    locate_job, poll_job, pull_results,
+)
+from ..progress_view import ProgressView
+from ..transport import for_each_host
+from .context import AppContext
+from .main import app
+
+jobs_app = typer.Typer(
+    help="Detached jobs on hosts: run, list, status, logs [-f], cancel, pull.\n\n"
+    "JOB is HOST:JOB_ID (see `dfo jobs list`), or JOB_ID with --host; HOST:last is the newest job.",
+    no_args_is_help=True,
+)
+app.add_typer(jobs_app, name="jobs")
+
+HOST_OPT = typer.Option(None, "--host", "-H", help="Host of the job (or write JOB as HOST:JOB_ID).")
+STATE_STYLE = {"running": "cyan", "starting": "cyan", "succeeded": "green", "failed": "red", "cancelled": "yellow",
+               "lost": "red", "refused": "yellow"}
+
+
+def _state(st: JobStatus) -> str:
+    text = st.state
+    if st.state in ("failed", "cancelled") and st.exit_code is not None:
+        text += f" (exit {st.exit_code}" + (f", {st.signal}" if st.signal else "") + ")"
+    return f"[{STATE_STYLE.get(st.state, 'white')}]{escape(text)}[/]"
+
+
+def _short_time(iso: str | None) -> str:
+    return iso.replace("T", " ").rstrip("Z")[5:] if iso else ""
+
+
+def _took(st: JobStatus) -> str:
+    if not st.started:
+        return ""
+    end = datetime.fromisoformat(st.finished.rstrip("Z")) if st.finished else datetime.now(timezone.utc).replace(tzinfo=None)
+    seconds = (end - datetime.fromisoformat(st.started.rstrip("Z"))).total_seconds()
+    text = f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+    return text + ("…" if not st.done else "")
+
+
+def _report_end(app_ctx: AppContext, st: JobStatus) -> None:
+    """Say how a finished job ended; a failure shows its last log lines and makes the command exit 1."""
+    if st.ok:
+        app_ctx.err.print(f"{escape(st.ref)}: [green]succeeded[/]; {st.results} result file(s) — "
+                          f"dfo jobs pull {escape(st.ref)}")
+        return
+    app_ctx.err.print(f"{escape(st.ref)}: {_state(st)}")
+    if st.log_tail:
+        app_ctx.err.print("[dim]last log lines:[/]")
+        for line in st.log_tail:
+            app_ctx.err.print("  " + escape(line), highlight=False)
+    raise typer.Exit(1)
+
+
+@jobs_app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    command: list[str] = typer.Argument(..., help="The command and its arguments (put them after --)."),
+    host: str = typer.Option(..., "--host", "-H", help="Host to run on."),
+    name: Optional[str] = typer.Option(None, "--name", help="A label for the job."),
+    cwd: Optional[str] = typer.Option(None, "--cwd", help="Working directory on the host (default: its workdir)."),
+    env: list[str] = typer.Option([], "--env", "-e", metavar="KEY=VALUE", help="Extra environment (repeatable)."),
+    lock: str = typer.Option(DEFAULT_LOCK, "--lock", help="Host lock to hold while running ('' for none)."),
+    force: bool = typer.Option(False, "--force", help="Run even when another live job holds the lock."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Follow the log until the job ends."),
+    json_out: bool = typer.Option(False, "--json", help="Print the job as JSON (not with --follow)."),
+) -> None:
+    """Start COMMAND detached on a host; prints the job reference at once.
+
+    The command gets DFO_RESULTS_DIR (its results folder), DFO_JOB_ID and DFO_JOB_DIR; the placeholders
+    {results}, {job_dir} and {job_id} in its arguments are replaced. It keeps running when the
+    controller disconnects: reattach with `dfo jobs logs HOST:JOB_ID -f`.
+    """
+    app_ctx: AppContext = ctx.obj
+    app_ctx.inventory.select([host])
+    extra = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--env expects KEY=VALUE, got {item!r}")
+        extra[key] = value
+    handle = launch_job(app_ctx.connector, host, command, env=extra, cwd=cwd, job_name=name, force=force,
+                        lock=lock or None)
+    for notice in handle.notices:
+        app_ctx.err.print(f"[yellow]{escape(host)}: {escape(notice)}[/]")
+    if json_out and not follow:
+        app_ctx.print_json(handle.status.as_dict() if handle.status else {"ref": handle.ref})
+        return
+    app_ctx.out.print(handle.ref, highlight=False)
+    if follow:
+        st = follow_job(app_ctx.connector, host, handle.job_id, console=app_ctx.out)
+        _report_end(app_ctx, st)
+    else:
+        app_ctx.err.print(f"[dim]follow: dfo jobs logs {escape(handle.ref)} -f[/]")
+
+
+@jobs_app.command("list")
+def list_cmd(
+    ctx: typer.Context,
+    host: list[str] = typer.Option([], "--host", "-H", help="Hosts to list (repeatable; default: all)."),
+    limit: int = typer.Option(20, "--limit", "-n", help="Newest N jobs per host."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """Jobs on hosts, newest first."""
+    app_ctx: AppContext = ctx.obj
+    names = app_ctx.inventory.select(host)
+    outcomes = for_each_host(names, lambda n: list_jobs(app_ctx.connector, n, limit=limit))
+    failed = [o for o in outcomes.values() if not o.ok]
+    if json_out:
+        app_ctx.print_json({"hosts": {n: ([j.as_dict() for j in o.value] if o.ok else {"error": str(o.error)})
+                                      for n, o in outcomes.items()}, "ok": not failed})
+    else:
+        # Plain aligned lines (no table): job references stay whole and copy-pastable at any width.
+        out = app_ctx.out
+        out.print(f"[bold]{'JOB':<28} {'STATE':<18} {'STARTED UTC':<15} {'TOOK':>6} {'FILES':>5}  NAME: COMMAND[/]")
+        for n, o in outcomes.items():
+            if not o.ok:
+                out.print(f"{escape(n + ':'):<28} [red]{'unreachable':<18}[/] {escape(str(o.error))}")
+                continue
+            if not o.value:
+                out.print(f"[dim]{escape(n)}: no jobs[/]")
+            for j in o.value:
+                state = j.state + (f" ({j.exit_code})" if j.state == "failed" and j.exit_code is not None else "")
+                label = (f"{j.name}: " if j.name else "") + " ".join(j.argv)
+                label = label if len(label) <= 70 else label[:69] + "…"
+                out.print(f"{escape(j.ref):<28} [{STATE_STYLE.get(j.state, 'white')}]{escape(state):<18}[/] "
+                          f"{_short_time(j.started or j.created):<15} {_took(j):>6} {j.results:>5}  {escape(label)}",
+                          highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+
+@jobs_app.command("status")
+def status_cmd(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="HOST:JOB_ID"),
+    host: Optional[str] = HOST_OPT,
+    tail: int = typer.Option(10, "--tail", help="Log lines to show."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """State of one job: running / succeeded / failed (exit code) / cancelled / lost, and its last log lines."""
+    app_ctx: AppContext = ctx.obj
+    h, job_id = locate_job(app_ctx.connector, job, host)
+    st = job_status(app_ctx.connector, h, job_id, tail=tail)
+    if json_out:
+        app_ctx.print_json(st.as_dict())
+        return
+    out = app_ctx.out
+    out.print(f"[bold]{escape(st.ref)}[/]" + (f"  ({escape(st.name)})" if st.name else "") + f"  {_state(st)}")
+    rows = [("command", " ".join(st.argv)), ("directory", st.job_dir), ("cwd", st.cwd or ""),
+            ("lock", st.lock or "-"), ("created", st.created), ("started", st.started), ("finished", st.finished),
+            ("pid", st.pid), ("heartbeat", f"{st.heartbeat_age_s:.0f}s ago"
+                                            if st.heartbeat_age_s is not None and not st.done else None), ("log", f"{st.log_size:,} bytes"), ("results", f"{st.results} file(s)")]
+    for key, value in rows:
+        if value not in (None, ""):
+            out.print(f"  {key:10} {escape(str(value))}", highlight=False)
+    if st.log_tail:
+        out.print("  [dim]last log lines:[/]")
+        for line in st.log_tail:
+            out.print("    " + escape(line), highlight=False)
+
+
+@jobs_app.command("logs")
+def logs_cmd(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="HOST:JOB_ID"),
+    host: Optional[str] = HOST_OPT,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep following until the job ends (reattach)."),
+    raw: bool = typer.Option(False, "--raw", help="Print the log bytes as they are (no progress rendering)."),
+) -> None:
+    """The job's log; progress lines from the payload are shown as progress bars.
+
+    With -f it follows live until the job ends and exits 0 only if the job succeeded; it works after the
+    controller that started the job disconnected or died.
+    """
+    app_ctx: AppContext = ctx.obj
+    h, job_id = locate_job(app_ctx.connector, job, host)
+    if raw:
+        import sys
+
+        def write(line: str) -> None:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+        if follow:
+            st = follow_job(app_ctx.connector, h, job_id, on_line=write)
+            _report_end(app_ctx, st)
+            return
+        offset = 0
+        while True:
+            st, chunk, offset = poll_job(app_ctx.connector, h, job_id, offset)
+            sys.stdout.buffer.write(chunk)
+            if not chunk:
+                break
+        sys.stdout.flush()
+        return
+    if follow:
+        st = follow_job(app_ctx.connector, h, job_id, console=app_ctx.out)
+        _report_end(app_ctx, st)
+        return
+    offset = 0
+    with ProgressView(app_ctx.out, live=False, text_every=float("inf")) as view:
+        while True:
+            st, chunk, offset = poll_job(app_ctx.connector, h, job_id, offset)
+            if not chunk:
+                break
+            view.feed(chunk)
+        # Progress went to text at most once per stage: say where each stage stands now.
+        for name, stage in view.stages.items():
+            if not stage.finished and stage.total is not None and stage.done < stage.total:
+                app_ctx.out.print(f"[cyan]{escape(name)}[/] {stage.done}/{stage.total} {escape(stage.unit or '')}")
+    app_ctx.err.print(f"{escape(st.ref)}: {_state(st)}")
+
+
+@jobs_app.command("cancel")
+def cancel_cmd(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="HOST:JOB_ID"),
+    host: Optional[str] = HOST_OPT,
+    grace: float = typer.Option(5.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """Stop a job: SIGTERM to its whole process group, SIGKILL after --grace seconds."""
+    app_ctx: AppContext = ctx.obj
+    h, job_id = locate_job(app_ctx.connector, job, host)
+    before = job_status(app_ctx.connector, h, job_id, tail=0)
+    st = cancel_job(app_ctx.connector, h, job_id, grace=grace)
+    if json_out:
+        app_ctx.print_json(st.as_dict() | {"was": before.state})
+        return
+    if before.done:
+        app_ctx.out.print(f"{escape(st.ref)}: already {_state(st)}; nothing to cancel")
+    else:
+        app_ctx.out.print(f"{escape(st.ref)}: {_state(st)}")
+
+
+@jobs_app.command("pull")
+def pull_cmd(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="HOST:JOB_ID"),
+    dest: Optional[Path] = typer.Argument(None, help="Local folder (default: runs/<JOB_ID>-<HOST>)."),
+    host: Optional[str] = HOST_OPT,
+    force: bool = typer.Option(False, "--force", help="Replace DEST when it holds different results."),
+    allow_running: bool = typer.Option(False, "--allow-running", help="Pull although the job still runs."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """Fetch the job's results folder; every file is checked against the host's sha256."""
+    app_ctx: AppContext = ctx.obj
+    h, job_id = locate_job(app_ctx.connector, job, host)
+    target = dest or default_pull_dest(h, job_id)
+    res = pull_results(app_ctx.connector, h, job_id, target, force=force, allow_running=allow_running)
+    if json_out:
+        app_ctx.print_json(res.as_dict())
+        return
+    verb = "already up to date" if res.status == "up-to-date" else f"pulled {res.files} file(s), {res.bytes:,} bytes"
+    app_ctx.out.print(f"{escape(h)}:{escape(job_id)} -> {escape(res.dest)}: {verb} (sha256 verified)")

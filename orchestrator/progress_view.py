@@ -1,0 +1,203 @@
+"""Render a job's log: the payload's JSON progress lines become rich progress bars, the rest is text.
+
+The payload (remote_payload/progress.py) writes one JSON object per line with ``"dfo": KIND``:
+``progress`` (stage, done, total, unit, tokens_per_s, message), ``stage`` (stage, status start|done,
+elapsed_s, message), ``warning`` (message, stage) and ``result`` (free fields). Any other line — plain
+text, JSON without a known ``dfo`` kind, half a line — passes through as log text, unchanged.
+
+On a terminal the bars are live; otherwise (CI logs, pipes) progress is printed as text lines, at most
+one per stage every ``text_every`` seconds plus the final one, so logs stay readable.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+KNOWN_KINDS = ("progress", "stage", "warning", "result")
+
+
+def parse_line(line: str) -> dict | None:
+    """The record of a structured payload line, or None when the line is plain text."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("dfo") not in KNOWN_KINDS:
+        return None
+    if record["dfo"] == "progress" and not isinstance(record.get("stage"), str):
+        return None
+    return record
+
+
+@dataclass
+class StageState:
+    done: float = 0
+    total: float | None = None
+    unit: str | None = None
+    message: str | None = None
+    tokens_per_s: float | None = None
+    finished: bool = False
+    elapsed_s: float | None = None
+    last_text: float = field(default=0.0, repr=False)
+
+
+class ProgressView:
+    """Feed it log bytes or text (any chunking); it prints text lines and keeps one bar per stage.
+
+    ``stages``, ``warnings``, ``results`` and ``text_lines`` record what was seen (for callers and tests).
+    Use as a context manager, or call ``close()`` to flush a last partial line and stop the live display.
+    """
+
+    def __init__(self, console: Console, *, live: bool | None = None, text_every: float = 10.0, prefix: str = ""):
+        self.console = console
+        self.live = console.is_terminal if live is None else live
+        self.text_every = text_every
+        self.prefix = prefix
+        self.stages: dict[str, StageState] = {}
+        self.warnings: list[str] = []
+        self.results: list[dict] = []
+        self.text_lines: list[str] = []
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+        self._tasks: dict[str, TaskID] = {}
+        self._progress: Progress | None = None
+
+    # -- input
+
+    def feed(self, data: bytes | str) -> None:
+        text = self._decoder.decode(data) if isinstance(data, bytes) else data
+        text = self._partial + text
+        *lines, self._partial = text.split("\n")
+        for line in lines:
+            self.feed_line(line.rstrip("\r"))
+
+    def feed_line(self, line: str) -> None:
+        record = parse_line(line)
+        if record is None:
+            self.text_lines.append(line)
+            self._print(escape(line))
+            return
+        getattr(self, f"_on_{record['dfo']}")(record)
+
+    def close(self) -> None:
+        tail = self._partial + self._decoder.decode(b"", final=True)
+        self._partial = ""
+        if tail:
+            self.feed_line(tail)
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def __enter__(self) -> "ProgressView":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- records
+
+    def _on_progress(self, rec: dict) -> None:
+        name = rec["stage"]
+        st = self.stages.setdefault(name, StageState())
+        st.done = _number(rec.get("done"), st.done)
+        total = _number(rec.get("total"), None)
+        st.total = total if total is not None else st.total
+        st.unit = rec.get("unit") or st.unit
+        st.message = rec.get("message") or st.message
+        st.tokens_per_s = _number(rec.get("tokens_per_s"), st.tokens_per_s)
+        if self.live:
+            self._bar(name, st)
+        else:
+            complete = st.total is not None and st.done >= st.total
+            now = time.monotonic()
+            if complete or now - st.last_text >= self.text_every:
+                st.last_text = now
+                self._print(f"[cyan]{escape(name)}[/] {_fmt_progress(st)}")
+
+    def _on_stage(self, rec: dict) -> None:
+        name = str(rec.get("stage", "?"))
+        st = self.stages.setdefault(name, StageState())
+        msg = f" — {escape(str(rec['message']))}" if rec.get("message") else ""
+        if rec.get("status") == "done":
+            st.finished = True
+            st.elapsed_s = _number(rec.get("elapsed_s"), None)
+            if name in self._tasks and self._progress is not None:
+                task = self._tasks[name]
+                self._progress.update(task, completed=st.total or st.done or 1, total=st.total or st.done or 1)
+            took = f" ({st.elapsed_s:.1f}s)" if st.elapsed_s is not None else ""
+            self._print(f"[green]✓[/] {escape(name)}{took}{msg}")
+        else:
+            self._print(f"[bold]▶[/] {escape(name)}{msg}")
+
+    def _on_warning(self, rec: dict) -> None:
+        message = str(rec.get("message", ""))
+        self.warnings.append(message)
+        where = f" ({escape(str(rec['stage']))})" if rec.get("stage") else ""
+        self._print(f"[yellow]warning{where}:[/] {escape(message)}")
+
+    def _on_result(self, rec: dict) -> None:
+        fields = {k: v for k, v in rec.items() if k != "dfo"}
+        self.results.append(fields)
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in fields.items())
+        self._print(f"[bold green]result:[/] {escape(shown)}")
+
+    # -- output
+
+    def _print(self, markup: str) -> None:
+        line = (f"[dim]{escape(self.prefix)}[/] " if self.prefix else "") + markup
+        if self._progress is not None:
+            self._progress.console.print(line, highlight=False)  # above the live bars
+        else:
+            self.console.print(line, highlight=False)
+
+    def _bar(self, name: str, st: StageState) -> None:
+        if self._progress is None:
+            self._progress = Progress(
+                TextColumn("[cyan]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[unit]}"), TimeRemainingColumn(), TextColumn("{task.fields[extra]}"),
+                console=self.console, transient=False,
+            )
+            self._progress.start()
+        extra = " ".join(x for x in (
+            f"{st.tokens_per_s:.1f} tok/s" if st.tokens_per_s is not None else "", escape(st.message or "")) if x)
+        if name not in self._tasks:
+            self._tasks[name] = self._progress.add_task(escape(name), total=st.total, completed=st.done,
+                                                        unit=escape(st.unit or ""), extra=extra)
+        else:
+            self._progress.update(self._tasks[name], total=st.total, completed=st.done, unit=escape(st.unit or ""),
+                                  extra=extra)
+
+
+def _number(value, default):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _fmt_progress(st: StageState) -> str:
+    def num(x):
+        return f"{x:g}" if isinstance(x, float) else str(x)
+
+    text = f"{num(st.done)}/{num(st.total)}" if st.total is not None else num(st.done)
+    if st.unit:
+        text += f" {escape(st.unit)}"
+    if st.total:
+        text += f" ({100 * st.done / st.total:.0f}%)"
+    if st.tokens_per_s is not None:
+        text += f", {st.tokens_per_s:.1f} tok/s"
+    if st.message:
+        text += f" — {escape(st.message)}"
+    return text
+
+
+def _short(value, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
