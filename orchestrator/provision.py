@@ -398,12 +398,15 @@ def provision(
     console: Console | None = None,
     lock: str | os.PathLike | None = None,
     venv: str | None = None,
+    wheelhouse_cache: str | os.PathLike | None = None,
 ) -> ProvisionResult:
     """Make ``host``'s payload venv match its lock (see the module docstring).
 
     ``lock`` overrides the flavour's lock file (tests, experiments); ``venv`` overrides the inventory's
-    venv path. ``console`` receives progress notices (stderr console in the CLI).
+    venv path; ``wheelhouse_cache`` the controller cache root (default $DFO_CACHE or ~/.cache/dfo).
+    ``console`` receives progress notices (stderr console in the CLI).
     """
+    wheelhouse_cache = Path(wheelhouse_cache) if wheelhouse_cache else None
     started = time.monotonic()
     if host not in connector.inventory.hosts:
         raise InputError(f"unknown host {host!r}", hint=f"known hosts: {', '.join(connector.inventory.hosts)}")
@@ -449,7 +452,7 @@ def provision(
     if dry_run:
         steps = list(plan.steps)
         if use_offline:
-            cached = cached_wheelhouse(lk, target) if target else None
+            cached = cached_wheelhouse(lk, target, wheelhouse_cache) if target else None
             pool = posixpath.join(inv_host.workdir, "wheelhouse")
             if cached is None:
                 steps.insert(-2, f"build a wheelhouse on the controller for {target.label if target else 'the venv'}")
@@ -462,7 +465,7 @@ def provision(
         plan.steps = steps
         return result("would-install", offline=use_offline)
 
-    # 1. uv
+    # 1. what must travel, and whether it fits -- decided before anything on the host changes
     uv_source = uv.source
     if uv.source == "push":
         machine = facts["python"].get("machine") if facts["python"].get("found") else None
@@ -473,12 +476,33 @@ def provision(
                 + ("" if facts["python"].get("glibc") else " without glibc"),
                 hint="install uv on the host (e.g. pip install --user uv) and run dfo provision again",
             )
+    pool = posixpath.join(inv_host.workdir, "wheelhouse")
+    wh: Wheelhouse | None = None
+    if use_offline and target is not None:
+        wh = build_wheelhouse(lk, target, root=wheelhouse_cache, host=host, on_notice=note)
+    uv_bytes = os.path.getsize(cuv.path) if uv.source == "push" else 0
+    if wh is not None:
+        listing = _call(session, inv_host, "pool_listing", python=probe_python, pool=pool)
+        new_bytes = sum(m["size"] for n, m in wh.files.items() if listing.get(n) != m["size"])
+        short = disk_shortfall(facts.get("free_bytes"), uv_bytes + new_bytes, wh.total_bytes)
+    else:
+        short = disk_shortfall(facts.get("free_bytes"), uv_bytes, 0)
+    if short:
+        wheels = f"; wheels {_mib(wh.total_bytes)}, unpacked ~{UNPACK_FACTOR}x" if wh is not None else ""
+        raise HostError(
+            host, f"not enough disk space under {inv_host.workdir}: about {_mib(short)} more needed "
+            f"({_mib(facts['free_bytes'])} free{', uv ' + _mib(uv_bytes) if uv_bytes else ''}{wheels})",
+            hint="free disk space on the host, or point workdir / paths.venv at a larger filesystem",
+        )
+
+    # 2. uv
+    if uv.source == "push":
         note(f"pushing uv {cuv.version} to {uv.path}")
         push_files(connector, host, {"uv": (Path(cuv.path), cuv.sha256)}, posixpath.dirname(uv.path),
                    python=probe_python, executable=True)
         uv_source = "pushed"
 
-    # 2. venv (the marker goes away first: from here on a failure leaves a venv nobody takes for good)
+    # 3. venv (the marker goes away first: from here on a failure leaves a venv nobody takes for good)
     note(("recreating" if force else "preparing") + f" venv {venv}")
     res = _call(session, inv_host, "prepare_venv", python=probe_python, uv=uv.path, venv=venv,
                 interpreter=inv_host.python, workdir=inv_host.workdir, clear=force,
@@ -489,33 +513,25 @@ def provision(
     fields = marker_fields(lk, venv_facts["version"], flavour, backend, uv.version)
     fields["hash"] = marker_hash({k: v for k, v in fields.items() if k != "hash"})
 
-    # 3. wheels (offline)
+    # 4. wheels (offline): only those the host's pool lacks or holds with other bytes
     pushed_files = pushed_bytes = 0
-    wheelhouse_path = None
-    pool = posixpath.join(inv_host.workdir, "wheelhouse")
     if use_offline:
-        wh: Wheelhouse = build_wheelhouse(lk, Target.from_facts(venv_facts), host=host, on_notice=note)
-        wheelhouse_path = str(wh.path)
-        state = _call(session, inv_host, "pool_state", python=probe_python, pool=pool,
-                      files={n: m["sha256"] for n, m in wh.files.items()})
-        need = state["need"]
-        push_bytes = sum(wh.files[n]["size"] for n in need)
-        short = disk_shortfall(facts.get("free_bytes"), push_bytes, wh.total_bytes)
-        if short:
-            raise HostError(
-                host, f"not enough disk space under {inv_host.workdir}: about {_mib(short)} more needed "
-                f"({_mib(facts['free_bytes'])} free; wheels {_mib(wh.total_bytes)}, unpacked ~{UNPACK_FACTOR}x)",
-                hint="free disk space on the host, or point workdir / paths.venv at a larger filesystem",
-            )
+        venv_target = Target.from_facts(venv_facts)
+        if wh is None or venv_target != target:  # the venv's interpreter is what counts
+            wh = build_wheelhouse(lk, venv_target, root=wheelhouse_cache, host=host, on_notice=note)
+        need = _call(session, inv_host, "pool_state", python=probe_python, pool=pool,
+                     files={n: m["sha256"] for n, m in wh.files.items()})["need"]
         if need:
+            push_bytes = sum(wh.files[n]["size"] for n in need)
             note(f"pushing {len(need)} of {len(wh.files)} wheels ({_mib(push_bytes)}) to {pool}")
             pushed_bytes = push_files(connector, host, {n: (wh.path / n, wh.files[n]["sha256"]) for n in need},
                                       pool, python=probe_python)
             pushed_files = len(need)
         else:
             note(f"all {len(wh.files)} wheels already on the host")
+    wheelhouse_path = str(wh.path) if wh is not None and use_offline else None
 
-    # 4. sync, verify, mark
+    # 5. sync, verify, mark
     note(f"uv pip sync {lk.name}" + (" (offline)" if use_offline else ""))
     res = _call(session, inv_host, "sync", python=probe_python, uv=uv.path, venv=venv, workdir=inv_host.workdir,
                 lock_name=f"{lk.sha256[:16]}-{lk.name}", lock_text=lk.text, marker=fields, offline=use_offline,

@@ -259,9 +259,8 @@ def _sha256(path: Path) -> str:
 
 def pip_download_argv(requirements_file: Path, dest: Path, target: Target, python: str = sys.executable) -> list[str]:
     argv = [python, "-m", "pip", "download", "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
+            # pip checks each wheel's Requires-Python against the target (uv does not, for find-links wheels).
             "--no-deps", "--require-hashes", "--only-binary=:all:", "--dest", str(dest),
-            # uv on the host decides whether a wheel's Requires-Python fits (with its own, clear message).
-            "--ignore-requires-python",
             "--python-version", target.short_version, "--implementation", target.implementation,
             "--abi", target.abi, "--abi", "abi3", "--abi", "none"]
     for plat in target.platforms or ["any"]:
