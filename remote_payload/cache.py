@@ -1,0 +1,69 @@
+"""On-disk caches (reference continuations, hidden-state features) keyed by what produced them.
+
+A cache entry is reused only when every recorded field that affects its content matches the current
+run; otherwise the caller is told which fields differ, and says so before recomputing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+
+def tokens_digest(tokens: Iterable[int]) -> str:
+    return hashlib.sha256(json.dumps(list(map(int, tokens))).encode()).hexdigest()
+
+
+def mismatches(expected: dict, found: dict | None, fields: Iterable[str]) -> list[str]:
+    """Human-readable reasons why a cached entry cannot be reused (empty list: reuse it)."""
+    if found is None:
+        return ["no metadata"]
+    reasons = []
+    for key in fields:
+        if expected.get(key) != found.get(key):
+            reasons.append(f"{key} {_short(found.get(key))} -> {_short(expected.get(key))}")
+    return reasons
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 24 else text[:12] + "…"
+
+
+def safe_name(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:80]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with_suppress_unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def with_suppress_unlink(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def temp_path_for(path: Path) -> Path:
+    """A temporary sibling name, for writers (safetensors) that need a path rather than bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
