@@ -186,10 +186,11 @@ def _host(connector: Connector, name: str):
     return connector.inventory.hosts[name]
 
 
-def _call(connector: Connector, host: str, func: str, **kwargs):
+def _call(connector: Connector, host: str, func: str, *, call_timeout: float | None = None, **kwargs):
     inv_host = _host(connector, host)
     try:
-        return remote_scripts.call(connector.session(host), "jobs_host", func, python=inv_host.python, **kwargs)
+        return remote_scripts.call(connector.session(host), "jobs_host", func, python=inv_host.python,
+                                   timeout=call_timeout, **kwargs)
     except HostError as exc:
         # Lookup failures on the host are bad input (unknown job), not a failed operation.
         if "LookupError: " in exc.message:
@@ -273,10 +274,10 @@ def locate_job(connector: Connector, ref: str, host: str | None = None) -> tuple
 
 
 def poll_job(connector: Connector, host: str, job_id: str, offset: int, *, max_bytes: int = 262144,
-             tail: int = 0) -> tuple[JobStatus, bytes, int]:
-    """(status, new log bytes, next offset): one round trip."""
+             tail: int = 0, timeout: float | None = None) -> tuple[JobStatus, bytes, int]:
+    """(status, new log bytes, next offset): one round trip (``timeout``: give up on a stalled link)."""
     info = _call(connector, host, "poll", workdir=_host(connector, host).workdir, job_id=job_id, offset=offset,
-                 max_bytes=max_bytes, tail=tail)
+                 max_bytes=max_bytes, tail=tail, call_timeout=timeout)
     return JobStatus.from_host(host, info), base64.b64decode(info["chunk"]), info["offset"]
 
 
@@ -289,11 +290,15 @@ def follow_job(
     from_offset: int = 0,
     on_line: Callable[[str], None] | None = None,
     poll_interval: float = 0.5,
-    reconnect_timeout: float = 60.0,
+    poll_timeout: float = 30.0,
+    reconnect_timeout: float = 120.0,
     view: ProgressView | None = None,
 ) -> JobStatus:
     """Follow the log until the job has ended and every byte was read; returns the final status (with the
-    last log lines). ``on_line`` receives every complete log line (e.g. to collect result records)."""
+    last log lines). ``on_line`` receives every complete log line (e.g. to collect result records).
+
+    A poll that gets no answer within ``poll_timeout`` (a stalled link) or a dropped connection is retried
+    on a fresh connection for up to ``reconnect_timeout`` seconds; the job itself is never affected."""
     own_view = view is None and console is not None
     view = view if view is not None else (ProgressView(console) if console is not None else None)
     offset, partial = from_offset, b""
@@ -301,7 +306,9 @@ def follow_job(
     try:
         while True:
             try:
-                status, chunk, offset = poll_job(connector, host, job_id, offset)
+                status, chunk, offset = poll_job(connector, host, job_id, offset, timeout=poll_timeout)
+                if lost_since is not None and console is not None:
+                    console.print(f"[green]{host}: reconnected[/]")
                 lost_since = None
             except HostError as exc:
                 if not _connection_trouble(exc):
@@ -341,7 +348,7 @@ def _connection_trouble(exc: HostError) -> bool:
     """Errors worth reconnecting for (as opposed to the job or the host script failing)."""
     text = exc.message
     return any(s in text for s in ("connection lost", "cannot connect", "no answer from", "connection refused",
-                                   "SSH handshake", "(exit -1)"))
+                                   "SSH handshake", "(exit -1)", "did not finish within"))
 
 
 # ---------------------------------------------------------------------------------- control

@@ -48,7 +48,7 @@ class StageState:
     tokens_per_s: float | None = None
     finished: bool = False
     elapsed_s: float | None = None
-    last_text: float = field(default=0.0, repr=False)
+    last_text: float | None = field(default=None, repr=False)  # when progress was last printed as text
 
 
 class ProgressView:
@@ -120,7 +120,7 @@ class ProgressView:
         else:
             complete = st.total is not None and st.done >= st.total
             now = time.monotonic()
-            if complete or now - st.last_text >= self.text_every:
+            if complete or st.last_text is None or now - st.last_text >= self.text_every:
                 st.last_text = now
                 self._print(f"[cyan]{escape(name)}[/] {_fmt_progress(st)}")
 
