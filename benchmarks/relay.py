@@ -1,0 +1,166 @@
+"""Benchmark: relaying a checkpoint kpro6 -> controller -> ct129 on the sandbox hosts.
+
+Starts the two sandbox sshd hosts (network namespaces when run as root), writes a random file of
+--size on kpro6, then, interleaved over --reps repetitions (so machine-load drift hits every method
+alike), times:
+
+  pipe        ssh kpro6 cat F | ssh ct129 'cat > F'            (default cipher)
+  pipe-gcm    the same pipe with -c aes128-gcm@openssh.com
+  scp3        scp -3 kpro6:F ct129:F
+  dfo-1       dfo relay-checkpoint --streams 1                  (sha256 at source, in flight, destination)
+  dfo         dfo relay-checkpoint with its defaults
+
+Every timing is wall clock of the whole command (connection setup included). Prints median MiB/s per
+method, its ratio to `pipe`, and dfo's peak RSS (ru_maxrss of the dfo process). The destination is
+removed after each run; the source stays in the page cache for every method alike.
+
+    .venv/bin/python benchmarks/relay.py --size 1G --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.relay_plan import parse_rate  # noqa: E402
+from orchestrator.sandbox import Sandbox  # noqa: E402
+
+GCM = "aes128-gcm@openssh.com"
+METHODS = ("pipe", "pipe-gcm", "scp3", "dfo-1", "dfo")
+
+
+def parse_size(text: str) -> int:
+    value = parse_rate(text)
+    assert value is not None
+    return int(value)
+
+
+def make_file(path: Path, size: int) -> None:
+    block = 16 << 20
+    with open(path, "wb") as fh:
+        left = size
+        while left:
+            n = min(block, left)
+            fh.write(os.urandom(n))
+            left -= n
+
+
+def run_timed(argv: list[str], env: dict | None = None) -> tuple[float, int, str]:
+    """(seconds, peak RSS in bytes of that process, stdout); raises on failure."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # wait4 gives this child's own rusage (ru_maxrss of it and its waited-for descendants: dfo itself,
+    # its ssh children are a few MiB each).
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.monotonic() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}): {err.decode()[-2000:]}")
+    return seconds, usage.ru_maxrss * 1024, out.decode()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1G", help="file size (e.g. 512M, 1G; default 1G)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every method (default 3)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"comma list from {','.join(METHODS)} (or dfo-N for N streams)")
+    ap.add_argument("--root", help="sandbox directory (default: a temporary one)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = ap.parse_args()
+    size = parse_size(args.size)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = {m for m in methods if m not in METHODS and not (m.startswith("dfo-") and m[4:].isdigit())}
+    if unknown:
+        ap.error(f"unknown methods: {', '.join(sorted(unknown))}")
+
+    tmp = tempfile.TemporaryDirectory(prefix="dfo-bench-relay-") if not args.root else None
+    root = Path(args.root or tmp.name)
+    dfo = [sys.executable, "-m", "orchestrator"]
+    with Sandbox(root) as box:
+        print(box.summary(), file=sys.stderr)
+        src_dir, dst_dir = box.hosts["kpro6"].checkpoints, box.hosts["ct129"].checkpoints
+        src = src_dir / "bench.bin"
+        dst = dst_dir / "bench.bin"
+        print(f"writing {size / 2**20:.0f} MiB of random data to {src}", file=sys.stderr)
+        make_file(src, size)
+        cfg = str(box.ssh_config_path)
+        env = dict(os.environ, DFO_INVENTORY=str(box.inventory_path))
+
+        def cmd(method: str) -> list[str]:
+            if method in ("pipe", "pipe-gcm"):
+                c = f"-c {GCM} " if method == "pipe-gcm" else ""
+                pipe = (f"ssh -F {shlex.quote(cfg)} {c}kpro6 {shlex.quote('cat ' + shlex.quote(str(src)))} | "
+                        f"ssh -F {shlex.quote(cfg)} {c}ct129 {shlex.quote('cat > ' + shlex.quote(str(dst)))}")
+                return ["bash", "-o", "pipefail", "-c", pipe]
+            if method == "scp3":
+                return ["scp", "-q", "-3", "-F", cfg, f"kpro6:{src}", f"ct129:{dst}"]
+            extra = ["--streams", method[4:]] if method.startswith("dfo-") else []
+            return [*dfo, "relay-checkpoint", f"kpro6:{src}", f"ct129:{dst}", "--json", *extra]
+
+        def clean() -> None:
+            for p in dst_dir.iterdir():
+                p.unlink()
+
+        times: dict[str, list[float]] = {m: [] for m in methods}
+        rss: dict[str, list[int]] = {m: [] for m in methods if m.startswith("dfo")}
+        details: dict[str, list[dict]] = {m: [] for m in methods if m.startswith("dfo")}
+        load_before = os.getloadavg()
+        for rep in range(args.reps):
+            for method in methods:
+                clean()
+                seconds, peak, out = run_timed(cmd(method), env=env)
+                times[method].append(seconds)
+                if method.startswith("dfo"):
+                    rss[method].append(peak)
+                    summary = json.loads(out)
+                    details[method].append({k: summary[k] for k in ("streams", "cipher", "mib_per_s", "seconds")})
+                    assert summary["sha256"] and summary["digests"]["source"] == summary["digests"]["destination"]
+                elif dst.stat().st_size != size:
+                    raise RuntimeError(f"{method}: destination has {dst.stat().st_size} bytes, expected {size}")
+                print(f"rep {rep + 1} {method:9} {size / 2**20 / seconds:7.1f} MiB/s ({seconds:.2f}s)", file=sys.stderr)
+        clean()
+        load_after = os.getloadavg()
+
+    mib = size / 2**20
+    med = {m: mib / statistics.median(t) for m, t in times.items()}
+    base = med.get("pipe")
+    print(f"\nrelay benchmark: {mib:.0f} MiB, {args.reps} interleaved repetitions, medians "
+          f"(load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; {os.cpu_count()} CPUs)")
+    print(f"{'method':10} {'MiB/s':>8} {'vs pipe':>8}  all runs (MiB/s)")
+    for m in methods:
+        ratio = f"{med[m] / base:.2f}x" if base else "-"
+        runs = ", ".join(f"{mib / t:.0f}" for t in times[m])
+        print(f"{m:10} {med[m]:8.1f} {ratio:>8}  {runs}")
+    for m, peaks in rss.items():
+        print(f"{m}: peak RSS {max(peaks) / 2**20:.0f} MiB; {details[m][0]['streams']} stream(s), "
+              f"cipher {details[m][0]['cipher']}")
+    if "pipe-gcm" in med and "dfo-1" in med:
+        print(f"dfo-1 / pipe-gcm = {med['dfo-1'] / med['pipe-gcm']:.2f} (target >= 0.9)")
+    if base and "dfo" in med:
+        print(f"dfo / pipe = {med['dfo'] / base:.2f} (target >= 1.5)")
+    if args.json:
+        print(json.dumps({"size": size, "reps": args.reps, "median_mib_s": med, "runs_s": times,
+                          "peak_rss": rss, "dfo": details, "load": [load_before, load_after]}, indent=2))
+    if tmp:
+        tmp.cleanup()
+    _ = resource  # (kept for readers: ru_maxrss is in KiB on Linux)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
