@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -399,20 +400,24 @@ def test_missing_python_reports_uv_message_with_the_host(sandbox, local_wheels, 
 
 @pytest.mark.sshd
 def test_not_enough_disk_space_is_refused_before_touching_the_host(sandbox, local_wheels, tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
+    if os.geteuid() != 0 or not shutil.which("nsenter"):
+        pytest.skip("mounting a small filesystem on the host needs root and nsenter")
     small = tmp_path / "small"
     small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], capture_output=True).returncode:
-        pytest.skip("cannot mount tmpfs here")
+    # Mount it in the host's own mount namespace (`ip netns exec` gave sshd one): the host sees 4 MiB there.
+    in_host = ["nsenter", "-t", str(sandbox.hosts["kpro6"].pid), "-m"]
+    if subprocess.run([*in_host, "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs in the host's mount namespace here")
     try:
+        assert "4.0M" in sandbox.run_ssh("kpro6", f"df -h {small}").stdout
         inv = load_inventory(sandbox.inventory_path)
         inv.hosts["kpro6"].workdir = str(small / "dfo")
         _, sha = make_wheel(local_wheels, "dfo_probe_f", "1.0")
         lock = write_lock(tmp_path / "f.lock", [("dfo_probe_f", "1.0", sha)])
         with Connector(inv) as conn, pytest.raises(HostError) as err:
             provision(conn, "kpro6", offline=True, lock=lock, wheelhouse_cache=tmp_path / "cache")
-        assert err.value.host == "kpro6" and "not enough disk space" in err.value.message
-        assert list(small.iterdir()) == []  # nothing was written
+        assert err.value.host == "kpro6" and "not enough disk space" in err.value.message  # uv (38 MB) won't fit
+        assert sandbox.run_ssh("kpro6", f"ls -A {small}").stdout == ""  # nothing was written on the host
     finally:
-        subprocess.run(["umount", str(small)], capture_output=True)
+        subprocess.run([*in_host, "umount", str(small)], capture_output=True)
