@@ -1,0 +1,133 @@
+"""`dfo eval`: the whole evaluation loop on the eval host(s), ending in a run folder under runs/."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import InputError
+from ..eval_plan import EvalRequest, parse_drafter, plan_eval
+from ..evaluate import Detached, follow_and_collect, reattach_hint, start_eval
+from ..report import comparison_lines, summary_table
+from ..runs import runs_root
+from .context import AppContext
+from .main import app
+
+
+@app.command("eval")
+def eval_cmd(
+    ctx: typer.Context,
+    host: list[str] = typer.Option(..., "--host", "-H",
+                                   help="Eval host (repeatable: the prompts are sharded over the hosts)."),
+    target: str = typer.Option(..., "--target", help="Target model folder on the eval host(s) (HF format)."),
+    drafter: list[str] = typer.Option(..., "--drafter", "-d", metavar="NAME=[HOST:]PATH",
+                                      help="Drafter to evaluate (repeatable). A path on another host is relayed; "
+                                      "a training checkpoint (*.pt) is stripped of optimizer state there first."),
+    prompts: str = typer.Option("builtin", "--prompts", help="'builtin' or a local JSONL file of {id, messages|prompt}."),
+    reference: str = typer.Option("target", "--reference",
+                                  help="'target' (greedy on the eval host) or an OpenAI-compatible URL."),
+    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu"),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 (default) or float32; float16 is refused."),
+    enable_thinking: bool = typer.Option(False, "--enable-thinking/--no-enable-thinking",
+                                         help="Chat-template thinking mode; must match the drafter's training."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Reference continuation length."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Use the first N prompts."),
+    diagnose: bool = typer.Option(False, "--diagnose", help="Add diagnostics (hidden-state stats, pitfall warnings)."),
+    online_check: bool = typer.Option(False, "--online-check",
+                                      help="Also run the online draft/verify loop and compare it with the offline one."),
+    strip_optimizer: Optional[bool] = typer.Option(
+        None, "--strip-optimizer/--no-strip-optimizer",
+        help="Strip optimizer state before relaying (default: for *.pt/*.pth/*.ckpt/*.bin)."),
+    detach: bool = typer.Option(False, "--detach", help="Return once the job runs; collect with `dfo runs pull`."),
+    force: bool = typer.Option(False, "--force", help="Start even if another job holds the eval host's GPU lock."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the whole plan; change nothing anywhere."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run summary (or the plan) as JSON on stdout."),
+    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", help="Where run folders go (default ./runs or $DFO_RUNS_DIR)."),
+) -> None:
+    """Evaluate drafters against a target on the eval host(s).
+
+    Example: dfo eval --host ct129 --target /data/models/Qwen3.6-27B
+    --drafter ours=kpro6:/ckpt/step_20000.pt --drafter zlab=/data/models/Qwen3.6-27B-DFlash
+    """
+    app_ctx: AppContext = ctx.obj
+    inv = app_ctx.inventory
+    prompts_file, digest = None, None
+    if prompts != "builtin":
+        prompts_file = Path(prompts)
+        if not prompts_file.is_file():
+            raise InputError(f"--prompts {prompts!r}: no such local file (or use 'builtin')")
+        digest = hashlib.sha256(prompts_file.read_bytes()).hexdigest()
+    request = EvalRequest(
+        hosts=host, target=target, drafters=[parse_drafter(d, inv) for d in drafter], prompts=prompts,
+        reference=reference, device=device, dtype=dtype, enable_thinking=enable_thinking,
+        max_new_tokens=max_new_tokens, samples=samples, diagnose=diagnose, online_check=online_check,
+        strip_optimizer=strip_optimizer, force=force,
+    )
+    plan = plan_eval(request, inv, prompts_digest=digest)
+    if dry_run:
+        _print_plan(app_ctx, plan, json_out)
+        return
+    console = app_ctx.err
+    connector = app_ctx.connector
+    run = start_eval(connector, plan, runs_dir=runs_root(runs_dir), console=console, prompts_file=prompts_file)
+    if detach:
+        run.set(status="detached")
+        console.print(f"[green]detached[/]: run folder {run.path}\n  {escape(reattach_hint(run))}")
+        if json_out:
+            app_ctx.print_json({"run": run.name, "path": str(run.path), "status": run.status,
+                                "jobs": run.record["jobs"]})
+        return
+    try:
+        follow_and_collect(connector, run, console=console)
+    except Detached:
+        console.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(run))}")
+        raise typer.Exit(130)
+    render_run(app_ctx, run, json_out)
+
+
+def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
+    results = run.results()
+    if json_out:
+        app_ctx.print_json({"run": run.name, "path": str(run.path), "status": run.status,
+                            "drafters": {n: d.get("metrics") for n, d in results.get("drafters", {}).items()},
+                            "comparison": results.get("comparison")})
+        return
+    app_ctx.out.print(summary_table(results, title=f"run {run.name}"))
+    for line in comparison_lines(results):
+        app_ctx.out.print(f"  {escape(line)}")
+    app_ctx.out.print(f"run folder: {run.path}  (report.md, results.json, samples.jsonl, plots, logs/)")
+
+
+def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
+    if json_out:
+        app_ctx.print_json({"dry_run": True, "plan": json.loads(json.dumps(plan.as_dict(), default=str))})
+        return
+    out = app_ctx.out
+    out.print("[bold]dfo eval plan[/] (dry run: nothing is changed)")
+    out.print(f"1. check on the hosts that these exist:")
+    for h, paths in plan.checks.items():
+        for p in paths:
+            out.print(f"     {h}: {escape(p)}")
+    out.print(f"2. deploy remote_payload/ to {', '.join(plan.deploy_hosts)} (only changed files; `dfo deploy --dry-run` "
+              "lists them)")
+    out.print(f"3. provision the venv on {', '.join(plan.provision_hosts)} (skipped when up to date; "
+              "`dfo provision --dry-run`)")
+    if plan.relays:
+        out.print("4. relay drafters:")
+        for r in plan.relays:
+            out.print(f"     {r.drafter}: {escape(r.source)} → {escape(r.destination)}"
+                      + (" (strip optimizer state on the source first)" if r.strip else "")
+                      + f" → {escape(r.lands_at)}")
+    else:
+        out.print("4. relay: nothing (every drafter is already on the eval host)")
+    if plan.request.prompts != "builtin":
+        out.print(f"5. upload prompts {escape(plan.request.prompts)}")
+    out.print("6. run as a detached job (then follow, pull, merge, report):")
+    for j in plan.jobs:
+        out.print(f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload "
+                  + escape(" ".join(j.args)))

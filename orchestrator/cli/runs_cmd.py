@@ -1,0 +1,112 @@
+"""`dfo runs …`: the local run folders: list, show, compare, and pull (reattach to) a detached run."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..compare_runs import compare_runs
+from ..evaluate import Detached, reattach_hint, wait_and_collect
+from ..report import drafter_rows
+from ..runs import find_run, list_runs, runs_root
+from .context import AppContext
+from .eval_cmd import render_run
+from .main import app
+
+runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull.",
+                       no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+RunsDir = typer.Option(None, "--runs-dir", help="Where run folders are (default ./runs or $DFO_RUNS_DIR).")
+
+
+@runs_app.command("list")
+def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
+             json_out: bool = typer.Option(False, "--json")) -> None:
+    """All runs, oldest first, with their status and headline τ."""
+    app_ctx: AppContext = ctx.obj
+    runs = list_runs(runs_root(runs_dir))
+    rows = []
+    for run in runs:
+        taus = {}
+        if run.has_results():
+            taus = {r["drafter"]: r["tau_macro"] for r in drafter_rows(run.results())}
+        rows.append({"run": run.name, "status": run.status, "hosts": run.record.get("hosts"), "tau_macro": taus})
+    if json_out:
+        app_ctx.print_json({"runs": rows})
+        return
+    table = Table(title=str(runs_root(runs_dir)), title_justify="left")
+    for col in ("run", "status", "hosts", "τ macro"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["run"], r["status"], ",".join(r["hosts"] or []),
+                      "  ".join(f"{n} {t:.2f}" if t is not None else f"{n} –" for n, t in r["tau_macro"].items()))
+    app_ctx.out.print(table)
+
+
+@runs_app.command("show")
+def show_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run name, prefix, folder or 'last'."),
+             runs_dir: Optional[str] = RunsDir, json_out: bool = typer.Option(False, "--json")) -> None:
+    """The comparison table of one run and where its files are."""
+    app_ctx: AppContext = ctx.obj
+    found = find_run(runs_root(runs_dir), run)
+    if not found.has_results():
+        msg = f"run {found.name}: status {found.status}"
+        if found.record.get("error"):
+            msg += f"\n  error: {found.record['error']}"
+        if json_out:
+            app_ctx.print_json({"run": found.name, "status": found.status, "error": found.record.get("error")})
+        else:
+            app_ctx.out.print(escape(msg))
+            if found.status in ("running", "detached"):
+                app_ctx.out.print(escape(reattach_hint(found)))
+        raise typer.Exit(0 if found.status in ("running", "detached") else 1)
+    render_run(app_ctx, found, json_out)
+
+
+@runs_app.command("pull")
+def pull_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run name, prefix, folder or 'last'."),
+             runs_dir: Optional[str] = RunsDir, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Reattach to a detached run: follow its jobs to the end, pull, merge and report."""
+    app_ctx: AppContext = ctx.obj
+    found = find_run(runs_root(runs_dir), run)
+    try:
+        wait_and_collect(app_ctx.connector, found, console=app_ctx.err)
+    except Detached:
+        app_ctx.err.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(found))}")
+        raise typer.Exit(130)
+    render_run(app_ctx, found, json_out)
+
+
+@runs_app.command("compare")
+def compare_cmd(ctx: typer.Context, run_a: str = typer.Argument(..., metavar="RUN_A"),
+                run_b: str = typer.Argument(..., metavar="RUN_B"), runs_dir: Optional[str] = RunsDir,
+                json_out: bool = typer.Option(False, "--json")) -> None:
+    """Compare two runs drafter by drafter (e.g. step 20k vs 25k): Δτ with a paired bootstrap CI."""
+    app_ctx: AppContext = ctx.obj
+    root = runs_root(runs_dir)
+    a, b = find_run(root, run_a), find_run(root, run_b)
+    report = compare_runs(a, b)
+    if json_out:
+        app_ctx.print_json(report)
+        return
+    table = Table(title=f"{a.name} → {b.name}", title_justify="left")
+    for col in ("drafter", "τ A", "τ B", "Δτ (B−A)", "95% CI", "paired samples", "note"):
+        table.add_column(col, justify="left" if col in ("drafter", "note") else "right")
+    for row in report["drafters"]:
+        ci = row.get("ci")
+        table.add_row(row["drafter"], _f(row.get("tau_a")), _f(row.get("tau_b")), _f(row.get("delta"), sign=True),
+                      f"[{_f(ci[0])}, {_f(ci[1])}]" if ci else "–", str(row.get("paired_samples", 0)),
+                      escape(row.get("note", "")))
+    app_ctx.out.print(table)
+    for line in report.get("notes", []):
+        app_ctx.out.print(f"  {escape(line)}")
+
+
+def _f(x, sign: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{x:+.2f}" if sign else f"{x:.2f}"

@@ -1,0 +1,225 @@
+"""What a person reads after a run: the summary table, report.md and the plots.
+
+Everything here is computed from results.json (and samples.jsonl) alone, so `dfo runs show` renders the
+same thing long after the hosts are gone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.table import Table
+
+FIRST_POSITIONS = 4
+
+
+def _fmt(x, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def drafter_rows(results: dict) -> list[dict]:
+    """One flat row per drafter with the headline numbers (missing ones are None)."""
+    rows = []
+    for name, d in (results.get("drafters") or {}).items():
+        m = d.get("metrics") or {}
+        tree = m.get("tree") or {}
+        topk = tree.get("topk") or {}
+        budgeted = tree.get("budgeted") or {}
+        positions = {p["k"]: p.get("p") for p in m.get("per_position", [])}
+        rows.append({
+            "drafter": name,
+            "format": (d.get("spec") or {}).get("format"),
+            "tau_macro": m.get("tau_macro"),
+            "tau_micro": m.get("tau_micro"),
+            "ddtree_k": topk.get("k"),
+            "ddtree": topk.get("tau_macro"),
+            "budgeted": budgeted.get("tau_macro"),
+            "budget": budgeted.get("budget"),
+            "positions": [positions.get(k) for k in range(1, FIRST_POSITIONS + 1)],
+            "samples": m.get("samples"),
+            "rounds": m.get("rounds"),
+            "block_size": m.get("block_size"),
+            "eval_s": (d.get("timings") or {}).get("eval_s"),
+        })
+    return rows
+
+
+def comparison_lines(results: dict) -> list[str]:
+    comp = results.get("comparison") or {}
+    level = comp.get("confidence", 0.95)
+    lines = []
+    for pair in comp.get("pairs", []):
+        parts = []
+        for key, label in (("tau_macro", "τ macro"), ("ddtree", "DDTree-8"), ("tau_micro", "τ micro")):
+            stat = pair.get(key)
+            if stat and stat.get("delta") is not None:
+                ci = stat.get("ci") or [None, None]
+                parts.append(f"{label} {stat['delta']:+.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}]")
+        if parts:
+            verdict = pair.get("verdict")
+            lines.append(f"{pair['b']} − {pair['a']}: " + "; ".join(parts)
+                         + f"  ({level:.0%} bootstrap CI over {pair.get('samples', '?')} samples"
+                         + (f"; {verdict}" if verdict else "") + ")")
+    return lines
+
+
+def summary_table(results: dict, title: str | None = None) -> Table:
+    rows = drafter_rows(results)
+    k = next((r["ddtree_k"] for r in rows if r["ddtree_k"]), 8)
+    table = Table(title=title, title_justify="left")
+    for col in ("drafter", "τ macro", "τ micro", f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)],
+                "samples", "rounds", "eval s"):
+        table.add_column(col, justify="left" if col == "drafter" else "right")
+    for r in rows:
+        table.add_row(r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]), _fmt(r["ddtree"]),
+                      *[_fmt(p) for p in r["positions"]], str(r["samples"] or "–"), str(r["rounds"] or "–"),
+                      _fmt(r["eval_s"], 1))
+    return table
+
+
+def settings_lines(results: dict) -> list[str]:
+    s = results.get("settings") or {}
+    t = results.get("target") or {}
+    e = results.get("extraction") or {}
+    v = results.get("versions") or {}
+    prompts = s.get("prompts")
+    if isinstance(prompts, dict):
+        prompts = prompts.get("source") or prompts.get("name") or prompts
+    return [
+        f"target: {t.get('name') or t.get('path')} ({t.get('num_layers') or t.get('layers') or '?'} layers, "
+        f"weights {str(t.get('weights_sha256') or t.get('weights_digest') or '?')[:16]})",
+        f"prompts: {prompts}; samples: {s.get('samples')}; max new tokens: {s.get('max_new_tokens')}; "
+        f"enable_thinking: {s.get('enable_thinking')}",
+        f"device: {s.get('device')}; dtype: {s.get('dtype')}; linear-attention kernels: {e.get('kernel_path')}",
+        f"versions: torch {v.get('torch')}, transformers {v.get('transformers')}, payload {v.get('payload')}",
+    ]
+
+
+# ------------------------------------------------------------------------------ report.md
+
+
+def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
+    plots = write_plots(run_dir, results)
+    rows = drafter_rows(results)
+    k = next((r["ddtree_k"] for r in rows if r["ddtree_k"]), 8)
+    out = [f"# dfo eval — {run_dir.name}", ""]
+    out += [f"- {line}" for line in settings_lines(results)]
+    hosts = results.get("hosts") or {}
+    if hosts:
+        out += [f"- hosts: " + ", ".join(f"{h} (job {p.get('job_id')}, {p.get('samples')} samples, "
+                                         f"kernels {p.get('kernel_path')})" for h, p in hosts.items())]
+    out += ["", "## Acceptance", "",
+            f"| drafter | format | τ macro | τ micro | DDTree-{k} | budgeted DDTree | "
+            + " | ".join(f"p{i}" for i in range(1, FIRST_POSITIONS + 1)) + " | samples | rounds | eval s |",
+            "|---|---|---|---|---|---|" + "---|" * FIRST_POSITIONS + "---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['drafter']} | {r['format'] or ''} | {_fmt(r['tau_macro'])} | {_fmt(r['tau_micro'])} | "
+                   f"{_fmt(r['ddtree'])} | {_fmt(r['budgeted'])}"
+                   + (f" (budget {r['budget']})" if r["budget"] else "") + " | "
+                   + " | ".join(_fmt(p) for p in r["positions"])
+                   + f" | {r['samples']} | {r['rounds']} | {_fmt(r['eval_s'], 1)} |")
+    comparison = comparison_lines(results)
+    if comparison:
+        out += ["", "## Comparison", ""] + [f"- {line}" for line in comparison]
+    if plots:
+        out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    definitions = _definitions(results)
+    if definitions:
+        out += ["", "## Definitions", ""] + [f"- **{k}**: {v}" for k, v in definitions.items()]
+    diag = results.get("diagnostics")
+    if diag:
+        out += ["", "## Diagnostics", "", "```", _diagnostics_text(diag), "```"]
+    warnings = results.get("warnings") or []
+    if warnings:
+        out += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
+    out += ["", "## Samples", "", "| id | host | tokens | " + " | ".join(f"τ {r['drafter']}" for r in rows) + " |",
+            "|---|---|---|" + "---|" * len(rows)]
+    for s in samples:
+        taus = [(s.get("drafters") or {}).get(r["drafter"], {}).get("tau") for r in rows]
+        out.append(f"| {s.get('id')} | {s.get('host', '')} | {s.get('continuation_tokens')} | "
+                   + " | ".join(_fmt(t) for t in taus) + " |")
+    path = run_dir / "report.md"
+    tmp = run_dir / ".report.md.tmp"
+    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _definitions(results: dict) -> dict:
+    for d in (results.get("drafters") or {}).values():
+        defs = dict((d.get("metrics") or {}).get("definitions") or {})
+        tree = (d.get("metrics") or {}).get("tree") or {}
+        for key in ("topk", "budgeted"):
+            if (tree.get(key) or {}).get("definition"):
+                defs[f"tree.{key}"] = tree[key]["definition"]
+        if defs:
+            return defs
+    return {}
+
+
+def _diagnostics_text(diag) -> str:
+    if isinstance(diag, dict) and diag.get("text"):
+        return diag["text"]
+    import json
+
+    return json.dumps(diag, indent=2)[:20000]
+
+
+# ------------------------------------------------------------------------------ plots
+
+
+def write_plots(run_dir: Path, results: dict) -> list[Path]:
+    """Per-position acceptance curves and the τ histogram, one series per drafter (PNG, matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    drafters = results.get("drafters") or {}
+    if not drafters:
+        return []
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for name, d in drafters.items():
+        m = d.get("metrics") or {}
+        pts = [(p["k"], p["p"]) for p in m.get("per_position", []) if p.get("p") is not None]
+        if pts:
+            ax.plot([k for k, _ in pts], [p for _, p in pts], marker="o", linewidth=2,
+                    label=f"{name} (τ {_fmt(m.get('tau_macro'))})")
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("P(round accepts ≥ k drafts)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Per-position acceptance")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", frameon=False)
+    fig.tight_layout()
+    path = run_dir / "acceptance.png"
+    fig.savefig(path)
+    plt.close(fig)
+    written.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    n = len(drafters)
+    width = 0.8 / n
+    for i, (name, d) in enumerate(drafters.items()):
+        hist = (d.get("metrics") or {}).get("tau_histogram") or {}
+        total = sum(hist.values()) or 1
+        xs = sorted(int(k) for k in hist)
+        ax.bar([x + (i - (n - 1) / 2) * width for x in xs], [hist[str(x)] / total for x in xs], width=width,
+               label=name)
+    ax.set_xlabel("τ per round (accepted drafts + 1)")
+    ax.set_ylabel("fraction of rounds")
+    ax.set_title("τ histogram")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    path = run_dir / "tau_histogram.png"
+    fig.savefig(path)
+    plt.close(fig)
+    written.append(path)
+    return written
