@@ -48,7 +48,7 @@ from typing import Callable, Sequence
 from rich.console import Console
 
 from . import remote_scripts
-from .errors import DfoError, HostError, InputError, OperationError
+from .errors import HostError, InputError, OperationError
 from .progress_view import ProgressView
 from .transport import Connector, for_each_host
 
@@ -474,7 +474,7 @@ def default_pull_dest(host: str, job_id: str, root: str | os.PathLike = "runs") 
 
 
 __all__ = [
-    "DfoError", "JobHandle", "JobRefused", "JobStatus", "PullResult", "cancel_job", "default_pull_dest",
+    "JobHandle", "JobRefused", "JobStatus", "PullResult", "cancel_job", "default_pull_dest",
     "follow_job", "job_status", "launch_job", "list_jobs", "locate_job", "lock_status", "new_job_id",
     "parse_job_ref", "poll_job", "pull_results", "resolve_job", "substitute",
 ]
