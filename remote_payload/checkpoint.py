@@ -205,6 +205,9 @@ def detect_format(path: Path) -> str:
     from .target import read_json
 
     cfg = read_json(cfg_path, f"drafter {path}")
+    record = path / "dfo-source.json"
+    if record.exists() and read_json(record, f"drafter {path}").get("format") == "training":
+        return "training-stripped"
     if "speculators_model_type" in cfg or "transformer_layer_config" in cfg or "speculators_config" in cfg:
         return "speculators"
     if "dflash_config" in cfg or "block_size" in cfg:
@@ -213,48 +216,83 @@ def detect_format(path: Path) -> str:
                        f"(speculators_model_type); keys found: {', '.join(sorted(cfg)[:15])}")
 
 
+SIDECAR_NAMES = ("spec.json", "spec.yaml", "spec.yml")
+
+
+def find_sidecar(checkpoint: Path) -> Path | None:
+    """A spec sidecar next to a training checkpoint (spec.json / spec.yaml), used when none is given."""
+    for name in SIDECAR_NAMES:
+        cand = checkpoint.parent / name
+        if cand.is_file():
+            return cand
+    return None
+
+
+def training_spec(spec_file, embedded: dict | None, checkpoint: Path) -> tuple[dict | None, str, str | None]:
+    """The training spec to use: explicit sidecar, else the checkpoint's 'config', else a sidecar beside it."""
+    if spec_file:
+        return read_spec_file(spec_file), f"drafter spec {spec_file}", str(spec_file)
+    if embedded is not None:
+        return embedded, f"training checkpoint {checkpoint} 'config'", None
+    found = find_sidecar(checkpoint)
+    if found is not None:
+        return read_spec_file(found), f"drafter spec {found}", str(found)
+    return None, "", None
+
+
+NO_SPEC = ("has no drafter spec: no 'config' entry, no spec.json/spec.yaml beside it and none given; pass a spec "
+           "sidecar (JSON/YAML with block_size, mask_token_id, target_layer_ids, rope_theta) via --drafter-spec / "
+           "--spec")
+
+
 def load_drafter(path: str | os.PathLike, spec_file: str | os.PathLike | None = None,
                  allow_fp16: bool = False) -> LoadedDrafter:
     from .target import read_json, weights_digest
 
     p = Path(path)
     fmt = detect_format(p)
-    overrides = read_spec_file(spec_file) if spec_file else None
     if fmt == "training":
         ck = read_training_checkpoint(p)
-        weights, extras = ck["weights"], ck["extras"]
-        spec_dict = overrides if overrides is not None else ck["config"]
+        weights, extras = _set_aside_copies(ck["weights"])
+        extras.update(ck["extras"])
+        spec_dict, where, used = training_spec(spec_file, ck["config"], p)
         if spec_dict is None:
-            raise PayloadError(f"training checkpoint {p} has no 'config' entry; pass a spec sidecar (JSON/YAML with "
-                               "block_size, mask_token_id, target_layer_ids, rope_theta) via --drafter-spec / --spec")
-        where = f"drafter spec {spec_file}" if overrides is not None else f"training checkpoint {p} 'config'"
-        weights, moved = _set_aside_copies(weights)
-        extras.update(moved)
+            raise PayloadError(f"training checkpoint {p} {NO_SPEC}")
         spec = specmod.from_training(spec_dict, _shapes(weights), where)
         digest = {"algorithm": "sha256", "value": file_sha256(p)} if p.stat().st_size <= 2 * 2**30 else \
             weights_digest_file(p)
-        source = {"path": str(p), "format": "training", "digest": digest, "top_keys": ck["top_keys"],
-                  "dropped": ck["dropped"], "step": ck["step"]}
+        source = {"path": str(p), "format": "training", "digest": digest, "spec_file": used,
+                  "top_keys": ck["top_keys"], "dropped": ck["dropped"], "step": ck["step"]}
     else:
         folder = p if p.is_dir() else p.parent
         cfg = read_json(folder / "config.json", f"drafter {folder}")
-        if overrides:
-            cfg = _apply_overrides(cfg, overrides, fmt, spec_file)
         weights, _files = _folder_weights(folder)
         where = f"drafter {folder}/config.json"
-        if fmt == "speculators":
+        source = {"path": str(folder), "format": fmt, "digest": weights_digest(folder)}
+        if fmt == "training-stripped":
+            weights, extras = _set_aside_copies(weights)
+            source["stripped_from"] = read_json(folder / "dfo-source.json", f"drafter {folder}")
+            if spec_file:
+                spec = specmod.from_training(read_spec_file(spec_file), _shapes(weights), f"drafter spec {spec_file}")
+                source["spec_file"] = str(spec_file)
+            elif "dflash_config" in cfg:
+                spec = specmod.from_zlab(cfg, _shapes(weights), where, fmt="training")
+            else:
+                raise PayloadError(f"stripped training checkpoint {folder} {NO_SPEC}")
+            spec.format = "training (stripped)"
+        elif fmt == "speculators":
+            if spec_file:
+                cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
             extras = {k: weights.pop(k) for k in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d",
                                                   "verifier_norm.weight", "verifier_lm_head.weight") if k in weights}
             spec = specmod.from_speculators(cfg, {**_shapes(weights), **_shapes(extras)}, where)
         else:
+            if spec_file:
+                cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
             weights, extras = _set_aside_copies(weights)
             spec = specmod.from_zlab(cfg, _shapes(weights), where)
-        source = {"path": str(folder), "format": fmt, "digest": weights_digest(folder)}
-        stripped = folder / "dfo-source.json"
-        if stripped.exists():
-            source["stripped_from"] = read_json(stripped, f"drafter {folder}")
-            if source["stripped_from"].get("format") == "training":
-                spec.format = "training (stripped)"
+        if spec_file and fmt != "training-stripped":
+            spec.notes.append(f"fields overridden by {spec_file}")
     for k in IGNORED_BUFFERS:
         weights.pop(k, None)
     dtypes = _float_dtypes(weights)
@@ -262,8 +300,6 @@ def load_drafter(path: str | os.PathLike, spec_file: str | os.PathLike | None = 
     if "float16" in dtypes and not allow_fp16:
         raise PayloadError(f"{p}: weights are float16; DFlash drafters are trained in bfloat16 and fp16's narrow "
                            "range gives near-0% acceptance (pitfall 5). Convert to bfloat16, or pass --allow-fp16")
-    if overrides and fmt != "training":
-        spec.notes.append(f"fields overridden by {spec_file}: {', '.join(sorted(overrides))}")
     validate_weights(spec, weights, extras, str(p))
     return LoadedDrafter(spec=spec, weights=weights, extras=extras, source=source)
 
@@ -336,7 +372,7 @@ def validate_weights(spec: DrafterSpec, weights: dict, extras: dict, where: str)
     if fc is not None and fc.dim() == 2 and fc.shape[1] != spec.fc_in_features:
         n_in, H = int(fc.shape[1]), spec.hidden_size
         have = f"{n_in} = {n_in // H} × {H}" if n_in % H == 0 else f"{n_in} (not a multiple of hidden size {H})"
-        layers = spec.fc_layer_ids + (f", reserved {spec.reserved_layer_ids}" if spec.reserved_layer_ids else "")
+        layers = str(spec.fc_layer_ids) + (f", reserved {spec.reserved_layer_ids}" if spec.reserved_layer_ids else "")
         hint = ""
         if n_in == (len(spec.fc_layer_ids) + len(spec.reserved_layer_ids)) * H and spec.reserved_layer_ids:
             hint = "; fc uses every listed layer: set reserve_last_target_layer: false"
@@ -460,6 +496,10 @@ def spec_to_zlab_config(spec: DrafterSpec) -> dict:
 
 
 def write_zlab_folder(out_dir: Path, spec: DrafterSpec, weights: dict, extra_files: dict | None = None) -> None:
+    write_folder(out_dir, spec_to_zlab_config(spec), weights, extra_files)
+
+
+def write_folder(out_dir: Path, config: dict, weights: dict, extra_files: dict | None = None) -> None:
     """Write model.safetensors + config.json (+ extra JSON files) into out_dir atomically (temp dir, rename)."""
     from safetensors.torch import save_file
 
@@ -469,7 +509,7 @@ def write_zlab_folder(out_dir: Path, spec: DrafterSpec, weights: dict, extra_fil
     try:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(spec_to_zlab_config(spec), indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name, obj in (extra_files or {}).items():
             (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
         if out_dir.exists():
@@ -480,28 +520,58 @@ def write_zlab_folder(out_dir: Path, spec: DrafterSpec, weights: dict, extra_fil
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _incomplete_config(weights: dict) -> dict:
+    """What the weights alone say, for a strip made without a spec (the eval then needs --drafter-spec)."""
+    cfg = {"dfo_incomplete": "no drafter spec was available when stripping; give one at eval time with "
+                             "--drafter-spec NAME=SPECFILE"}
+    shapes = _shapes(weights)
+    try:
+        arch = specmod._arch({}, shapes, "weights")
+        cfg.update({k: arch[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                          "num_key_value_heads", "head_dim", "intermediate_size")})
+        cfg["fc_in_features"] = shapes.get("fc.weight", [None, None])[1]
+    except PayloadError:
+        pass
+    return cfg
+
+
 def strip_checkpoint(src: str | os.PathLike, out_dir: str | os.PathLike, spec_file=None) -> dict:
-    """Training checkpoint -> OUT_DIR with model.safetensors, config.json (z-lab schema) and dfo-source.json."""
+    """Training checkpoint -> OUT_DIR with model.safetensors, config.json (z-lab schema) and dfo-source.json.
+
+    Without any spec (none given, none embedded, no sidecar beside the checkpoint) the weights are still
+    written, with a config.json marked incomplete; the eval then asks for --drafter-spec.
+    """
     src, out = Path(src), Path(out_dir)
-    sha = file_sha256(src) if src.is_file() else None
-    record_path = out / "dfo-source.json"
+    if not src.is_file():
+        raise PayloadError(f"training checkpoint {src} not found")
+    sha = file_sha256(src)
     if out.exists():
         try:
-            previous = json.loads(record_path.read_text())
+            previous = json.loads((out / "dfo-source.json").read_text())
         except (OSError, json.JSONDecodeError):
             previous = None
         if previous and previous.get("sha256") == sha and (out / "model.safetensors").exists():
             return {**previous, "out_dir": str(out), "status": "unchanged"}
-        if any(out.iterdir()):
+        if out.is_dir() and any(out.iterdir()):
             raise PayloadError(f"strip-checkpoint: {out} exists and does not hold a strip of {src}; remove it first")
     started = time.time()
-    loaded = load_drafter(src, spec_file, allow_fp16=True)
-    record = {"format": "training", "source_path": str(src.resolve()), "sha256": sha,
-              "bytes": src.stat().st_size, "top_keys": loaded.source["top_keys"],
-              "dropped": loaded.source["dropped"], "step": loaded.source["step"],
-              "extras_not_kept": sorted(loaded.extras), "spec_file": str(spec_file) if spec_file else None,
+    ck = read_training_checkpoint(src)
+    weights, extras = _set_aside_copies(ck["weights"])
+    extras.update(ck["extras"])
+    for k in IGNORED_BUFFERS:
+        weights.pop(k, None)
+    spec_dict, where, used = training_spec(spec_file, ck["config"], src)
+    if spec_dict is not None:
+        spec = specmod.from_training(spec_dict, _shapes(weights), where)
+        validate_weights(spec, weights, extras, str(src))
+        config = spec_to_zlab_config(spec)
+    else:
+        spec, config = None, _incomplete_config(weights)
+    record = {"format": "training", "source_path": str(src.resolve()), "sha256": sha, "bytes": src.stat().st_size,
+              "top_keys": ck["top_keys"], "model_key": ck["model_key"], "dropped": ck["dropped"], "step": ck["step"],
+              "extras_not_kept": sorted(extras), "spec_file": used, "spec": "complete" if spec else "missing",
               "stripped_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
-    write_zlab_folder(out, loaded.spec, loaded.weights, {"dfo-source.json": record})
-    size = (out / "model.safetensors").stat().st_size
-    return {**record, "out_dir": str(out), "status": "written", "weights_bytes": size,
-            "weights_dtype": loaded.spec.weights_dtype}
+    write_folder(out, config, weights, {"dfo-source.json": record})
+    return {**record, "out_dir": str(out), "status": "written",
+            "weights_bytes": (out / "model.safetensors").stat().st_size,
+            "weights_dtype": ",".join(sorted(_float_dtypes(weights))) or None}
