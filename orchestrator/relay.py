@@ -173,6 +173,7 @@ class _Relay:
         self._stale_manifest: list[str] = []
         self._manifest_single: str | None = None
         self._stripped_from: dict | None = None
+        self._job: rs.FileJob | None = None
 
     # -- helpers
 
@@ -423,6 +424,7 @@ class _Relay:
         )
 
     def _resume_hint(self, p: rp.FilePlan, job: rs.FileJob | None) -> str:
+        job = job or (self._job if self._job is not None and self._job.plan is p else None)
         done = job.done_bytes() if job else 0
         return (f"the partial {self.dst.host}:{p.partial} is kept ({rp.human_bytes(done)} of "
                 f"{rp.human_bytes(p.size)} done); re-run the same command to resume")
@@ -532,6 +534,7 @@ class _Relay:
                                        f"destination hasher on {self.dst.host}")
         job = rs.FileJob(p, sending, good, sequential, follower, len(pairs))
         job.fail_hook = plane.abort
+        self._job = job  # for the resume hint, should this transfer fail
         try:
             if sending:
                 rs.move_chunks(job, pairs, flow, self.src.host, self.dst.host, self.opts.stall_timeout)

@@ -75,6 +75,14 @@ def remote_command(python: str) -> list[str]:
     return [python, "-c", BOOT]
 
 
+def bulk_argv(host: ResolvedHost, remote: str | list[str], cipher: str | None) -> list[str]:
+    """transport.bulk's argv, but at LogLevel INFO: ssh reports "no matching cipher" (and other
+    negotiation failures) at that level, and the relay must see it to fall back. ssh takes the first
+    value given for an option, so this one, placed first, wins over bulk's LogLevel=ERROR."""
+    argv = ssh_argv(host, remote, cipher=cipher)
+    return [argv[0], "-o", "LogLevel=INFO", *argv[1:]]
+
+
 class RemoteProcess:
     """A host-side process with a byte pipe each way; `what` names it in error messages."""
 
@@ -146,7 +154,7 @@ class SshProcess(RemoteProcess):
         self.host = host.name
         self.what = what
         self._stderr = tempfile.TemporaryFile(prefix="dfo-relay-ssh-")
-        argv = ssh_argv(host, remote_command(python), cipher=cipher)
+        argv = bulk_argv(host, remote_command(python), cipher)
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, bufsize=0,
             pipesize=PIPE_SIZE,
@@ -310,7 +318,7 @@ def client_ciphers() -> list[str]:
 
 def probe_cipher(host: ResolvedHost, cipher: str, timeout: float) -> bool:
     """Does `host` accept `cipher`? Also proves the bulk ssh settings work before any byte moves."""
-    argv = ssh_argv(host, "true", cipher=cipher)
+    argv = bulk_argv(host, "true", cipher)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -503,7 +511,7 @@ class DataPlane:
         if own:
             session, used = open_paramiko_session(self.connector.resolved(host), self.connector.trust_new_host_keys,
                                                   self.cipher)
-            self.cipher_used = used
+            self.cipher = used  # what paramiko and the server agreed on
             return ParamikoProcess(session, self._python(host), kind, kwargs, what=what, own_session=True)
         return ParamikoProcess(self.connector.session(host), self._python(host), kind, kwargs, what=what,
                                own_session=False)

@@ -73,7 +73,7 @@ def _render(app_ctx: AppContext, r: RelayResult) -> None:
         if f.reason and f.status.startswith(("would", "skipped")):
             detail.append(f.reason)
         style = {"sent": "green", "resumed": "green", "skipped": "dim"}.get(f.status, "cyan")
-        table.add_row(escape(f.rel or f.final), human_bytes(f.size), f"[{style}]{f.status}[/]",
+        table.add_row(escape(f.rel or f.final.rsplit("/", 1)[-1]), human_bytes(f.size), f"[{style}]{f.status}[/]",
                       (f.sha256 or "")[:16], escape("; ".join(detail)))
     out.print(table)
     if r.dry_run:

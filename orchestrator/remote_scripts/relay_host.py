@@ -100,11 +100,18 @@ def _free_space(path):
 
 def _write_atomic(path, text):
     tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     _fsync_dir(os.path.dirname(path) or ".")
 
 
@@ -624,7 +631,14 @@ def _stream_writer():
             spec["partial"], spec["journal"] = spec["final"] + PARTIAL_SUFFIX, spec["final"] + JOURNAL_SUFFIX
             prepared = {}
             if spec.get("prepare"):
-                prepared = prepare_file(spec["final"], spec["size"], **spec["prepare"])
+                try:
+                    prepared = prepare_file(spec["final"], spec["size"], **spec["prepare"])
+                except OSError as exc:
+                    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                    free, where = _free_space(spec["final"])
+                    prepared = {"error": "nospace" if full else "open",
+                                "detail": "cannot prepare %s: %s (%d bytes free at %s)"
+                                % (spec["partial"], exc.strerror, free, where)}
                 if "error" in prepared:
                     _say("error %s %s" % (prepared["error"], prepared["detail"]))
                     continue
