@@ -10,21 +10,13 @@ Point the dfo CLI at them with ``DFO_INVENTORY=str(box.inventory_path)``.
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
-from orchestrator.sandbox import SSHD, Sandbox
+from orchestrator.sandbox import Sandbox
+from sshd_support import require_sshd
 
-
-def require_sshd() -> None:
-    """Skip (with the fix) when this machine cannot run real test hosts."""
-    if not os.access(SSHD, os.X_OK):
-        pytest.skip(f"{SSHD} not found: apt-get install -y openssh-server (needed for real-sshd tests)")
-    for tool in ("ssh", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not found: apt-get install -y openssh-client (needed for real-sshd tests)")
+# Session fixtures other modules share (the provisioned CPU venv on ct129, the wheelhouse cache).
+pytest_plugins = ["fixtures_provision"]
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from fixtures_provision import provision_cache, provisioned_ct129  # noqa: F401  (session fixtures)
 from orchestrator.errors import HostError, InputError, OperationError
 from orchestrator.inventory import Host, load_inventory
 from orchestrator.provision import (

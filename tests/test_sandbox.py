@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_sshd
+from sshd_support import require_sshd
 from orchestrator.sandbox import ROUTE_METRIC, Sandbox, SandboxError, _alive, _descendants, teardown_state
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(120)]
