@@ -9,6 +9,8 @@ alike), times:
   scp3        scp -3 kpro6:F ct129:F
   dfo-1       dfo relay-checkpoint --streams 1                  (sha256 at source, in flight, destination)
   dfo         dfo relay-checkpoint with its defaults
+  (optional)  dfo-N: N streams; dfo-paramiko: the paramiko fallback data plane (a 512M+ file also
+              crosses paramiko's own 512 MiB rekey threshold, which the relay disables)
 
 Every timing is wall clock of the whole command (connection setup included). Prints median MiB/s per
 method, its ratio to `pipe`, and dfo's peak RSS (ru_maxrss of the dfo process). The destination is
@@ -22,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shlex
 import statistics
 import subprocess
@@ -84,7 +85,8 @@ def main() -> int:
     args = ap.parse_args()
     size = parse_size(args.size)
     methods = [m for m in args.methods.split(",") if m]
-    unknown = {m for m in methods if m not in METHODS and not (m.startswith("dfo-") and m[4:].isdigit())}
+    unknown = {m for m in methods if m not in METHODS and m != "dfo-paramiko"
+               and not (m.startswith("dfo-") and m[4:].isdigit())}
     if unknown:
         ap.error(f"unknown methods: {', '.join(sorted(unknown))}")
 
@@ -109,7 +111,10 @@ def main() -> int:
                 return ["bash", "-o", "pipefail", "-c", pipe]
             if method == "scp3":
                 return ["scp", "-q", "-3", "-F", cfg, f"kpro6:{src}", f"ct129:{dst}"]
-            extra = ["--streams", method[4:]] if method.startswith("dfo-") else []
+            if method == "dfo-paramiko":
+                extra = ["--data-plane", "paramiko"]
+            else:
+                extra = ["--streams", method[4:]] if method.startswith("dfo-") else []
             return [*dfo, "relay-checkpoint", f"kpro6:{src}", f"ct129:{dst}", "--json", *extra]
 
         def clean() -> None:
@@ -128,7 +133,8 @@ def main() -> int:
                 if method.startswith("dfo"):
                     rss[method].append(peak)
                     summary = json.loads(out)
-                    details[method].append({k: summary[k] for k in ("streams", "cipher", "mib_per_s", "seconds")})
+                    details[method].append({k: summary[k] for k in ("streams", "cipher", "mib_per_s", "seconds",
+                                                                    "data_plane")})
                     assert summary["sha256"] and summary["digests"]["source"] == summary["digests"]["destination"]
                 elif dst.stat().st_size != size:
                     raise RuntimeError(f"{method}: destination has {dst.stat().st_size} bytes, expected {size}")
@@ -148,7 +154,7 @@ def main() -> int:
         print(f"{m:10} {med[m]:8.1f} {ratio:>8}  {runs}")
     for m, peaks in rss.items():
         print(f"{m}: peak RSS {max(peaks) / 2**20:.0f} MiB; {details[m][0]['streams']} stream(s), "
-              f"cipher {details[m][0]['cipher']}")
+              f"cipher {details[m][0]['cipher']}, {details[m][0]['data_plane']}")
     if "pipe-gcm" in med and "dfo-1" in med:
         print(f"dfo-1 / pipe-gcm = {med['dfo-1'] / med['pipe-gcm']:.2f} (target >= 0.9)")
     if base and "dfo" in med:
@@ -158,7 +164,6 @@ def main() -> int:
                           "peak_rss": rss, "dfo": details, "load": [load_before, load_after]}, indent=2))
     if tmp:
         tmp.cleanup()
-    _ = resource  # (kept for readers: ru_maxrss is in KiB on Linux)
     return 0
 
 

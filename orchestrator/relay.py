@@ -4,9 +4,10 @@ each other, through the controller: fast, verified, resumable, atomic.
 How one file moves:
 1. Facts: the source's identity (size, mtime, inode) -- after `--wait-stable` quiet time if asked --
    and the destination's state (final file, partial, journal, free space). `relay_plan` decides.
-2. The destination preallocates ``NAME.dfo-partial``; a journal ``NAME.dfo-partial.state`` records
-   every chunk written. On resume, every journaled chunk is hashed on BOTH hosts and only chunks whose
-   digests agree are kept; the rest is sent again.
+   Meanwhile the first stream pair is already connecting (relay_streams.DataPlane).
+2. The first destination writer preallocates ``NAME.dfo-partial``; the journal
+   ``NAME.dfo-partial.state`` gets a line per chunk written. On resume, every journaled chunk is hashed
+   on BOTH hosts and only chunks whose digests agree are kept; the rest is sent again.
 3. N streams, each a pair of bulk ssh processes (reader on the source, writer on the destination)
    with a pump in the controller, pull chunks from one queue and write them at their offsets.
 4. Integrity, three points:
@@ -17,9 +18,9 @@ How one file moves:
      transfer and a destination-side follower hashes the partial as its done prefix grows; those two
      whole-file sha256 must agree.
    The destination digest is reported after fsync. Any mismatch fails loudly and keeps the partial.
-5. The partial is fsynced, renamed over NAME, and a sidecar ``NAME.dfo-manifest.json`` records the
-   digests. The source identity is checked at every chunk and at the end: a growing source stops the
-   relay.
+5. The first writer fsyncs, renames the partial over NAME and writes the sidecar
+   ``NAME.dfo-manifest.json`` (for a directory: ``DIR.dfo-manifest.json`` once every file is in place).
+   The source identity is checked at every chunk and at the end: a growing source stops the relay.
 """
 
 from __future__ import annotations
@@ -241,6 +242,9 @@ class _Relay:
                                      hint="free some space there or relay to another path; nothing was written")
         manifest = rp.manifest_path(final_root)
         result.manifest = manifest
+        if todo and not o.dry_run:
+            # More streams for the largest file come up while the destination prepares and verifies.
+            self.plane.start(max(1, min(self.streams, max(len(p.chunks) for p in todo))))
         if o.dry_run:
             self._dry_cipher(result)
             result.files = [self._would(p) for p in plans]
@@ -484,7 +488,7 @@ class _Relay:
                 raise HostError(exc.host, exc.message, hint="wait for the other relay to finish") from None
             raise HostError(exc.host, exc.message, hint=self._resume_hint(p, job)) from None
         except rs.StreamEnded as exc:
-            detail = rs._tail(exc.proc.error_text()) or "the connection closed"
+            detail = rs.tail(exc.proc.error_text()) or "the connection closed"
             raise HostError(exc.proc.host, f"the {exc.proc.what} stopped: {detail}",
                             hint=self._resume_hint(p, job)) from None
         except EOFError as exc:
@@ -562,7 +566,7 @@ class _Relay:
         try:
             reply = json.loads(line)
         except ValueError:
-            raise HostError(proc.host, f"the {proc.what} stopped: {rs._tail(proc.error_text()) or 'no answer'}",
+            raise HostError(proc.host, f"the {proc.what} stopped: {rs.tail(proc.error_text()) or 'no answer'}",
                             hint=self._resume_hint(p, job)) from None
         if reply.get("error") == "changed":
             raise rs.SourceChanged(reply["detail"])
@@ -613,7 +617,7 @@ class _Relay:
         res = self.connector.session(self.src.host).run(cmd, check=False, env=dict(host.env) if host.env else None)
         if not res.ok:
             errs = [ln for ln in res.err_text.splitlines() if ln.startswith("dfo-payload error:")]
-            detail = errs[-1].removeprefix("dfo-payload error:").strip() if errs else rs._tail(res.err_text or res.text)
+            detail = errs[-1].removeprefix("dfo-payload error:").strip() if errs else rs.tail(res.err_text or res.text)
             raise HostError(self.src.host, f"strip-checkpoint of {self.src.path} failed: {detail}")
         record = self.call(self.src.host, "read_json", path=posixpath.join(out_dir, "dfo-source.json"))["data"] or {}
         keep = ("source_path", "sha256", "bytes", "step", "dropped", "format")

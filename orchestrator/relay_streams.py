@@ -47,7 +47,7 @@ from .transport.bulk import ssh_argv, ssh_binary
 from .transport.control import HostSession, connect
 
 BUF_SIZE = 1 << 20
-PROGRESS_STEP = 4 << 20
+PROGRESS_STEP = 2 << 20
 # One line (any login shell passes it), reading exactly the 10-digit length and the code with raw
 # reads: nothing after the code is consumed, so the process can splice its stdin pipe directly.
 BOOT = ('import os;b=b"";exec("while len(b)<10:b+=os.read(0,10-len(b)) or os._exit(3)");n=int(b);b=b"";'
@@ -497,6 +497,7 @@ class DataPlane:
         self.cipher_note = ""
         self.pairs: list[Pair] = []
         self.aux: list[RemoteProcess] = []
+        self._spawned: list[RemoteProcess] = []  # every process ever started: abort() must reach them all
         self._lock = threading.Lock()
         self._bringing: threading.Thread | None = None
         self._bring_error: BaseException | None = None
@@ -505,16 +506,21 @@ class DataPlane:
         return self.connector.inventory.hosts[host].python
 
     def _spawn(self, host: str, kind: str, kwargs: dict, what: str, own: bool) -> RemoteProcess:
+        proc: RemoteProcess
         if self.kind == "ssh":
-            return SshProcess(self.connector.resolved(host), self._python(host), kind, kwargs, cipher=self.cipher,
+            proc = SshProcess(self.connector.resolved(host), self._python(host), kind, kwargs, cipher=self.cipher,
                               what=what)
-        if own:
+        elif own:
             session, used = open_paramiko_session(self.connector.resolved(host), self.connector.trust_new_host_keys,
                                                   self.cipher)
             self.cipher = used  # what paramiko and the server agreed on
-            return ParamikoProcess(session, self._python(host), kind, kwargs, what=what, own_session=True)
-        return ParamikoProcess(self.connector.session(host), self._python(host), kind, kwargs, what=what,
-                               own_session=False)
+            proc = ParamikoProcess(session, self._python(host), kind, kwargs, what=what, own_session=True)
+        else:
+            proc = ParamikoProcess(self.connector.session(host), self._python(host), kind, kwargs, what=what,
+                                   own_session=False)
+        with self._lock:
+            self._spawned.append(proc)
+        return proc
 
     def _make_pairs(self, first: int, last: int) -> list[Pair]:
         def make(k: int) -> Pair:
@@ -554,14 +560,16 @@ class DataPlane:
             for pair in made:
                 for proc in (pair.reader, pair.writer):
                     proc.kill()
+                    proc.wait(2.0)
                     _close(proc)
+                    self._forget(proc)
             if self.kind == "ssh" and self.cipher and not self.explicit and "no matching cipher" in text.lower():
                 self.cipher_note = f"{exc.proc.host} does not offer {self.cipher}: using ssh's default cipher"
                 self.cipher = None
                 made = self._make_pairs(first, n)
                 self._greet(made)
             else:
-                detail = _tail(text) or "the stream closed before it started"
+                detail = tail(text) or "the stream closed before it started"
                 raise HostError(exc.proc.host, f"cannot start a relay stream ({exc.proc.what}): {detail}",
                                 hint="check that the host runs sshd and that 'python:' in the inventory names an "
                                 "interpreter present there") from None
@@ -570,7 +578,13 @@ class DataPlane:
 
     def start(self, n: int) -> None:
         """Bring up n pairs in the background (their SSH handshakes overlap the controller's planning)."""
+        previous = self._bringing
+
         def body() -> None:
+            if previous is not None:
+                previous.join()
+            if self._bring_error is not None:
+                return
             try:
                 self._bring_up(n)
             except BaseException as exc:  # noqa: BLE001 - reported by the next ensure()
@@ -601,6 +615,12 @@ class DataPlane:
         with self._lock:
             if proc in self.aux:
                 self.aux.remove(proc)
+        self._forget(proc)
+
+    def _forget(self, proc: RemoteProcess) -> None:
+        with self._lock:
+            if proc in self._spawned:
+                self._spawned.remove(proc)
 
     def abort(self) -> None:
         """Kill every stream (a failure elsewhere must unblock the threads waiting on them)."""
@@ -611,7 +631,8 @@ class DataPlane:
         if self._bringing is not None:
             self._bringing.join()
             self._bringing = None
-        procs = self._all()
+        with self._lock:
+            procs = list(self._spawned)
         for proc in procs:
             proc.close_stdin()
         for proc in procs:
@@ -620,11 +641,11 @@ class DataPlane:
                 proc.wait(2.0)
             _close(proc)
         with self._lock:
-            self.pairs, self.aux = [], []
+            self.pairs, self.aux, self._spawned = [], [], []
 
     def _all(self) -> list[RemoteProcess]:
         with self._lock:
-            return [p for pair in self.pairs for p in (pair.reader, pair.writer)] + list(self.aux)
+            return list(self._spawned)
 
 
 def _close(proc: RemoteProcess) -> None:
@@ -633,7 +654,7 @@ def _close(proc: RemoteProcess) -> None:
         close()
 
 
-def _tail(text: str, lines: int = 6) -> str:
+def tail(text: str, lines: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 

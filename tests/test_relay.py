@@ -298,9 +298,15 @@ def test_too_little_space_fails_cleanly_before_and_during(sandbox, paths):
         assert "not enough free space" in proc.stderr and "12.0 MiB" in proc.stderr and "4.0 MiB" in proc.stderr
         assert on_ct129("ls", "-A", str(small)).split() == []
 
+        # The check skipped (as if another writer filled the disk since): preallocation refuses.
+        inv = load_inventory(sandbox.inventory_path)
+        with Connector(inv) as conn, pytest.raises(HostError) as err:
+            relay(conn, f"kpro6:{src}/big.pt", f"ct129:{small}/big.pt", RelayOptions(check_space=False))
+        assert "no space to preallocate" in str(err.value) and "no final file was written" in str(err.value)
+        assert on_ct129("ls", "-A", str(small)).split() == []
+
         # Mid-way (the up-front check and preallocation switched off, as on a filesystem without
         # fallocate that another writer fills): a clear error, and no final file.
-        inv = load_inventory(sandbox.inventory_path)
         with Connector(inv) as conn, pytest.raises(HostError) as err:
             relay(conn, f"kpro6:{src}/big.pt", f"ct129:{small}/big.pt",
                   RelayOptions(check_space=False, preallocate=False))
@@ -347,6 +353,12 @@ def test_paramiko_fallback_on_real_sshd(sandbox, paths):
                          "--streams", streams)
         assert out["data_plane"] == "paramiko"
         assert sha(dst / f"pm{streams}.bin") == digest == out["sha256"]
+    # A controller without an ssh binary falls back to paramiko by itself.
+    env = {**dfo_env(sandbox.inventory_path), "PATH": str(Path(sys.executable).parent)}
+    proc = subprocess.run(dfo_argv("relay-checkpoint", f"kpro6:{src}/pm.bin", f"ct129:{dst}/pm4.bin", "--json"),
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["data_plane"] == "paramiko" and sha(dst / "pm4.bin") == digest
     # The rekey fix: the server, not paramiko, drives rekeying on long streams.
     before = (paramiko.packet.Packetizer.REKEY_BYTES, paramiko.packet.Packetizer.REKEY_PACKETS)
     inv = load_inventory(sandbox.inventory_path)

@@ -213,3 +213,29 @@ def test_human_bytes():
     assert rp.human_bytes(512) == "512 B"
     assert rp.human_bytes(40 * MiB) == "40.0 MiB"
     assert rp.human_bytes(17 * GiB) == "17.0 GiB"
+
+
+# ----------------------------------------------------------------------------------- host-side code
+
+
+def test_host_code_and_bootstrap_parse_as_python_36():
+    """Hosts may only have an old python3: the code sent to them must not use newer syntax."""
+    import ast
+
+    from orchestrator import relay_streams
+
+    source = relay_streams.host_source().decode()
+    ast.parse(source, feature_version=(3, 6))
+    ast.parse(relay_streams.BOOT, feature_version=(3, 6))
+    assert "\n" not in relay_streams.BOOT  # one line: any login shell passes it through
+
+
+def test_stream_prelude_is_length_prefixed_code_ending_in_the_call():
+    from orchestrator import relay_streams
+
+    prelude = relay_streams.stream_prelude("writer", {"a": "it's \"x\" $(y)"})
+    n = int(prelude[:10])
+    code = prelude[10:]
+    assert n == len(code)
+    assert code.rstrip().endswith(b")") and b"_dfo_stream('writer'" in code
+    compile(code, "prelude", "exec")
