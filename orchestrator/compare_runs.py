@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from remote_payload.stats import bootstrap_mean_ci, mean, verdict
 
+from .report import digest_value
 from .runs import Run
 
 # Settings that make two runs' numbers incomparable when they differ.
@@ -28,7 +29,7 @@ def compare_runs(a: Run, b: Run) -> dict:
         if va != vb:
             notes.append(f"settings differ: {key} = {va!r} in A, {vb!r} in B")
     ta, tb = ra.get("target") or {}, rb.get("target") or {}
-    da, db = ta.get("weights_sha256") or ta.get("weights_digest"), tb.get("weights_sha256") or tb.get("weights_digest")
+    da, db = digest_value(ta.get("weights_digest")), digest_value(tb.get("weights_digest"))
     if da and db and da != db:
         notes.append("the targets differ (weights digests differ)")
     ka, kb = (ra.get("extraction") or {}).get("kernel_path"), (rb.get("extraction") or {}).get("kernel_path")

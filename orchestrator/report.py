@@ -14,6 +14,11 @@ from rich.table import Table
 FIRST_POSITIONS = 4
 
 
+def digest_value(digest) -> str | None:
+    """A digest recorded either as a plain hex string or as {"algorithm", "value", ...}."""
+    return digest.get("value") if isinstance(digest, dict) else digest
+
+
 def _fmt(x, digits: int = 2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
@@ -87,8 +92,8 @@ def settings_lines(results: dict) -> list[str]:
     if isinstance(prompts, dict):
         prompts = prompts.get("source") or prompts.get("name") or prompts
     return [
-        f"target: {t.get('name') or t.get('path')} ({t.get('num_layers') or t.get('layers') or '?'} layers, "
-        f"weights {str(t.get('weights_sha256') or t.get('weights_digest') or '?')[:16]})",
+        f"target: {t.get('path') or t.get('name')} ({t.get('architecture') or t.get('model_type') or '?'}, "
+        f"{t.get('num_layers') or '?'} layers, weights sha256 {str(digest_value(t.get('weights_digest')))[:16]})",
         f"prompts: {prompts}; samples: {s.get('samples')}; max new tokens: {s.get('max_new_tokens')}; "
         f"enable_thinking: {s.get('enable_thinking')}",
         f"device: {s.get('device')}; dtype: {s.get('dtype')}; linear-attention kernels: {e.get('kernel_path')}",
@@ -185,12 +190,15 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
     written = []
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for name, d in drafters.items():
+    # Distinct markers and dash styles: two drafters with identical curves must both stay visible.
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"), ("P", "--")]
+    for i, (name, d) in enumerate(drafters.items()):
         m = d.get("metrics") or {}
         pts = [(p["k"], p["p"]) for p in m.get("per_position", []) if p.get("p") is not None]
+        marker, dash = styles[i % len(styles)]
         if pts:
-            ax.plot([k for k, _ in pts], [p for _, p in pts], marker="o", linewidth=2,
-                    label=f"{name} (τ {_fmt(m.get('tau_macro'))})")
+            ax.plot([k for k, _ in pts], [p for _, p in pts], marker=marker, linestyle=dash, linewidth=2,
+                    markersize=7 - i, label=f"{name} (τ {_fmt(m.get('tau_macro'))})")
     ax.set_xlabel("draft position k")
     ax.set_ylabel("P(round accepts ≥ k drafts)")
     ax.set_ylim(0, 1.02)

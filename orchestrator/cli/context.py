@@ -7,6 +7,7 @@ so tests can inject their own consoles and inventory.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,14 +19,22 @@ from ..inventory import Inventory, inventory_path, load_inventory
 from ..transport import Connector
 
 
+def _console(stderr: bool) -> Console:
+    # Piped or redirected output gets a wide page instead of rich's 80 columns, so tables stay readable
+    # in logs and CI; a terminal keeps its own width ($COLUMNS still wins).
+    probe = Console(stderr=stderr)
+    width = None if probe.is_terminal or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
 @dataclass
 class AppContext:
     inventory_arg: str | None = None
     trust_new_host_keys: bool = False
     connect_timeout: float = 10.0
     # stdout carries results (tables, or JSON with --json); stderr carries progress and notices.
-    out: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=True))
-    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    out: Console = field(default_factory=lambda: _console(stderr=False))
+    err: Console = field(default_factory=lambda: _console(stderr=True))
     _inventory: Inventory | None = None
     _connector: Connector | None = None
 

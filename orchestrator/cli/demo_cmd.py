@@ -1,0 +1,44 @@
+"""`dfo demo`: the main job end to end on two local sandbox hosts (no real hosts needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..runs import runs_root
+from ..sandbox import SandboxError
+from .context import AppContext
+from .eval_cmd import render_run
+from .main import app
+
+
+@app.command("demo")
+def demo_cmd(
+    ctx: typer.Context,
+    keep: bool = typer.Option(False, "--keep", help="Leave the sandbox hosts running afterwards (prints how to stop them)."),
+    root: Optional[Path] = typer.Option(None, "--root", help="Sandbox directory (default: a new temporary one)."),
+    samples: int = typer.Option(6, "--samples", help="Prompts to evaluate."),
+    max_new_tokens: int = typer.Option(96, "--max-new-tokens"),
+    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", help="Where the run folder goes (default ./runs)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
+) -> None:
+    """Start sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), build a tiny target and
+    drafters on them, and run `dfo eval --host ct129` with a checkpoint relayed from kpro6."""
+    from ..demo import run_demo
+
+    app_ctx: AppContext = ctx.obj
+    try:
+        outcome = run_demo(console=app_ctx.err, runs_dir=runs_root(runs_dir), root=root, keep=keep,
+                           samples=samples, max_new_tokens=max_new_tokens)
+    except SandboxError as exc:
+        from ..errors import OperationError
+
+        raise OperationError(f"cannot start the sandbox hosts: {exc}",
+                             hint="the demo needs root (network namespaces) or falls back to 127.0.0.x; "
+                             "install openssh-server and iproute2 (scripts/setup.sh does)") from None
+    app_ctx.err.print(f"\n[bold green]demo finished[/] in {outcome.seconds:.0f}s"
+                      + (f"; sandbox kept in {outcome.sandbox_root}" if outcome.kept else "; sandbox hosts stopped"))
+    render_run(app_ctx, outcome.run, json_out)
