@@ -7,7 +7,7 @@ must stay free of torch and of anything host-specific).
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 
 def mean(values: Sequence[float]) -> float | None:
@@ -39,3 +39,35 @@ def verdict(ci: tuple[float, float] | None) -> str:
     if ci[1] < 0:
         return "B is lower (CI excludes 0)"
     return "no clear difference (CI includes 0)"
+
+
+def bootstrap_cis(n: int, statistic: Callable[[Sequence[int]], Mapping[str, float | None]], *,
+                  resamples: int = 2000, confidence: float = 0.95,
+                  seed: int = 0) -> dict[str, tuple[float, float] | None]:
+    """Percentile bootstrap CIs of several statistics over one set of resamples of ``n`` items.
+
+    ``statistic(indices)`` gets the item indices of one resample (drawn with replacement, in draw order)
+    and returns {name: value}; a None value (e.g. a ratio with an empty denominator) leaves that resample
+    out for that name. The draws are those of ``bootstrap_mean_ci`` for the same seed, so a statistic that
+    is the mean of per-item values gets exactly its interval. None for a name with fewer than two items or
+    no value in any resample.
+    """
+    if n < 2:
+        return {name: None for name in statistic(list(range(n)))} if n else {}
+    rng = random.Random(seed)
+    draws: dict[str, list[float]] = {}
+    for _ in range(resamples):
+        values = statistic([rng.randrange(n) for _ in range(n)])
+        for name, v in values.items():
+            bucket = draws.setdefault(name, [])
+            if v is not None:
+                bucket.append(v)
+    return {name: _percentile_interval(sorted(vals), confidence) if vals else None for name, vals in draws.items()}
+
+
+def _percentile_interval(sorted_values: Sequence[float], confidence: float) -> tuple[float, float]:
+    """The same order statistics as bootstrap_mean_ci picks from its sorted resample means."""
+    m = len(sorted_values)
+    lo_i = int((1 - confidence) / 2 * m)
+    hi_i = min(m - 1, int((1 + confidence) / 2 * m))
+    return sorted_values[lo_i], sorted_values[hi_i]

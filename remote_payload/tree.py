@@ -1,0 +1,263 @@
+"""Tree acceptance (design note section 5), offline, from the same draft pass as the chain τ. Pure stdlib.
+
+The offline eval drafts at *every* continuation position and keeps, per anchor and per draft depth, the
+drafter's top-k token ids and log-probs (``offline.SampleDrafts.topk_ids / topk_logprobs``; ``.tolist()``
+gives the nested lists ``[A][B-1][k]`` read here). Both tree figures replay rounds over the target's own
+continuation exactly like the chain (``metrics.chain_rounds``): a round at anchor a accepts some drafts,
+τ_round = accepted + 1 (capped by the tokens left), and the next round is anchored at a + τ_round. No
+target forward is needed: the target's "next token" at every tree node on the path is the reference
+continuation itself, and nodes off that path are never accepted.
+
+Two figures, two definitions (printed next to the numbers, see ``DEFINITIONS``):
+
+- **top-k depth acceptance** ("DDTree-k", headline k = 8): accepted = number of leading depths j whose
+  target token is among the drafter's top-k at depth j. This is a full width-k tree (k^(B-1) nodes), the
+  upper bound of any tree whose nodes at depth j come from the top-k at depth j.
+- **budgeted DDTree** (liranringel/ddtree): from the top-K candidates per depth, best-first search over
+  rank tuples keeps the ``budget`` most probable prefixes (score = sum over the path of the per-depth
+  log-probs of the chosen ranks; ties go to the lexicographically smaller rank tuple, so a parent always
+  precedes its children and rank r its sibling r+1: the tree is prefix-closed). The walk follows the
+  target's tokens from the root; accepted = nodes matched. τ_round ≤ budget + 1.
+
+When the inequalities between chain, budgeted and top-k τ are guaranteed is stated in the README
+section "Tree acceptance" and in ``guarantees_chain`` below; tests/payload/test_tree.py checks them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .errors import PayloadError
+from .metrics import Round, summarize
+from .sample_rounds import entry_from_rounds
+
+DEFAULT_K = 8  # headline "DDTree-8" = top-8 depth acceptance (the team's figures)
+DEFAULT_BUDGET = 16  # >= B-1 for B = 16, so the budgeted tree can hold the whole greedy chain
+
+DEFINITIONS = {
+    "topk": ("top-k depth acceptance (DDTree-k, a full width-k tree): per round, accepted = number of leading "
+             "draft depths whose target token is among the drafter's top-k tokens at that depth (capped by the "
+             "tokens left); τ_round = accepted + 1; the next round starts at anchor + τ_round; τ macro/micro as "
+             "for the chain. Offline over the target's own continuation, from the chain's draft pass."),
+    "budgeted": ("budgeted DDTree (liranringel/ddtree): per round, a best-first search over rank tuples of the "
+                 "top-K candidates per depth keeps the `budget` most probable prefixes (score = sum of the "
+                 "per-depth log-probs along the path; ties to the smaller rank tuple; prefix-closed); the "
+                 "target's continuation walks the tree from the root (move to the child holding the target's "
+                 "next token, else stop); τ_round = 1 + matched nodes (<= budget + 1); the next round starts at "
+                 "anchor + τ_round. Exact DDTree when K >= budget (ranks >= budget never enter a tree of "
+                 "`budget` nodes); with K < budget the search is limited to the K stored candidates."),
+}
+
+
+# ----------------------------------------------------------------------------------------- one round
+
+
+def topk_depth_accepted(depth_ids: Sequence[Sequence[int]], truth: Sequence[int], k: int) -> int:
+    """Leading depths j where truth[j] is among depth_ids[j][:k] (len(truth) caps the walk)."""
+    n = 0
+    for cands, t in zip(depth_ids, truth):
+        if t not in cands[:k]:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class DraftTree:
+    """A prefix-closed draft tree. Node 0 is the root (the anchor token); nodes 1.. in best-first order."""
+    token: list[int] = field(default_factory=lambda: [-1])
+    parent: list[int] = field(default_factory=lambda: [-1])
+    depth: list[int] = field(default_factory=lambda: [0])
+    ranks: list[tuple] = field(default_factory=lambda: [()])
+    score: list[float] = field(default_factory=lambda: [0.0])
+    children: list[dict] = field(default_factory=lambda: [{}])  # token id -> child node
+
+    def __len__(self) -> int:
+        return len(self.token) - 1  # non-root nodes
+
+    def add(self, parent: int, token: int, ranks: tuple, score: float) -> int:
+        node = len(self.token)
+        self.token.append(token)
+        self.parent.append(parent)
+        self.depth.append(self.depth[parent] + 1)
+        self.ranks.append(ranks)
+        self.score.append(score)
+        self.children.append({})
+        # Top-k ids of one depth are distinct for a real drafter; should one repeat, the better-ranked node
+        # (added first) keeps the token, so the greedy chain stays reachable.
+        self.children[parent].setdefault(token, node)
+        return node
+
+    def walk(self, truth: Sequence[int]) -> int:
+        """Nodes matched by following ``truth`` from the root (the target's tokens after the anchor)."""
+        node, matched = 0, 0
+        for t in truth:
+            nxt = self.children[node].get(t)
+            if nxt is None:
+                break
+            node, matched = nxt, matched + 1
+        return matched
+
+    def chain_depth(self) -> int:
+        """Depth of the all-rank-0 path held by the tree (the greedy chain's drafts it contains)."""
+        node, d = 0, 0
+        while True:
+            nxt = next((c for c in self.children[node].values() if self.ranks[c][-1] == 0), None)
+            if nxt is None:
+                return d
+            node, d = nxt, d + 1
+
+
+def build_budgeted_tree(depth_ids: Sequence[Sequence[int]], depth_logprobs: Sequence[Sequence[float]],
+                        budget: int, K: int) -> DraftTree:
+    """Best-first DDTree over rank tuples (see module doc).
+
+    The heap holds candidate rank tuples keyed by (−score, ranks). Popping a tuple adds its node and pushes
+    its next sibling (last rank + 1) and its first child (rank 0 at the next depth). With per-depth
+    log-probs sorted descending and <= 0 (log-softmax top-k), both successors rank after the popped tuple,
+    so the ``budget`` popped tuples are exactly the ``budget`` best by that key among all rank tuples.
+    Scores are left-to-right sums along the path (parent score + own log-prob), which keeps them
+    bit-identical to a brute-force sum over the path.
+    """
+    tree = DraftTree()
+    D = len(depth_ids)
+    if budget <= 0 or D == 0 or K <= 0:
+        return tree
+    heap = [(-depth_logprobs[0][0], (0,), 0)]  # (−score, ranks, parent node)
+    while heap and len(tree) < budget:
+        neg, ranks, parent = heapq.heappop(heap)
+        score, d, r = -neg, len(ranks) - 1, ranks[-1]
+        node = tree.add(parent, depth_ids[d][r], ranks, score)
+        if r + 1 < K:
+            heapq.heappush(heap, (-(tree.score[parent] + depth_logprobs[d][r + 1]), ranks[:-1] + (r + 1,), parent))
+        if d + 1 < D:
+            heapq.heappush(heap, (-(score + depth_logprobs[d + 1][0]), ranks + (0,), node))
+    return tree
+
+
+def guarantees_chain(depth_logprobs: Sequence[Sequence[float]], budget: int, K: int) -> bool:
+    """A sufficient condition for the budgeted tree to hold the whole greedy chain (all B−1 depths).
+
+    True when budget >= B−1 and either K = 1 (the tree is the chain) or, at every depth j, the runner-up
+    is no more probable than the rest of the chain from j on: lp[j][1] <= Σ_{i>=j} lp[i][0]. Then no
+    off-chain rank tuple (whose best is a chain prefix plus one rank-1 step) outscores the full chain, every
+    chain prefix precedes it (ties go to the chain: its rank tuple is lexicographically smaller or a
+    prefix), and the first B−1 pops are the chain. With the whole chain in the tree, the walk matches at
+    least what the chain accepts, in every round.
+    """
+    D = len(depth_logprobs)
+    if budget < D:
+        return False
+    if K <= 1:
+        return True
+    tail = 0.0
+    for j in range(D - 1, -1, -1):
+        tail += depth_logprobs[j][0]
+        if depth_logprobs[j][1] > tail:
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------- replay
+
+
+def replay(tokens: Sequence[int], prompt_len: int, accepted_at: Callable[[int, Sequence[int]], int]) -> list[Round]:
+    """Rounds over a fixed continuation; accepted_at(anchor, truth) with truth = tokens after the anchor."""
+    rounds: list[Round] = []
+    a, last = prompt_len, len(tokens) - 1
+    while a < last:
+        remaining = last - a
+        acc = accepted_at(a, tokens[a + 1:a + 1 + remaining])
+        produced = min(acc + 1, remaining)
+        rounds.append(Round(a, acc, produced, remaining))
+        a += produced
+    return rounds
+
+
+@dataclass
+class TreeRounds:
+    """Tree replays of one sample (both kinds) and the parameters that produced them."""
+    topk: list[Round]
+    budgeted: list[Round]
+    k: int
+    budget: int
+    K: int
+
+    def entry(self) -> dict:
+        """The per-sample record for samples.jsonl: ``line["drafters"][name]["tree"]``."""
+        return {"topk": {"k": self.k, **entry_from_rounds(self.topk)},
+                "budgeted": {"budget": self.budget, "K": self.K, **entry_from_rounds(self.budgeted)}}
+
+
+def _field(drafts: Any, name: str):
+    value = drafts[name] if isinstance(drafts, dict) else getattr(drafts, name)
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def sample_tree_rounds(drafts: Any, *, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET,
+                       K: int | None = None) -> TreeRounds:
+    """Top-k depth and budgeted-DDTree replays of one sample from its draft pass.
+
+    ``drafts``: an ``offline.SampleDrafts`` or a dict with ``tokens`` (prompt + continuation ids),
+    ``prompt_len``, ``anchors`` (prompt_len..len(tokens)−2) and per anchor the per-depth top-k
+    ``topk_ids`` / ``topk_logprobs`` (``[A][B−1][width]``, best first; tensors are read with .tolist()).
+    ``K`` defaults to min(budget, width). Needs k <= width and K <= width.
+    """
+    tokens = list(_field(drafts, "tokens"))
+    prompt_len = int(_field(drafts, "prompt_len"))
+    anchors = list(_field(drafts, "anchors"))
+    ids, lps = _field(drafts, "topk_ids"), _field(drafts, "topk_logprobs")
+    if len(ids) != len(anchors) or len(lps) != len(anchors):
+        raise PayloadError(f"tree metrics: {len(anchors)} anchors but top-k ids for {len(ids)} and log-probs for "
+                           f"{len(lps)}")
+    expected = list(range(prompt_len, len(tokens) - 1))
+    if anchors != expected:
+        raise PayloadError("tree metrics need drafts at every continuation position "
+                           f"({prompt_len}..{len(tokens) - 2}); got anchors {anchors[:3]}…")
+    width = len(ids[0][0]) if anchors and ids[0] else None
+    if k < 1 or budget < 0:
+        raise PayloadError(f"tree metrics: need k >= 1 and budget >= 0 (got k={k}, budget={budget})")
+    if K is None:
+        K = min(budget, width) if width is not None else budget
+    if K < 1:
+        raise PayloadError(f"tree metrics: need K >= 1 (got {K})")
+    if width is not None and (k > width or K > width):
+        raise PayloadError(f"tree metrics: the draft pass kept the top-{width} per depth, but k={k}, K={K} need "
+                           f"more; rerun with --topk {max(k, K)} or lower k/K")
+    row = {a: i for i, a in enumerate(anchors)}
+    for i in range(len(anchors)):
+        if any(len(c) != width for c in ids[i]) or len(ids[i]) != len(ids[0]) or \
+                [len(c) for c in lps[i]] != [len(c) for c in ids[i]]:
+            raise PayloadError(f"tree metrics: anchor {anchors[i]} has top-k lists of another shape than anchor "
+                               f"{anchors[0]} ({len(ids[0])} depths × {width})")
+        if any(math.isnan(v) for c in lps[i] for v in c):
+            raise PayloadError(f"tree metrics: NaN log-probs in the drafts at anchor {anchors[i]}")
+
+    def topk_at(a, truth):
+        return topk_depth_accepted(ids[row[a]], truth, k)
+
+    def budgeted_at(a, truth):
+        i = row[a]
+        return build_budgeted_tree(ids[i], lps[i], budget, K).walk(truth)
+
+    return TreeRounds(replay(tokens, prompt_len, topk_at), replay(tokens, prompt_len, budgeted_at), k, budget, K)
+
+
+# ----------------------------------------------------------------------------------------- summary
+
+
+def tree_summary(topk_rounds: Sequence[Sequence[Round]], budgeted_rounds: Sequence[Sequence[Round]], *,
+                 block_size: int, k: int, budget: int, K: int) -> dict:
+    """``metrics["tree"]`` of one drafter: both figures summarised like the chain (metrics.summarize)."""
+    out = {}
+    for kind, rounds, params in (("topk", topk_rounds, {"k": k}),
+                                 ("budgeted", budgeted_rounds, {"budget": budget, "K": K, "exact": K >= budget})):
+        s = summarize(rounds, block_size)
+        out[kind] = {**params, "tau_macro": s["tau_macro"], "tau_micro": s["tau_micro"],
+                     "mean_accepted": s["mean_accepted"], "rounds": s["rounds"],
+                     "per_position": s["per_position"], "tau_histogram": s["tau_histogram"],
+                     "definition": DEFINITIONS[kind]}
+    return out
