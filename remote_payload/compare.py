@@ -69,7 +69,8 @@ class _Drafter:
                 self.tree_tau.append(None)
             else:
                 self.tree_k.add(topk.get("k"))
-                tree_rounds = rounds_from_entry(topk, pt, ct, f"samples.jsonl sample {sid}, drafter '{name}', tree.topk")
+                where = f"samples.jsonl sample {sid}, drafter '{name}', tree.topk"
+                tree_rounds = rounds_from_entry(topk, pt, ct, where)
                 self.tree_tau.append(sample_tau(tree_rounds))
 
 

@@ -41,7 +41,7 @@ ALIASES = {"training-checkpoint": "trained-drafter"}
 DEPS = {"target": ["tokenizer"], "target-vl": ["target"], "trained-drafter": ["target"],
         "zlab-drafter": ["trained-drafter"], "speculators-drafter": ["trained-drafter", "target"],
         "random-drafter": ["tokenizer"]}
-THREADS = 2
+THREADS = 1  # tiny models gain nothing from intra-op threads, and lose a lot on a busy machine
 SEED = 1234
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|MASK|>"]
 CHAT_TEMPLATE = (

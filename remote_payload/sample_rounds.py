@@ -29,9 +29,8 @@ def rounds_from_entry(entry: dict, prompt_tokens: int, continuation_tokens: int,
     try:
         anchors, accepted, produced = (list(entry[key]) for key in ("anchors", "accepted", "produced"))
     except (KeyError, TypeError):
-        raise PayloadError(f"{where}: needs the lists 'anchors', 'accepted' and 'produced' "
-                           f"(keys found: {', '.join(sorted(entry)) if isinstance(entry, dict) else type(entry).__name__})"
-                           ) from None
+        found = ", ".join(sorted(entry)) if isinstance(entry, dict) else type(entry).__name__
+        raise PayloadError(f"{where}: needs the lists 'anchors', 'accepted' and 'produced' (found: {found})") from None
     if not len(anchors) == len(accepted) == len(produced):
         raise PayloadError(f"{where}: 'anchors', 'accepted', 'produced' have different lengths "
                            f"({len(anchors)}, {len(accepted)}, {len(produced)})")
