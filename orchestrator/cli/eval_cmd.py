@@ -22,21 +22,21 @@ from .main import app
 @app.command("eval")
 def eval_cmd(
     ctx: typer.Context,
-    host: list[str] = typer.Option(..., "--host", "-H",
+    host: list[str] = typer.Option(..., "--host", "-H", metavar="HOST",
                                    help="Eval host (repeatable: the prompts are sharded over the hosts)."),
-    target: str = typer.Option(..., "--target", help="Target model folder on the eval host(s) (HF format)."),
+    target: str = typer.Option(..., "--target", metavar="PATH", help="Target model folder on the eval host(s) (HF format)."),
     drafter: list[str] = typer.Option(..., "--drafter", "-d", metavar="NAME=[HOST:]PATH",
                                       help="Drafter to evaluate (repeatable). A path on another host is relayed; "
                                       "a training checkpoint (*.pt) is stripped of optimizer state there first."),
-    prompts: str = typer.Option("builtin", "--prompts", help="'builtin' or a local JSONL file of {id, messages|prompt}."),
-    reference: str = typer.Option("target", "--reference",
+    prompts: str = typer.Option("builtin", "--prompts", metavar="builtin|FILE", help="'builtin' or a local JSONL file of {id, messages|prompt}."),
+    reference: str = typer.Option("target", "--reference", metavar="target|URL",
                                   help="'target' (greedy on the eval host) or an OpenAI-compatible URL."),
-    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu"),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 (default) or float32; float16 is refused."),
+    device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu", help="Where the payload runs the models."),
+    dtype: str = typer.Option("bfloat16", "--dtype", metavar="DTYPE", help="bfloat16 (default) or float32; float16 is refused."),
     enable_thinking: bool = typer.Option(False, "--enable-thinking/--no-enable-thinking",
                                          help="Chat-template thinking mode; must match the drafter's training."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Reference continuation length."),
-    samples: Optional[int] = typer.Option(None, "--samples", help="Use the first N prompts."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", metavar="N", help="Reference continuation length."),
+    samples: Optional[int] = typer.Option(None, "--samples", metavar="N", help="Use the first N prompts."),
     diagnose: bool = typer.Option(False, "--diagnose", help="Add diagnostics (hidden-state stats, pitfall warnings)."),
     online_check: bool = typer.Option(False, "--online-check",
                                       help="Also run the online draft/verify loop and compare it with the offline one."),
@@ -47,7 +47,7 @@ def eval_cmd(
     force: bool = typer.Option(False, "--force", help="Start even if another job holds the eval host's GPU lock."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the whole plan; change nothing anywhere."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary (or the plan) as JSON on stdout."),
-    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", help="Where run folders go (default ./runs or $DFO_RUNS_DIR)."),
+    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Where run folders go (default ./runs or $DFO_RUNS_DIR)."),
 ) -> None:
     """Evaluate drafters against a target on the eval host(s).
 
