@@ -273,6 +273,12 @@ def test_real_offline_draft_pass_feeds_the_tree_metrics():
     assert isinstance(drafts.topk_ids, torch.Tensor)
     tr = sample_tree_rounds(drafts, k=1, budget=3, K=1)
     assert tr.topk == replay(drafts) == tr.budgeted
+    # The synthetic drafter repeats its one token k times, all log-probs 0, so every score ties and rank
+    # tuples go in lexicographic order: (0), (0,0), (0,0,0), (0,0,1), (0,0,2), (0,1). The last repeats the
+    # token of its sibling (0,0): the better-ranked chain node keeps the token, so the walk still follows
+    # the chain (else it would stop at the leaf (0,1) after 2 nodes).
+    tr = sample_tree_rounds(drafts, k=3, budget=6, K=3)
+    assert tr.topk == replay(drafts) == tr.budgeted
 
 
 def test_bad_inputs_give_clear_errors():
