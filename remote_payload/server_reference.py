@@ -566,9 +566,7 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
                         cachemod.atomic_write_json(job.path, {
                             "schema": SCHEMA, "model": model, "prompt_sha256": job.prompt_sha, "settings": settings,
                             "sample_id": job.sample_id, "url": base, "prompt_ids": job.prompt_ids,
-                            "response": {"text": raw["text"], "finish_reason": raw["finish_reason"],
-                                         "token_ids": raw["token_ids"], "prompt_token_ids": raw["prompt_token_ids"],
-                                         "matched_stop": raw["matched_stop"]},
+                            "response": obj,  # as received; parsed again (and re-checked) on reuse
                             "seconds": round(seconds, 3), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                        time.gmtime())})
                     finish(job, raw, seconds, False)

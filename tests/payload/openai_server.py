@@ -37,7 +37,7 @@ class Faults:
     close_requests: set = field(default_factory=set)  # drop the connection without an answer (server stays up)
     delay_s: float = 0.0  # sleep before answering (to exceed the client's timeout)
     malformed: str | None = None  # "json": truncated JSON body; "fields": valid JSON without "choices"
-    noncanonical_requests: set = field(default_factory=set)  # token_ids: first multi-char token split in chars
+    noncanonical_requests: set = field(default_factory=set)  # first multi-char token emitted as single chars
     token_ids: bool = True  # honour return_token_ids (False: like a server that ignores the field)
     ids_without_stop: bool = False  # leave the stop token out of token_ids (it is still in matched_stop)
 
@@ -136,13 +136,15 @@ class OpenAIServer:
                                       dtype=torch.long), max_new_tokens=max_tokens, min_new_tokens=0,
                                       do_sample=False, eos_token_id=stops, pad_token_id=stops[0])
         ids = out[0, len(prompt_ids):].tolist()
+        if number in self.faults.noncanonical_requests:
+            # As if the model had emitted a non-canonical split of its text: the text is decoded from these
+            # ids, and re-tokenising it gives the canonical (different) ids.
+            ids = self._split_first_multichar(ids)[:max_tokens]
         stopped = bool(ids) and ids[-1] in stops
         text_ids = ids[:-1] if stopped and not req.get("no_stop_trim") else ids
         text = self.tokenizer.decode(text_ids, skip_special_tokens=bool(req.get("skip_special_tokens", True)),
                                      clean_up_tokenization_spaces=False)
         token_ids = list(ids)
-        if number in self.faults.noncanonical_requests:
-            token_ids = self._split_first_multichar(token_ids)
         if stopped and self.faults.ids_without_stop:
             token_ids = token_ids[:-1]
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop" if stopped else "length",
