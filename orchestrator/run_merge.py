@@ -39,6 +39,11 @@ def merge_host_results(parts: dict[str, Path], jobs: dict[str, dict]) -> tuple[d
         (results, samples), = loaded.values()
         return {**results, "hosts": provenance}, samples
     from remote_payload.aggregate import merge_shards  # pure stdlib: the payload owns its metric definitions
+    from remote_payload.errors import PayloadError
 
-    results, samples = merge_shards([loaded[h] for h in parts])
+    try:
+        results, samples = merge_shards([loaded[h] for h in parts])
+    except PayloadError as exc:
+        raise OperationError(f"cannot merge the hosts' results: {exc}",
+                             hint="the hosts must run the same payload, target and settings") from None
     return {**results, "hosts": provenance}, samples
