@@ -501,9 +501,8 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
     results: list[ServerReference | None] = [None] * len(jobs)
     done = 0
 
-    def finish(job: _Job, raw: dict, seconds: float, cached: bool) -> None:
+    def record(job: _Job, ref: ServerReference, seconds: float, cached: bool) -> None:
         nonlocal done
-        ref = derive(job.sample_id, job.prompt_ids, raw, tokenizer, stop_ids, max_tokens)
         ref.cached, ref.seconds = cached, seconds
         results[job.index] = ref
         done += 1
@@ -513,13 +512,14 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
     pending: list[_Job] = []
     for job in jobs:
         hit = _load_cached(job, model, settings)
-        if hit is None:
-            pending.append(job)
-            continue
         try:
-            finish(job, hit["raw"], hit["seconds"], True)
+            ref = derive(job.sample_id, job.prompt_ids, hit["raw"], tokenizer, stop_ids, max_tokens) if hit else None
         except ValueError:
+            ref = None
+        if ref is None:
             pending.append(job)
+        else:
+            record(job, ref, hit["seconds"], True)
 
     def fail(job: _Job, what: str) -> PayloadError:
         kept = (f"{done} of {len(jobs)} sample(s) done and cached under {cache_root / CACHE_SUBDIR}; re-run to "
@@ -553,9 +553,9 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
                     job = running.pop(fut)
                     try:
                         obj, seconds = fut.result()
-                        raw = parse_completion(obj)
-                        # Validate before caching: a response that cannot become a reference is not kept.
-                        derive(job.sample_id, job.prompt_ids, raw, tokenizer, stop_ids, max_tokens)
+                        # Checked before caching: a response that cannot become a reference is not kept.
+                        ref = derive(job.sample_id, job.prompt_ids, parse_completion(obj), tokenizer, stop_ids,
+                                     max_tokens)
                     except _RequestFailed as exc:
                         first_error = first_error or fail(job, str(exc))
                         continue
@@ -569,7 +569,7 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
                             "response": obj,  # as received; parsed again (and re-checked) on reuse
                             "seconds": round(seconds, 3), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                        time.gmtime())})
-                    finish(job, raw, seconds, False)
+                    record(job, ref, seconds, False)
     if first_error is not None:
         raise first_error
 

@@ -65,6 +65,7 @@ class OpenAIServer:
         self.model_name = model_name
         self.completion_requests = 0  # every POST /v1/completions, answered or not
         self.answered: list[list[int]] = []  # prompt ids of the requests answered with a completion
+        self.bodies: list[dict] = []  # the JSON bodies of those requests, as received
         self._lock = threading.Lock()  # one generation at a time (torch on 2 CPUs; deterministic counts)
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
@@ -153,6 +154,7 @@ class OpenAIServer:
             choice["token_ids"] = token_ids
             choice["prompt_token_ids"] = prompt_ids
         self.answered.append(prompt_ids)
+        self.bodies.append(req)
         return {"id": f"cmpl-{number}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),

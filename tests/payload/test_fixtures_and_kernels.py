@@ -78,3 +78,23 @@ def test_torch_linear_attention_swap_restores_bindings(target):
         with torch.no_grad():
             target.model(input_ids=ids)
     assert m.torch_chunk_gated_delta_rule is before
+
+
+def test_gpu_check_comparison_logic_on_cpu(target, samples, loaded, runtime_for):
+    """On CPU both sides are the torch path: the comparison must report exact agreement."""
+    from remote_payload.gpu_check import compare_paths
+
+    refs = [ref for _p, ref, _f in samples[:2]]
+    report = compare_paths(target, refs, [0, 1, 3, 5, 7], runtime_for(loaded["zlab"]))
+    assert [row["layer"] for row in report["per_layer"]] == [0, 1, 3, 5, 7]
+    assert all(row["max_abs_diff"] == 0.0 and row["max_abs_value"] > 0 for row in report["per_layer"])
+    assert report["teacher_forced_argmax_differences"] == 0
+    d = report["drafts"]
+    assert d["top1_differ"] == 0 and d["top1_compared"] > 0
+    assert d["tau_macro_bound_features"] == d["tau_macro_torch_features"] > 1.0
+
+
+def test_gpu_check_refuses_without_cuda(run_payload, fixture_dir):
+    proc = run_payload("gpu-check", "--target", fixture_dir / "target")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("dfo-payload error: gpu-check needs a CUDA device")

@@ -48,12 +48,13 @@ def prompts():
 def fetch(target, tmp_path):
     """fetch_references with the fixture target's tokenizer and end tokens; quick retries for tests."""
 
-    def run(url, chosen, max_tokens, cache=tmp_path / "cache", warnings=None, strict=False, **endpoint):
+    def run(url, chosen, max_tokens, cache=tmp_path / "cache", warnings=None, strict=False, thinking=False,
+            **endpoint):
         endpoint.setdefault("retry_backoff_s", 0.01)
         endpoint.setdefault("timeout_s", 120)
         endpoint.setdefault("concurrency", 1)
         return sr.fetch_references(sr.Endpoint(url=url, **endpoint), chosen, target.tokenizer,
-                                   enable_thinking=False, max_tokens=max_tokens, stop_ids=target.stop_ids,
+                                   enable_thinking=thinking, max_tokens=max_tokens, stop_ids=target.stop_ids,
                                    cache_dir=cache, strict_roundtrip=strict,
                                    warn=None if warnings is None else warnings.append)
 
@@ -95,6 +96,12 @@ def test_server_continuations_equal_payload_greedy_references(samples, target, s
         assert got.roundtrip["prompt_ids_match"] is True
         assert got.to_reference().tokens == ref.tokens
     assert "eos" in {r.stop_reason for r in batch.samples}  # the stop-token path was exercised
+    body = srv.bodies[0]  # greedy, no penalties, the target's end tokens, ids in and out
+    assert body["prompt"] in [ref.prompt_ids for _, ref, _ in samples]
+    assert (body["temperature"], body["top_p"], body["n"], body["max_tokens"]) == (0.0, 1.0, 1, MAX_NEW)
+    assert (body["presence_penalty"], body["frequency_penalty"], body["repetition_penalty"]) == (0.0, 0.0, 1.0)
+    assert body["stop_token_ids"] == target.stop_ids and "stop" not in body
+    assert body["return_token_ids"] is True and body["skip_special_tokens"] is False
     assert sorted(seen) == [(i + 1, len(samples)) for i in range(len(samples))]
     assert batch.summary()["roundtrip_mismatches"] == []
 
@@ -112,7 +119,19 @@ def test_text_prompt_format_gives_the_same_tokens(samples, start_server, fetch):
         assert got.prompt_ids == ref.prompt_ids
         assert got.roundtrip["prompt_ids_match"] is True
         assert got.continuation == ref.continuation[:24], p.id
-    assert all(isinstance(prompt, list) for prompt in srv.answered)  # the server tokenised our text
+    assert all(isinstance(b["prompt"], str) for b in srv.bodies)  # text sent, the server tokenised it
+
+
+def test_enable_thinking_reaches_the_prompt(target, prompts, start_server, fetch):
+    from remote_payload.target import render_prompt
+
+    srv = start_server()
+    msgs = prompts[0].message_dicts()
+    fetch(srv.url, prompts[:1], 4, thinking=True)
+    fetch(srv.url, prompts[:1], 4, thinking=False)
+    with_thinking, without = (b["prompt"] for b in srv.bodies)
+    assert with_thinking == render_prompt(target.tokenizer, msgs, True)
+    assert without == render_prompt(target.tokenizer, msgs, False) and without != with_thinking
 
 
 def test_cache_key_has_settings_not_url(samples, start_server, fetch):

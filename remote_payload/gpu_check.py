@@ -1,0 +1,123 @@
+"""GPU host check: hidden states from the fla kernels vs transformers' torch path, on a real target.
+
+    python -m remote_payload gpu-check --target /models/Qwen3.5-0.8B [--drafter PATH] [--samples 4]
+
+Loads the target on CUDA (fla bound when installed), builds greedy references for a few built-in
+prompts, extracts every decoder layer's hidden states twice — with the fla kernels, then with the
+linear-attention functions swapped to transformers' torch code on the same loaded model — and reports
+per layer the max / mean absolute difference, the teacher-forced argmax disagreements, and (with a
+drafter) how many draft tokens differ between the two feature sets and the τ of each. This is what
+pitfall 7 of the design note is about: a drafter trained on one path and evaluated on the other.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from . import kernels
+from .errors import PayloadError
+from .progress import SILENT, Progress
+
+
+def compare_paths(target, refs, layer_ids, runtime=None, progress: Progress = SILENT) -> dict:
+    """Extract with the bound kernels and with the torch path; per-layer diffs and draft differences."""
+    import torch
+
+    from .features import extract
+    from .metrics import summarize
+    from .offline import draft_sample, replay
+
+    stats = {lid: {"max_abs_diff": 0.0, "sum_abs_diff": 0.0, "count": 0, "max_abs_value": 0.0} for lid in layer_ids}
+    argmax_diff, drafts = 0, {"compared": 0, "differ": 0, "rounds_bound": [], "rounds_torch": []}
+    for i, ref in enumerate(refs):
+        P = len(ref.prompt_ids)
+        a = extract(target, ref.tokens, layer_ids, P)
+        with kernels.torch_linear_attention(target.model):
+            b = extract(target, ref.tokens, layer_ids, P)
+        for lid in layer_ids:
+            x, y = a.layers[lid].float(), b.layers[lid].float()
+            d = (x - y).abs()
+            s = stats[lid]
+            s["max_abs_diff"] = max(s["max_abs_diff"], float(d.max()))
+            s["sum_abs_diff"] += float(d.sum())
+            s["count"] += d.numel()
+            s["max_abs_value"] = max(s["max_abs_value"], float(x.abs().max()))
+        if a.argmax is not None and b.argmax is not None:
+            argmax_diff += int((a.argmax[P - 1:-1] != b.argmax[P - 1:-1]).sum())
+        if runtime is not None:
+            da = draft_sample(runtime, a.layers, ref.tokens, P)
+            db = draft_sample(runtime, b.layers, ref.tokens, P)
+            drafts["compared"] += da.topk_ids[..., 0].numel()
+            drafts["differ"] += int((da.topk_ids[..., 0] != db.topk_ids[..., 0]).sum())
+            drafts["rounds_bound"].append(replay(da))
+            drafts["rounds_torch"].append(replay(db))
+        progress.progress("gpu-check", i + 1, len(refs), unit="samples")
+        del a, b
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    per_layer = [{"layer": lid, "max_abs_diff": s["max_abs_diff"],
+                  "mean_abs_diff": s["sum_abs_diff"] / max(1, s["count"]),
+                  "max_abs_value": s["max_abs_value"]} for lid, s in stats.items()]
+    out = {"per_layer": per_layer, "teacher_forced_argmax_differences": argmax_diff}
+    if runtime is not None:
+        B = runtime.block_size
+        out["drafts"] = {"top1_compared": drafts["compared"], "top1_differ": drafts["differ"],
+                         "tau_macro_bound_features": summarize(drafts["rounds_bound"], B)["tau_macro"],
+                         "tau_macro_torch_features": summarize(drafts["rounds_torch"], B)["tau_macro"]}
+    return out
+
+
+def run(target: str, drafter: str | None = None, samples: int = 4, max_new_tokens: int = 128,
+        out: str | None = None, progress: Progress = SILENT, device: str = "cuda") -> dict:
+    from .target import resolve_device
+
+    if resolve_device("auto") != "cuda" and device == "cuda":
+        raise PayloadError("gpu-check needs a CUDA device (it compares the fla kernels with the torch path); "
+                           "none is visible to torch on this host")
+    kernels.apply_policy(device)
+    from .checkpoint import load_drafter, validate_against_target
+    from .drafter import DrafterRuntime
+    from .prompts import load_prompts
+    from .reference import greedy_decode
+    from .results import versions
+    from .target import load_target, render_prompt
+
+    started = time.perf_counter()
+    t = load_target(target, device=device, dtype="bfloat16", progress=progress)
+    report = {"dfo": "gpu-check", "versions": versions(), "target": t.info(), "samples": samples,
+              "max_new_tokens": max_new_tokens}
+    if t.kernel_path != "fla":
+        env = kernels.environment()
+        report["status"] = "not-compared"
+        report["reason"] = (f"the bound linear-attention path is {t.kernel_path!r}, not fla "
+                            f"(fla installed: {env['fla_installed']}, triton installed: {env['triton_installed']})")
+    else:
+        prompts, _ = load_prompts("builtin")
+        refs = []
+        for p in prompts[:samples]:
+            ids = render_prompt(t.tokenizer, p.message_dicts(), False)
+            refs.append(greedy_decode(t, ids, max_new_tokens))
+        runtime = None
+        if drafter:
+            ld = load_drafter(drafter)
+            validate_against_target(ld.spec, t.config, t.tokenizer, t.stop_ids, drafter, ld.extras)
+            runtime = DrafterRuntime(ld, t.model.get_input_embeddings(), t.model.get_output_embeddings(),
+                                     device=t.input_device, dtype=t.dtype)
+            report["drafter"] = {"path": drafter, "spec": ld.spec.to_json()}
+        report.update(compare_paths(t, refs, list(range(t.config.num_layers)), runtime, progress))
+        report["status"] = "compared"
+    report["seconds"] = round(time.perf_counter() - started, 2)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .cli import main
+
+    sys.exit(main(["gpu-check", *sys.argv[1:]]))
