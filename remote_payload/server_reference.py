@@ -134,9 +134,10 @@ class ReferenceBatch:
 
 
 class _RequestFailed(Exception):
-    def __init__(self, message: str, retryable: bool):
+    def __init__(self, message: str, retryable: bool, kind: str = ""):
         super().__init__(message)
         self.retryable = retryable
+        self.kind = kind or message  # what went wrong, to tell a repeated failure from a different one
 
 
 # ----------------------------------------------------------------------------------------------- URLs/HTTP
@@ -191,7 +192,7 @@ def _http_json(method: str, url: str, body: dict | None, timeout: float, api_key
         except OSError:
             detail = "(body unreadable)"
         raise _RequestFailed(f"HTTP {exc.code} {exc.reason} from {method} {where.path}: {detail}",
-                             retryable=exc.code >= 500 and exc.code != 501) from None
+                             retryable=exc.code >= 500 and exc.code != 501, kind=f"http {exc.code}") from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         if isinstance(reason, ConnectionRefusedError):
@@ -202,7 +203,8 @@ def _http_json(method: str, url: str, body: dict | None, timeout: float, api_key
             msg = f"cannot resolve host {where.hostname!r} ({reason})"
         else:
             msg = f"cannot connect to {where.hostname}:{where.port} ({type(reason).__name__}: {reason})"
-        raise _RequestFailed(msg, retryable=not isinstance(reason, socket.gaierror)) from None
+        raise _RequestFailed(msg, retryable=not isinstance(reason, socket.gaierror),
+                             kind=type(reason).__name__) from None
     except TimeoutError:
         raise _RequestFailed(f"no response within {timeout:g} s (timeout per request; raise it for long "
                              "generations or a busy server)", retryable=False) from None
@@ -222,18 +224,18 @@ def _http_json(method: str, url: str, body: dict | None, timeout: float, api_key
 
 
 def _with_retries(endpoint: Endpoint, call: Callable[[], Any]) -> Any:
-    first: str | None = None
+    first: _RequestFailed | None = None
     for attempt in range(endpoint.retries + 1):
         try:
             return call()
         except _RequestFailed as exc:
-            first = first or str(exc)
+            first = first or exc
             if exc.retryable and attempt < endpoint.retries:
                 time.sleep(endpoint.retry_backoff_s * (attempt + 1))
                 continue
             if attempt == 0:
                 raise
-            earlier = f"; the first failed with: {first}" if first != str(exc) else ""
+            earlier = f"; the first failed with: {first}" if first.kind != exc.kind else ""
             raise _RequestFailed(f"{exc} (after {attempt + 1} attempts{earlier})", False) from None
     raise AssertionError("unreachable")
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 
 import pytest
-from conftest import MAX_NEW
+from conftest import MAX_NEW, REPO
 from openai_server import MODEL_NAME, Faults, OpenAIServer, load_model
 
 from remote_payload import server_reference as sr
@@ -199,7 +201,7 @@ def test_dropped_connection_is_a_clear_error(samples, start_server, fetch):
 
 def test_connection_refused(samples, fetch):
     url = f"http://127.0.0.1:{_free_port()}/v1"
-    with pytest.raises(PayloadError, match=r"cannot list its models: connection refused: nothing listens at 127\.0\.0\.1"):
+    with pytest.raises(PayloadError, match=r"cannot list its models: connection refused: nothing listens at 127"):
         fetch(url, [samples[0][0]], 8, retries=0)
     with pytest.raises(PayloadError) as err:
         fetch(url, [samples[0][0]], 8, retries=0, model=MODEL_NAME)
@@ -305,3 +307,12 @@ def test_parse_completion_errors(choice, expected):
     with pytest.raises(ValueError, match="error"):
         sr.parse_completion({"error": {"message": "boom"}})
     assert json.dumps(sr.request_body("m", [1, 2], 4, [7]))  # serialisable
+
+
+def test_module_is_stdlib_only_at_import():
+    code = ("import sys, remote_payload.server_reference; "
+            "heavy = [m for m in ('torch', 'transformers', 'requests') if m in sys.modules]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(REPO))
+    assert res.returncode == 0, res.stdout + res.stderr
