@@ -129,6 +129,7 @@ class ReferenceBatch:
                            "chat template applied by the payload",
                 "prompt_format": self.prompt_format, "settings": self.settings, "samples": len(self.samples),
                 "requested": self.requests, "cache_hits": sum(1 for s in self.samples if s.cached),
+                "tokens_generated": sum(len(s.continuation) for s in self.samples if not s.cached),
                 "roundtrip_mismatches": self.mismatched, "roundtrip_unchecked": len(self.unchecked),
                 "ids_source": _count(s.ids_source for s in self.samples), "cache_dir": self.cache_dir}
 
@@ -391,7 +392,8 @@ def derive(sample_id: str, prompt_ids: list[int], raw: dict, tokenizer, stop_ids
                          "did not say on which end token; the continuation ends without one")
     if len(ids) > max_tokens:
         raise ValueError(f"the server returned {len(ids)} tokens for max_tokens {max_tokens}")
-    stop_reason = "eos" if raw["finish_reason"] == "stop" else "max_new_tokens"
+    # As reference.py: "eos" when the continuation ends on an end token (even one hit exactly at max_tokens).
+    stop_reason = "eos" if raw["finish_reason"] == "stop" or (ids and ids[-1] in stops) else "max_new_tokens"
     return ServerReference(sample_id=sample_id, prompt_ids=used_prompt, continuation=ids, text=raw["text"],
                            finish_reason=raw["finish_reason"], stop_reason=stop_reason, ids_source=source,
                            roundtrip=roundtrip, notes=notes)
