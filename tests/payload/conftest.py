@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from payload_helpers import MAX_NEW, REPO  # noqa: E402
+
 os.environ.setdefault("DFO_FIXTURE_CACHE", str(REPO / ".cache" / "fixtures"))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -29,8 +30,6 @@ from remote_payload import kernels  # noqa: E402
 
 kernels.apply_policy("cpu")  # before any transformers model code is imported in this process
 torch.set_num_threads(int(os.environ.get("DFO_TEST_THREADS", "1")))  # tiny models: 1 thread is fastest, and robust on a busy box
-
-MAX_NEW = 160
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import torch
 
+REPO = Path(__file__).resolve().parents[2]
+MAX_NEW = 160  # max_new_tokens of the fixture references (every fixture answer ends well before)
+
 
 class SyntheticDrafter:
     """A draft source that proposes the reference continuation, wrong exactly where told.

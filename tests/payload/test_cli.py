@@ -7,9 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from payload_helpers import json_lines, read_results
-
-from conftest import REPO
+from payload_helpers import REPO, json_lines, read_results
 
 EVAL_FAST = ["--dtype", "float32", "--threads", "1", "--max-new-tokens", "160"]
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from payload_helpers import SyntheticDrafter
+from payload_helpers import MAX_NEW, SyntheticDrafter
 
 from remote_payload.offline import draft_sample, replay
 from remote_payload.online import TargetSession, online_generate, rollback_mode
 from remote_payload.reference import forward, greedy_decode
-
-from conftest import MAX_NEW
 
 
 def _offline_rounds(rt, feats, ref):
