@@ -59,7 +59,8 @@ class EvalRequest:
     target: str
     drafters: list[DrafterRef]
     prompts: str = "builtin"            # "builtin" or a local JSONL file (uploaded with the job)
-    reference: str = "target"           # "target" (greedy on the eval host) or an OpenAI-compatible URL
+    reference: str = "target"           # "target" (greedy on the eval host), "server" (the host's serve_url)
+                                        # or an OpenAI-compatible URL (as seen from the eval host)
     device: str = "auto"
     dtype: str = "bfloat16"
     enable_thinking: bool = False
@@ -133,8 +134,13 @@ def validate_request(req: EvalRequest, inventory: Inventory) -> None:
         raise InputError(f"--samples {req.samples} is fewer than the {len(req.hosts)} hosts it is sharded over")
     if req.device not in ("auto", "cuda", "cpu"):
         raise InputError(f"--device {req.device!r}: expected auto, cuda or cpu")
-    if req.reference != "target" and not re.match(r"^https?://", req.reference):
-        raise InputError(f"--reference {req.reference!r}: expected 'target' or an http(s):// URL")
+    if req.reference not in ("target", "server") and not re.match(r"^https?://", req.reference):
+        raise InputError(f"--reference {req.reference!r}: expected 'target', 'server' or an http(s):// URL")
+    if req.reference == "server":
+        missing = [h for h in req.hosts if not inventory.hosts[h].serve_url]
+        if missing:
+            raise InputError(f"--reference server: no serve_url in the inventory for {', '.join(missing)}",
+                             hint="set it (dfo inventory set HOST.serve_url http://127.0.0.1:30000/v1) or give the URL")
 
 
 def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | None = None,
@@ -182,7 +188,9 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
             args += ["--samples", str(req.samples)]
         if len(hosts) > 1:
             args += ["--shard", f"{i}/{len(hosts)}"]
-        if req.reference != "target":
+        if req.reference == "server":
+            args += ["--reference", inventory.hosts[h].serve_url]
+        elif req.reference != "target":
             args += ["--reference", req.reference]
         if req.diagnose:
             args += ["--diagnose"]

@@ -11,7 +11,7 @@ from rich.markup import escape
 from ..runs import runs_root
 from ..sandbox import SandboxError
 from .context import AppContext
-from .eval_cmd import render_run
+from .render import render_run
 from .main import app
 
 

@@ -13,10 +13,10 @@ from rich.markup import escape
 from ..errors import InputError
 from ..eval_plan import EvalRequest, parse_drafter, plan_eval
 from ..evaluate import Detached, follow_and_collect, reattach_hint, start_eval
-from ..report import comparison_lines, summary_table
 from ..runs import runs_root
 from .context import AppContext
 from .main import app
+from .render import render_run
 
 
 @app.command("eval")
@@ -29,8 +29,9 @@ def eval_cmd(
                                       help="Drafter to evaluate (repeatable). A path on another host is relayed; "
                                       "a training checkpoint (*.pt) is stripped of optimizer state there first."),
     prompts: str = typer.Option("builtin", "--prompts", metavar="builtin|FILE", help="'builtin' or a local JSONL file of {id, messages|prompt}."),
-    reference: str = typer.Option("target", "--reference", metavar="target|URL",
-                                  help="'target' (greedy on the eval host) or an OpenAI-compatible URL."),
+    reference: str = typer.Option("target", "--reference", metavar="target|server|URL",
+                                  help="Reference continuations: 'target' (greedy on the eval host), 'server' (the host's serve_url "
+                                  "from the inventory, e.g. SGLang) or an OpenAI-compatible URL as seen from the host."),
     device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu", help="Where the payload runs the models."),
     dtype: str = typer.Option("bfloat16", "--dtype", metavar="DTYPE", help="bfloat16 (default) or float32; float16 is refused."),
     enable_thinking: bool = typer.Option(False, "--enable-thinking/--no-enable-thinking",
@@ -88,19 +89,6 @@ def eval_cmd(
         console.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(run))}")
         raise typer.Exit(130)
     render_run(app_ctx, run, json_out)
-
-
-def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
-    results = run.results()
-    if json_out:
-        app_ctx.print_json({"run": run.name, "path": str(run.path), "status": run.status,
-                            "drafters": {n: d.get("metrics") for n, d in results.get("drafters", {}).items()},
-                            "comparison": results.get("comparison")})
-        return
-    app_ctx.out.print(summary_table(results, title=f"run {run.name}"))
-    for line in comparison_lines(results):
-        app_ctx.out.print(f"  {escape(line)}")
-    app_ctx.out.print(f"run folder: {run.path}  (report.md, results.json, samples.jsonl, plots, logs/)")
 
 
 def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:

@@ -13,7 +13,7 @@ from ..evaluate import Detached, reattach_hint, wait_and_collect
 from ..report import drafter_rows
 from ..runs import find_run, list_runs, runs_root
 from .context import AppContext
-from .eval_cmd import render_run
+from .render import render_run
 from .main import app
 
 runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull.",

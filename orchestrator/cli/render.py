@@ -1,0 +1,21 @@
+"""Rendering shared by several commands (eval, runs, demo)."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from ..report import comparison_lines, summary_table
+from .context import AppContext
+
+
+def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
+    results = run.results()
+    if json_out:
+        app_ctx.print_json({"run": run.name, "path": str(run.path), "status": run.status,
+                            "drafters": {n: d.get("metrics") for n, d in results.get("drafters", {}).items()},
+                            "comparison": results.get("comparison")})
+        return
+    app_ctx.out.print(summary_table(results, title=f"run {run.name}"))
+    for line in comparison_lines(results):
+        app_ctx.out.print(f"  {escape(line)}")
+    app_ctx.out.print(f"run folder: {run.path}  (report.md, results.json, samples.jsonl, plots, logs/)")
