@@ -41,7 +41,7 @@ from rich.markup import escape
 from . import relay_plan as rp
 from . import relay_streams as rs
 from . import remote_scripts
-from .errors import HostError, InputError, OperationError
+from .errors import DfoError, HostError, InputError, OperationError
 from .transport import Connector
 
 STRIP_DIR = "relay-strip"
@@ -217,8 +217,10 @@ class _Relay:
             # Speculative: most relays move bytes, and the first pair's SSH handshakes then overlap the
             # control connections, the facts and the planning below.
             self.plane.start(1)
-        # Both control sessions: a host that cannot be reached fails here, before any work.
-        self.both(lambda: self.connector.session(self.src.host), lambda: self.connector.session(self.dst.host))
+        if o.dry_run or o.strip_optimizer:
+            # Both control sessions: a host that cannot be reached fails here, before any work. (A relay
+            # that moves bytes asks its facts through the streams and opens these only when needed.)
+            self.both(lambda: self.connector.session(self.src.host), lambda: self.connector.session(self.dst.host))
         if self.plane.kind == "paramiko":
             self._check_paramiko_cipher(o.cipher)
 
@@ -280,23 +282,55 @@ class _Relay:
 
     # -- planning
 
+    def _facts(self, source_path: str, dest_path: str, rels: list[str] | None) -> tuple[dict | None, dict]:
+        """(source facts unless rels is given, destination facts), both hosts asked at once. A relay that
+        moves bytes asks its stream processes (already connected); a dry run the control plane."""
+        o = self.opts
+        wait = {"wait_stable": o.wait_stable, "poll": min(1.0, max(0.1, o.wait_stable / 5)) if o.wait_stable else 1.0}
+        if o.wait_stable > 0 and rels is None:
+            self.say(f"waiting until {self.src.host}:{source_path} has been quiet for {o.wait_stable:g}s…")
+        if not o.dry_run:
+            pair = self._first_pair()
+            try:
+                dest_reply = rs.ask_dest_facts(pair.writer, path=dest_path, rels=rels or [""])
+                if rels is None:
+                    facts = rs.ask_source_facts(pair.reader, path=source_path, **wait)()
+                return (facts if rels is None else None), dest_reply()
+            except (rs.StreamEnded, EOFError, rs.WriterFailed) as exc:
+                proc = getattr(exc, "proc", None)
+                where = proc.host if proc else self.dst.host
+                raise HostError(where, "a relay stream stopped while gathering facts: "
+                                f"{rs.tail(proc.error_text()) if proc else exc}") from None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dfo-relay-facts") as pool:
+            future = pool.submit(self.call, self.dst.host, "dest_facts", path=dest_path, rels=rels or [""])
+            facts = self.call(self.src.host, "source_facts", path=source_path, **wait) if rels is None else None
+            return facts, future.result()
+
+    def _first_pair(self) -> rs.Pair:
+        assert self.plane is not None
+        try:
+            return self.plane.ensure(1)[0]
+        except HostError as exc:
+            # The control plane explains connection trouble best (host key mismatch, auth, refused):
+            # let it have a go at the same host, and report its diagnosis when it has one.
+            try:
+                self.connector.session(exc.host)
+            except DfoError as better:
+                raise better from None
+            raise
+
     def _plan(self, source_path: str, result: RelayResult) -> tuple[list[rp.FilePlan], str, dict, dict]:
         o = self.opts
-        dest_f = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dfo-relay-facts")
-        try:
-            # The destination's facts come in beside the source's: round trips are the fixed cost of a relay.
-            future = dest_f.submit(self.call, self.dst.host, "dest_facts", path=self.dst.path, rels=[""])
-            facts = self._source_facts(source_path)
-            dest = future.result()
-        finally:
-            dest_f.shutdown(wait=True)
+        facts, dest = self._facts(source_path, self.dst.path, None)
+        assert facts is not None
+        self._check_source(facts, source_path)
         entries = facts["files"] if facts["kind"] == "dir" else [dict(facts, rel="")]
         rels = [e["rel"] for e in entries]
         final_root = rp.destination_path(self.dst, self.src.path, facts["kind"], dest["kind"], strip=o.strip_optimizer)
         if facts["kind"] == "dir" and dest["kind"] == "file" and final_root == self.dst.path:
             raise InputError(f"destination {self.dst.host}:{final_root} is a file, but the source is a directory")
         if final_root != self.dst.path or rels != [""]:
-            dest = self.call(self.dst.host, "dest_facts", path=final_root, rels=rels)
+            dest = self._facts(source_path, final_root, rels)[1]
         result.kind = facts["kind"]
         result.destination = f"{self.dst.host}:{final_root}"
         if not dest["writable"]:
@@ -316,12 +350,7 @@ class _Relay:
         result.space_free = dest["free_bytes"]
         return plans, final_root, dest, facts
 
-    def _source_facts(self, path: str) -> dict:
-        o = self.opts
-        if o.wait_stable > 0:
-            self.say(f"waiting until {self.src.host}:{path} has been quiet for {o.wait_stable:g}s…")
-        facts = self.call(self.src.host, "source_facts", path=path, wait_stable=o.wait_stable,
-                          poll=min(1.0, max(0.1, o.wait_stable / 5)) if o.wait_stable else 1.0)
+    def _check_source(self, facts: dict, path: str) -> None:
         where = f"{self.src.host}:{path}"
         if facts["kind"] == "missing":
             raise InputError(f"source {where} does not exist")
@@ -329,7 +358,6 @@ class _Relay:
             raise InputError(f"source {where} is neither a regular file nor a directory")
         if facts["kind"] == "dir" and not facts["files"]:
             raise InputError(f"source directory {where} holds no regular files")
-        return facts
 
     def _compare(self, plans: list[rp.FilePlan]) -> None:
         """Same-size files already at the destination: identical ones (sha256 on both hosts) are skipped."""

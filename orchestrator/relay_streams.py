@@ -552,23 +552,25 @@ class DataPlane:
         first = len(self.pairs)
         if n <= first:
             return
-        made = self._make_pairs(first, n)
-        try:
-            self._greet(made)
-        except StreamEnded as exc:
-            text = exc.proc.error_text()
-            for pair in made:
-                for proc in (pair.reader, pair.writer):
-                    proc.kill()
-                    proc.wait(2.0)
-                    _close(proc)
-                    self._forget(proc)
-            if self.kind == "ssh" and self.cipher and not self.explicit and "no matching cipher" in text.lower():
-                self.cipher_note = f"{exc.proc.host} does not offer {self.cipher}: using ssh's default cipher"
-                self.cipher = None
-                made = self._make_pairs(first, n)
+        for attempt in (1, 2):
+            made = self._make_pairs(first, n)
+            try:
                 self._greet(made)
-            else:
+                break
+            except StreamEnded as exc:
+                text = exc.proc.error_text()
+                for pair in made:
+                    for proc in (pair.reader, pair.writer):
+                        proc.kill()
+                        proc.wait(2.0)
+                        _close(proc)
+                        self._forget(proc)
+                fallback = (attempt == 1 and self.kind == "ssh" and self.cipher and not self.explicit
+                            and "no matching cipher" in text.lower())
+                if fallback:
+                    self.cipher_note = f"{exc.proc.host} does not offer {self.cipher}: using ssh's default cipher"
+                    self.cipher = None
+                    continue
                 detail = tail(text) or "the stream closed before it started"
                 raise HostError(exc.proc.host, f"cannot start a relay stream ({exc.proc.what}): {detail}",
                                 hint="check that the host runs sshd and that 'python:' in the inventory names an "
@@ -757,6 +759,18 @@ def writer_reply(writer: RemoteProcess, expect: str) -> dict:
     if word != expect:
         raise StreamEnded(writer)
     return json.loads(rest) if rest.startswith("{") else {"value": rest}
+
+
+def ask_source_facts(reader: RemoteProcess, **kwargs) -> Callable[[], dict]:
+    """Send a facts request to a reader now; the returned function reads the answer (so a reader and a
+    writer on two hosts can be asked at once)."""
+    reader.write(_frame(b"S", kwargs))
+    return lambda: _read_reply(reader)
+
+
+def ask_dest_facts(writer: RemoteProcess, **kwargs) -> Callable[[], dict]:
+    writer.write(_frame(b"Q", kwargs))
+    return lambda: writer_reply(writer, "facts")
 
 
 def publish(writer: RemoteProcess, request: dict) -> dict:

@@ -387,20 +387,36 @@ def test_explicit_cipher_and_fallback_when_a_host_lacks_aes_gcm(fresh_sandbox):
     assert out["cipher"] is None and "ct129 does not offer aes128-gcm" in out["cipher_reason"]
     assert sha(dst / "c3.bin") == digest
 
+    # The bulk streams verify host keys like the control plane, and say so as clearly.
+    box.regenerate_host_key("ct129")
+    bad = dfo(box, "relay-checkpoint", f"kpro6:{src}/c.bin", f"ct129:{dst}/c4.bin")
+    assert bad.returncode == 1 and "HOST KEY MISMATCH" in bad.stderr and "Traceback" not in bad.stderr
+    assert not list(dst.glob("c4.bin*"))
+
+
+# ru_maxrss counts a child's pages from before its exec: a dfo forked straight from this (large, torch-
+# importing) pytest would report pytest's size. A small launcher forks dfo and reports dfo's own peak.
+_LAUNCHER = """
+import json, os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+out, err = p.stdout.read(), p.stderr.read()
+_, status, usage = os.wait4(p.pid, 0)
+print(json.dumps({"rc": os.waitstatus_to_exitcode(status), "maxrss_kib": usage.ru_maxrss,
+                  "out": out.decode(), "err": err.decode()}))
+"""
+
 
 def test_controller_memory_stays_flat(sandbox, paths):
     src, dst = paths
     size = 96 * MiB
     digest = random_file(src / "rss.bin", size)
-    proc = subprocess.Popen(dfo_argv("relay-checkpoint", f"kpro6:{src}/rss.bin", f"ct129:{dst}/rss.bin", "--json",
-                                     "--streams", "2"),
-                            env=dfo_env(sandbox.inventory_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.stdout.read(), proc.stderr.read()  # both small; read before reaping
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (Linux: ru_maxrss in KiB)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, err.decode()
-    assert json.loads(out)["sha256"] == digest
-    peak = usage.ru_maxrss * 1024
+    argv = dfo_argv("relay-checkpoint", f"kpro6:{src}/rss.bin", f"ct129:{dst}/rss.bin", "--json", "--streams", "2")
+    proc = subprocess.run([sys.executable, "-c", _LAUNCHER, *argv], env=dfo_env(sandbox.inventory_path),
+                          capture_output=True, text=True, timeout=300)
+    report = json.loads(proc.stdout)
+    assert report["rc"] == 0, report["err"]
+    assert json.loads(report["out"])["sha256"] == digest
+    peak = report["maxrss_kib"] * 1024
     assert peak < 200 * MiB, f"dfo peak RSS {peak / MiB:.0f} MiB for a {size // MiB} MiB relay"
 
 

@@ -436,19 +436,21 @@ def python_for(venv, fallback):
 
 # ----------------------------------------------------------------------------------- stream processes
 #
-# Reader (source host), controller -> reader:   b"O" u32 len JSON{path,size,mtime_ns,ino,hash}   open a file
+# Reader (source host), controller -> reader:   b"S" u32 len JSON{source_facts kwargs}           facts (K reply)
+#                                               b"O" u32 len JSON{path,size,mtime_ns,ino,hash}   open a file
 #                                               b"R" u64 offset u64 length                         send a range
 #                                               b"F"                                               finish the file
 #                       reader -> controller:   b"K" u32 len JSON   (answer to O and F)
 #                                               b"D" u64 n, then n bytes   (answer to R)
 #                                               b"E" u32 len message       (cannot serve R; the file changed)
-# Writer (destination), controller -> writer:   b"O" u32 len JSON{final,size,hash,prepare?}   open (first prepare)
+# Writer (destination), controller -> writer:   b"Q" u32 len JSON{dest_facts kwargs}       "facts JSON" reply
+#                                               b"O" u32 len JSON{final,size,hash,prepare?}   open (first prepare)
 #                                               b"W" u64 idx u64 offset u64 length, then the bytes
 #                                               b"F"                           fsync and close the file
 #                                               b"P" u32 len JSON{final?,size,mode,manifest_path,manifest}
 #                                                                              publish (rename) and/or manifest
 #                       writer -> controller:   text lines "hello JSON", "opened JSON", "ack IDX SHA|-",
-#                                               "end SHA|-", "published JSON", "error KIND MSG"
+#                                               "end SHA|-", "published JSON", "facts JSON", "error KIND MSG"
 # Both announce themselves first (reader: a K frame with "hello"), which proves the stream is up.
 
 def _write_all(fd, data):
@@ -516,7 +518,9 @@ def _stream_reader():
         tag = inp.read_exact(1, eof_ok=True)
         if not tag:
             return 0
-        if tag == b"O":
+        if tag == b"S":
+            _send_json(b"K", source_facts(**_read_frame_json(inp)))
+        elif tag == b"O":
             spec = _read_frame_json(inp)
             try:
                 fd = os.open(spec["path"], os.O_RDONLY)
@@ -643,7 +647,9 @@ def _stream_writer():
         tag = inp.read_exact(1, eof_ok=True)
         if not tag:
             return 0
-        if tag == b"O":
+        if tag == b"Q":
+            _say("facts " + json.dumps(dest_facts(**_read_frame_json(inp))))
+        elif tag == b"O":
             spec = _read_frame_json(inp)
             spec["partial"], spec["journal"] = spec["final"] + PARTIAL_SUFFIX, spec["final"] + JOURNAL_SUFFIX
             prepared = {}
