@@ -94,7 +94,7 @@ def _cmd_gpu_check(args) -> int:
     from .progress import Progress
 
     report = run(target=args.target, drafter=args.drafter, samples=args.samples,
-                 max_new_tokens=args.max_new_tokens, out=args.out, progress=Progress())
+                 max_new_tokens=args.max_new_tokens, out=args.out, progress=Progress(), synthetic=args.synthetic)
     print(json.dumps(report, indent=2))
     return 0
 
@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=_cmd_fixtures)
 
     g = sub.add_parser("gpu-check", help="GPU host: fla vs torch linear-attention path, per-layer diffs")
-    g.add_argument("--target", required=True)
+    g.add_argument("--target", help="target model folder (or --synthetic)")
+    g.add_argument("--synthetic", action="store_true",
+                   help="build a random target with Qwen3.5 layer shapes (no weights needed on the host)")
     g.add_argument("--drafter", metavar="PATH", help="optional drafter to compare drafts on both feature sets")
     g.add_argument("--samples", type=int, default=4)
     g.add_argument("--max-new-tokens", type=int, default=128)

@@ -96,6 +96,8 @@ def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
         raise PayloadError("--max-new-tokens must be >= 1")
     if s.samples is not None and s.samples < 1:
         raise PayloadError("--samples must be >= 1")
+    if s.topk < 1:
+        raise PayloadError("--topk must be >= 1")
     if not s.drafters:
         raise PayloadError("give at least one --drafter NAME=PATH")
     unknown_specs = sorted(set(s.drafter_specs) - {n for n, _ in s.drafters})

@@ -1,6 +1,7 @@
 """GPU host check: hidden states from the fla kernels vs transformers' torch path, on a real target.
 
     python -m remote_payload gpu-check --target /models/Qwen3.5-0.8B [--drafter PATH] [--samples 4]
+    python -m remote_payload gpu-check --synthetic      # no weights on the host: builds its own (below)
 
 Loads the target on CUDA (fla bound when installed), builds greedy references for a few built-in
 prompts, extracts every decoder layer's hidden states twice — with the fla kernels, then with the
@@ -8,6 +9,12 @@ linear-attention functions swapped to transformers' torch code on the same loade
 per layer the max / mean absolute difference, the teacher-forced argmax disagreements, and (with a
 drafter) how many draft tokens differ between the two feature sets and the τ of each. This is what
 pitfall 7 of the design note is about: a drafter trained on one path and evaluated on the other.
+
+``--synthetic`` needs no downloaded weights: it builds a randomly initialised Qwen3.5 text model with the
+real layer shapes (hidden 4096, Gated DeltaNet 16/32 heads of 128, attention 16/4 heads of 256, the
+3 linear : 1 full pattern; 8 layers and the fixture's 512-token vocabulary to stay small) plus a random
+z-lab-format drafter of matching width, and compares on those. Kernel differences do not need trained
+weights to show; whether drafts flip does depend on the drafter, so treat that figure as indicative.
 """
 
 from __future__ import annotations
@@ -69,10 +76,55 @@ def compare_paths(target, refs, layer_ids, runtime=None, progress: Progress = SI
     return out
 
 
-def run(target: str, drafter: str | None = None, samples: int = 4, max_new_tokens: int = 128,
-        out: str | None = None, progress: Progress = SILENT, device: str = "cuda") -> dict:
+REAL_SHAPES = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=8, num_attention_heads=16,
+                   num_key_value_heads=4, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128,
+                   linear_num_key_heads=16, linear_num_value_heads=32, linear_conv_kernel_dim=4)
+TINY_SHAPES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16,
+                   linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4)
+
+
+def build_synthetic(folder: Path, shapes: dict = REAL_SHAPES, seed: int = 0) -> tuple[Path, Path]:
+    """A random Qwen3.5 target with the given layer shapes + a random z-lab drafter; returns both folders."""
+    import torch
+    from transformers import GenerationConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from . import fixtures
+    from .checkpoint import write_zlab_folder
+    from .spec import from_training
+
+    folder = Path(folder)
+    tok_dir, target_dir, drafter_dir = folder / "tokenizer", folder / "target", folder / "drafter"
+    fixtures.build_tokenizer(tok_dir, {})
+    tok = fixtures._tokenizer(tok_dir)
+    im_end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    cfg = Qwen3_5TextConfig(vocab_size=512, tie_word_embeddings=False, max_position_embeddings=4096,
+                            eos_token_id=im_end, pad_token_id=eot, bos_token_id=None, **shapes)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(cfg)
+    model.generation_config = GenerationConfig(eos_token_id=[im_end, eot], pad_token_id=eot, do_sample=False)
+    model.save_pretrained(str(target_dir))
+    tok.save_pretrained(str(target_dir))
+    del model
+    H, n = shapes["hidden_size"], shapes["num_hidden_layers"]
+    spec = from_training({"block_size": 16, "mask_token_id": tok.convert_tokens_to_ids("<|MASK|>"),
+                          "target_layer_ids": [1, n // 2, n - 1], "reserve_last_target_layer": False,
+                          "num_hidden_layers": 1, "hidden_size": H, "num_attention_heads": max(1, H // 128),
+                          "num_key_value_heads": max(1, H // 512), "head_dim": min(128, H),
+                          "intermediate_size": 2 * H, "rope_theta": 10000000.0}, {}, "synthetic drafter")
+    spec.format = "zlab"
+    write_zlab_folder(drafter_dir, spec, fixtures._random_drafter_weights(spec, seed + 1))
+    return target_dir, drafter_dir
+
+
+def run(target: str | None, drafter: str | None = None, samples: int = 4, max_new_tokens: int = 128,
+        out: str | None = None, progress: Progress = SILENT, device: str = "cuda", synthetic: bool = False) -> dict:
+    import tempfile
+
     from .target import resolve_device
 
+    if bool(target) == bool(synthetic):
+        raise PayloadError("gpu-check needs exactly one of --target PATH or --synthetic")
     if resolve_device("auto") != "cuda" and device == "cuda":
         raise PayloadError("gpu-check needs a CUDA device (it compares the fla kernels with the torch path); "
                            "none is visible to torch on this host")
@@ -85,9 +137,14 @@ def run(target: str, drafter: str | None = None, samples: int = 4, max_new_token
     from .target import load_target, render_prompt
 
     started = time.perf_counter()
+    if synthetic:
+        work = Path(tempfile.mkdtemp(prefix="dfo-gpu-check-"))
+        progress.progress("gpu-check", 0, samples, unit="samples", message=f"building a synthetic target in {work}")
+        target, synthetic_drafter = build_synthetic(work, REAL_SHAPES if device == "cuda" else TINY_SHAPES)
+        drafter = drafter or str(synthetic_drafter)
     t = load_target(target, device=device, dtype="bfloat16", progress=progress)
     report = {"dfo": "gpu-check", "versions": versions(), "target": t.info(), "samples": samples,
-              "max_new_tokens": max_new_tokens}
+              "max_new_tokens": max_new_tokens, "synthetic": synthetic}
     if t.kernel_path != "fla":
         env = kernels.environment()
         report["status"] = "not-compared"

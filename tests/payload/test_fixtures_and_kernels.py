@@ -98,3 +98,18 @@ def test_gpu_check_refuses_without_cuda(run_payload, fixture_dir):
     proc = run_payload("gpu-check", "--target", fixture_dir / "target")
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("dfo-payload error: gpu-check needs a CUDA device")
+
+
+def test_gpu_check_synthetic_flow_on_cpu(tmp_path):
+    """The --synthetic build (tiny shapes on CPU) loads and validates; without fla nothing is compared."""
+    from remote_payload.checkpoint import load_drafter, validate_against_target
+    from remote_payload.gpu_check import TINY_SHAPES, build_synthetic, run
+    from remote_payload.target import load_target
+
+    target_dir, drafter_dir = build_synthetic(tmp_path, TINY_SHAPES)
+    t = load_target(target_dir, device="cpu", dtype="float32")
+    ld = load_drafter(drafter_dir)
+    validate_against_target(ld.spec, t.config, t.tokenizer, t.stop_ids, "synthetic", ld.extras)
+    assert t.config.layer_types.count("linear_attention") == 3 and ld.spec.fc_layer_ids == [1, 2, 3]
+    report = run(None, synthetic=True, device="cpu", samples=1, max_new_tokens=4)
+    assert report["status"] == "not-compared" and "'torch', not fla" in report["reason"]
