@@ -668,6 +668,19 @@ class _Relay:
         return doc
 
 
+_FROZEN = False
+
+
+def _freeze_heap() -> None:
+    """Modules and objects that exist now live as long as the process: move them out of the collector's
+    sight (once per process), so the pumps' small allocations do not trigger walks over the whole heap."""
+    global _FROZEN
+    if not _FROZEN:
+        _FROZEN = True
+        gc.collect()
+        gc.freeze()
+
+
 def relay(connector: Connector, source: str, destination: str, options: RelayOptions | None = None,
           console: Console | None = None) -> RelayResult:
     """Relay SOURCE (``HOST:PATH``) to DESTINATION (``HOST:PATH``) through this machine.
@@ -686,7 +699,5 @@ def relay(connector: Connector, source: str, destination: str, options: RelayOpt
         raise InputError("--stall-timeout must be positive")
     if options.wait_stable < 0:
         raise InputError("--wait-stable must be zero or more seconds")
-    # Everything imported so far lives as long as the process: keep the collector from walking it while
-    # the pumps allocate small objects at a high rate.
-    gc.freeze()
+    _freeze_heap()
     return _Relay(connector, src, dst, options, console).run()

@@ -1,6 +1,6 @@
 """The relay's data plane: host-side processes reached over bulk SSH streams, and the pump between them.
 
-Each process is ``python3 -c BOOT`` on a host; BOOT reads a length line and that much Python source
+Each process is ``python3 -c BOOT`` on a host; BOOT reads a 10-digit length and that much Python source
 from stdin (relay_host.py plus the call to make), so nothing is installed on the host and no path
 reaches a remote shell. The rest of stdin/stdout is the process's own protocol (see relay_host.py).
 
@@ -92,7 +92,7 @@ class RemoteProcess:
     def __init__(self) -> None:
         self._pending = bytearray()
 
-    # Implementations provide these four.
+    # Implementations provide these.
     def _recv_into(self, view: memoryview) -> int: ...
     def write(self, data) -> None: ...
     def close_stdin(self) -> None: ...

@@ -472,6 +472,12 @@ def test_strip_optimizer_relays_loadable_drafter_weights(sandbox, paths, tmp_pat
     assert set(weights) == set(state)
     assert all(torch.equal(weights[k], state[k]) for k in state)
     assert json.loads((folder / "config.json").read_text())
+    # And the eval's own loader takes the relayed folder as a stripped training checkpoint.
+    from remote_payload.checkpoint import load_drafter
+
+    loaded = load_drafter(folder)
+    assert loaded.source["stripped_from"]["sha256"] == sha(ckpt)
+    assert all(torch.equal(loaded.weights[k], state[k]) for k in loaded.weights)
     manifest = json.loads((dst / "step 1234-weights.dfo-manifest.json").read_text())
     assert manifest["stripped_from"]["sha256"] == sha(ckpt)
     # The strip's scratch folder on the training host is gone after a verified relay.

@@ -11,7 +11,8 @@
 #   FINAL.dfo-partial         preallocated to the full size, chunks written at their offsets
 #   FINAL.dfo-partial.state   journal: line 1 a JSON header (source identity, size, chunk size),
 #                             then one "done IDX SHA256|-" line per chunk written (appended, O_APPEND)
-# The partial is renamed to FINAL only after fsync and a whole-file sha256 that matches the source.
+# The partial is renamed to FINAL (finalize_file, run by the first writer when the controller sends
+# "P") only after fsync and a whole-file sha256 that matches the source.
 import errno
 import fcntl
 import hashlib
