@@ -194,6 +194,7 @@ def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
     drafter_device = target.input_device
     per_drafter: dict = {}
     per_sample_rounds: dict = {}
+    online_per_sample: dict = {}
     for name, ld in loaded.items():
         stage = f"eval:{name}"
         progress.stage_start(stage)
@@ -244,7 +245,7 @@ def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
             if bad:
                 warn(f"online check for '{name}': {len(bad)} sample(s) differ from the offline path: "
                      f"{', '.join(bad[:5])}")
-        per_drafter[name]["_online"] = online_by_sample
+        online_per_sample[name] = online_by_sample
         del runtime
 
     # ---- outputs
@@ -259,13 +260,10 @@ def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
             entry = {"tau": sample_tau(rounds), "rounds": len(rounds),
                      "anchors": [r.anchor for r in rounds], "accepted": [r.accepted for r in rounds],
                      "produced": [r.produced for r in rounds]}
-            online = per_drafter[name]["_online"]
-            if online is not None:
-                entry["online"] = online[i]
+            if online_per_sample[name] is not None:
+                entry["online"] = online_per_sample[name][i]
             line["drafters"][name] = entry
         sample_lines.append(line)
-    for name in per_drafter:
-        per_drafter[name].pop("_online")
     total_s = time.perf_counter() - t_start
     results = {
         "status": "ok",
