@@ -96,6 +96,7 @@ def run_demo(*, console: Console, runs_dir: Path, root: Path | None = None, keep
                     DrafterRef("random", None, posixpath.join(models, "random-drafter")),
                 ],
                 samples=samples, max_new_tokens=max_new_tokens, dtype="float32",
+                threads=1,  # tiny models gain nothing from threads; on 2 busy cores they lose a lot
             )
             _step(console, "dfo eval --host ct129 --target …/target --drafter ours=kpro6:…/checkpoint.pt "
                            "--drafter zlab=…/zlab-drafter --drafter random=…/random-drafter")

@@ -71,6 +71,7 @@ class EvalRequest:
     strip_optimizer: bool | None = None  # None: strip training checkpoints (*.pt, …) relayed from elsewhere
     force: bool = False                  # ignore the eval host's job lock
     seed: int = 0
+    threads: int | None = None           # torch CPU threads on the eval host (None: torch's default)
 
 
 @dataclass
@@ -192,6 +193,8 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
             args += ["--reference", inventory.hosts[h].serve_url]
         elif req.reference != "target":
             args += ["--reference", req.reference]
+        if req.threads:
+            args += ["--threads", str(req.threads)]
         if req.diagnose:
             args += ["--diagnose"]
         if req.online_check:

@@ -65,7 +65,7 @@ def eval_hosts(sandbox, provisioned_ct129, provision_cache):
 
 def eval_args(hosts, *extra) -> list[str]:
     return ["eval", "--host", "ct129", "--target", hosts["target"], "--drafter", hosts["ours"],
-            "--drafter", hosts["random"], "--samples", "4", "--max-new-tokens", "48", "--dtype", "float32", *extra]
+            "--drafter", hosts["random"], "--samples", "4", "--max-new-tokens", "48", "--dtype", "float32", "--threads", "1", *extra]
 
 
 def snapshot(box) -> dict[str, tuple[int, int]]:

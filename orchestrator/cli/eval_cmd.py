@@ -44,6 +44,8 @@ def eval_cmd(
     strip_optimizer: Optional[bool] = typer.Option(
         None, "--strip-optimizer/--no-strip-optimizer",
         help="Strip optimizer state before relaying (default: for *.pt/*.pth/*.ckpt/*.bin)."),
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N",
+                                          help="torch CPU threads on the eval host (small models on busy CPUs: 1)."),
     detach: bool = typer.Option(False, "--detach", help="Return once the job runs; collect with `dfo runs pull`."),
     force: bool = typer.Option(False, "--force", help="Start even if another job holds the eval host's GPU lock."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the whole plan; change nothing anywhere."),
@@ -67,7 +69,7 @@ def eval_cmd(
         hosts=host, target=target, drafters=[parse_drafter(d, inv) for d in drafter], prompts=prompts,
         reference=reference, device=device, dtype=dtype, enable_thinking=enable_thinking,
         max_new_tokens=max_new_tokens, samples=samples, diagnose=diagnose, online_check=online_check,
-        strip_optimizer=strip_optimizer, force=force,
+        strip_optimizer=strip_optimizer, force=force, threads=threads,
     )
     plan = plan_eval(request, inv, prompts_digest=digest)
     if dry_run:
