@@ -326,7 +326,8 @@ class _Relay:
         self._check_source(facts, source_path)
         entries = facts["files"] if facts["kind"] == "dir" else [dict(facts, rel="")]
         rels = [e["rel"] for e in entries]
-        final_root = rp.destination_path(self.dst, self.src.path, facts["kind"], dest["kind"], strip=o.strip_optimizer)
+        final_root = rp.destination_path(self.dst, self.src.path, facts["kind"], dest["kind"], strip=o.strip_optimizer,
+                                         source_slash=self.src.trailing_slash)
         if facts["kind"] == "dir" and dest["kind"] == "file" and final_root == self.dst.path:
             raise InputError(f"destination {self.dst.host}:{final_root} is a file, but the source is a directory")
         if final_root != self.dst.path or rels != [""]:

@@ -69,12 +69,15 @@ def parse_endpoint(text: str, inventory: Inventory, role: str) -> Endpoint:
 
 
 def destination_path(dst: Endpoint, source_path: str, source_kind: str, dest_kind: str,
-                     strip: bool = False) -> str:
+                     strip: bool = False, source_slash: bool = False) -> str:
     """Where the relay lands: DST itself, or DST/<source name> when DST ends with '/' or (for a file)
-    is an existing directory -- the way `cp` treats a directory target."""
+    is an existing directory -- the way `cp` treats a directory target. A source directory written
+    with a trailing '/' means its contents (as rsync has it): they land in DST itself."""
     name = posixpath.basename(source_path.rstrip("/"))
     if strip:
         name = strip_dir_name(name)
+    if source_kind == "dir" and source_slash and not strip:
+        return dst.path
     if dst.trailing_slash or (source_kind == "file" and not strip and dest_kind == "dir"):
         return posixpath.join(dst.path, name)
     return dst.path

@@ -160,6 +160,11 @@ def test_directory_with_awkward_names_then_only_changes_move(sandbox, paths):
     assert again["sent_bytes"] == 12
     assert sha(landed / "sub dir/$HOME|*?.json") == digests["sub dir/$HOME|*?.json"]
 
+    # A trailing '/' on the source relays its contents into the destination itself (rsync's convention).
+    flat = relay_json(sandbox, f"kpro6:{tree}/", f"ct129:{dst}/flat/")
+    assert flat["destination"] == f"ct129:{dst}/flat"
+    assert sha(dst / "flat" / "model-00001-of-00002.safetensors") == digests["model-00001-of-00002.safetensors"]
+
 
 def test_dry_run_moves_nothing_and_reports_the_plan(sandbox, paths):
     src, dst = paths

@@ -73,7 +73,11 @@ def test_destination_path_follows_cp_rules():
     assert rp.destination_path(rp.Endpoint("ct129", "/models"), "/data/a.pt", "file", "dir") == "/models/a.pt"
     # A directory source names the destination directory itself unless a '/' asks for "inside".
     assert rp.destination_path(rp.Endpoint("ct129", "/m/run1"), "/data/run1", "dir", "dir") == "/m/run1"
-    assert rp.destination_path(slash, "/data/run1/", "dir", "dir") == "/models/run1"
+    assert rp.destination_path(slash, "/data/run1", "dir", "dir") == "/models/run1"
+    # rsync's convention: a source directory with a trailing '/' means its contents, which land in DST.
+    run7 = rp.Endpoint("ct129", "/ckpt/run7", trailing_slash=True)
+    assert rp.destination_path(run7, "/data/run7", "dir", "missing", source_slash=True) == "/ckpt/run7"
+    assert rp.destination_path(run7, "/data/run7", "dir", "missing") == "/ckpt/run7/run7"
     # Stripped checkpoints become a folder named after the checkpoint.
     assert rp.destination_path(slash, "/data/step_9.pt", "dir", "dir", strip=True) == "/models/step_9-weights"
     assert rp.manifest_path("/models/a.pt") == "/models/a.pt.dfo-manifest.json"

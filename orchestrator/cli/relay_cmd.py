@@ -18,7 +18,8 @@ from .main import app
 def relay_checkpoint_cmd(
     ctx: typer.Context,
     source: str = typer.Argument(..., metavar="SRC_HOST:PATH",
-                                 help="File or directory on the source host (relative paths: under paths.checkpoints)."),
+                                 help="File or directory on the source host (relative paths: under paths.checkpoints). "
+                                 "A directory with a trailing '/' means its contents (they land in DST itself)."),
     destination: str = typer.Argument(..., metavar="DST_HOST:PATH",
                                       help="Destination file or directory; a trailing '/' (or an existing directory, "
                                       "for a file) puts the source's name inside it."),
