@@ -33,7 +33,6 @@ without recording an exit, e.g. a host reboot), refused.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import posixpath
@@ -49,6 +48,7 @@ from rich.console import Console
 
 from . import remote_scripts
 from .errors import HostError, InputError, OperationError
+from .hashing import sha256_file
 from .progress_view import ProgressView
 from .transport import Connector, for_each_host
 
@@ -369,14 +369,6 @@ def lock_status(connector: Connector, host: str, lock: str = DEFAULT_LOCK) -> di
 # ------------------------------------------------------------------------------------- pull
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 PULL_RECORD = ".dfo-pull.json"
 
 
@@ -430,7 +422,7 @@ def pull_results(
             base = done
             session.get(posixpath.join(res["root"], rel), local,
                         progress=(lambda n, _t, base=base: progress(base + n, total)) if progress else None)
-            got = _sha256(local)
+            got = sha256_file(local)
             if got != meta["sha256"] or local.stat().st_size != meta["size"]:
                 raise HostError(host, f"results file {rel} failed verification after download "
                                 f"(sha256 {got[:16]}…, host says {meta['sha256'][:16]}…)",
@@ -464,7 +456,7 @@ def _umask() -> int:
 
 def _matches(path: Path, meta: dict) -> bool:
     try:
-        return path.stat().st_size == meta["size"] and _sha256(path) == meta["sha256"]
+        return path.stat().st_size == meta["size"] and sha256_file(path) == meta["sha256"]
     except OSError:
         return False
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
+from .hashing import sha256_file
 
 PAYLOAD_PACKAGE = "remote_payload"
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
@@ -19,14 +20,6 @@ def default_payload_root() -> Path:
     """The directory that contains the ``remote_payload`` package: $DFO_PAYLOAD_ROOT, else this checkout."""
     override = os.environ.get("DFO_PAYLOAD_ROOT")
     return Path(override) if override else Path(__file__).resolve().parent.parent
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from rich.markup import escape
 
 from . import remote_scripts
 from .errors import HostError, InputError
+from .hashing import sha256_file
 from .inventory import Host
 from .transport import Connector, HostOutcome, for_each_host
 from .transport.bulk import FAST_CIPHER, ssh_argv, ssh_binary
@@ -81,11 +82,7 @@ def _sha256_cached(path: str) -> str:
     st = os.stat(path)
     key = (path, st.st_mtime, st.st_size)
     if key not in _SHA_CACHE:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-        _SHA_CACHE[key] = h.hexdigest()
+        _SHA_CACHE[key] = sha256_file(path)
     return _SHA_CACHE[key]
 
 

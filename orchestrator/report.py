@@ -112,7 +112,7 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     out += [f"- {line}" for line in settings_lines(results)]
     hosts = results.get("hosts") or {}
     if hosts:
-        out += [f"- hosts: " + ", ".join(f"{h} (job {p.get('job_id')}, {p.get('samples')} samples, "
+        out += ["- hosts: " + ", ".join(f"{h} (job {p.get('job_id')}, {p.get('samples')} samples, "
                                          f"kernels {p.get('kernel_path')})" for h, p in hosts.items())]
     out += ["", "## Acceptance", "",
             f"| drafter | format | τ macro | τ micro | DDTree-{k} | budgeted DDTree | "

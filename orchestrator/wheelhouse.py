@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError, OperationError
+from .hashing import sha256_file
 
 PAYLOAD_DIR = Path(__file__).resolve().parent.parent / "remote_payload"
 MANIFEST = "MANIFEST.json"
@@ -249,14 +250,6 @@ def cached_wheelhouse(lock: Lock, target: Target, root: Path | None = None) -> W
     return Wheelhouse(path, manifest["files"])
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def pip_download_argv(requirements_file: Path, dest: Path, target: Target, python: str = sys.executable) -> list[str]:
     argv = [python, "-m", "pip", "download", "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
             # pip checks each wheel's Requires-Python against the target (uv does not, for find-links wheels).
@@ -304,7 +297,7 @@ def build_wheelhouse(lock: Lock, target: Target, *, root: Path | None = None, ho
                 )
             files = {}
             for wheel in sorted(wheels.iterdir()):
-                files[wheel.name] = {"sha256": _sha256(wheel), "size": wheel.stat().st_size}
+                files[wheel.name] = {"sha256": sha256_file(wheel), "size": wheel.stat().st_size}
             _check_complete(selected, files, lock)
             (wheels / MANIFEST).write_text(json.dumps(
                 {"lock": lock.name, "lock_sha256": lock.sha256, "target": target.label, "files": files},

@@ -99,7 +99,7 @@ def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
         return
     out = app_ctx.out
     out.print("[bold]dfo eval plan[/] (dry run: nothing is changed)")
-    out.print(f"1. check on the hosts that these exist:")
+    out.print("1. check on the hosts that these exist:")
     for h, paths in plan.checks.items():
         for p in paths:
             out.print(f"     {h}: {escape(p)}")
