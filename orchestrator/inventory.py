@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import paramiko
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 from ruamel.yaml import YAML
@@ -329,7 +328,9 @@ def ssh_config_path(inv: Inventory) -> str | None:
     return str(default) if default.is_file() else None
 
 
-def _read_ssh_config(path: str | None) -> paramiko.SSHConfig:
+def _read_ssh_config(path: str | None):
+    import paramiko  # only here: loading paramiko costs every dfo start ~0.3 s
+
     if not path:
         return paramiko.SSHConfig()
     try:

@@ -16,7 +16,6 @@ from typing import Any
 from rich.console import Console
 
 from ..inventory import Inventory, inventory_path, load_inventory
-from ..transport import Connector
 
 
 def _console(stderr: bool) -> Console:
@@ -36,7 +35,7 @@ class AppContext:
     out: Console = field(default_factory=lambda: _console(stderr=False))
     err: Console = field(default_factory=lambda: _console(stderr=True))
     _inventory: Inventory | None = None
-    _connector: Connector | None = None
+    _connector: object | None = None
 
     @property
     def inventory_path(self) -> Path:
@@ -53,7 +52,9 @@ class AppContext:
         return self.inventory
 
     @property
-    def connector(self) -> Connector:
+    def connector(self):
+        from ..transport import Connector  # paramiko/fabric load only for commands that connect
+
         if self._connector is None:
             self._connector = Connector(
                 self.inventory,

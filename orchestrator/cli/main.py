@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     err = AppContext().err
     try:
         result = app(args=argv, prog_name="dfo", standalone_mode=False)
+        if result == 130:  # typer turns Ctrl-C into this exit code
+            err.print("interrupted")
         return result if isinstance(result, int) else 0
     except DfoError as exc:
         if debug:
