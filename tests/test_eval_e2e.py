@@ -166,3 +166,24 @@ def test_remote_failure_surfaces_the_payload_error_and_marks_the_run_failed(sand
     assert record["status"] == "failed" and "fc expects" in record["error"]
     assert "dfo-payload error:" in (run_dir / "logs" / "ct129.log").read_text()
     assert not (run_dir / "results.json").exists()
+
+
+def test_two_eval_hosts_shard_the_prompts_and_merge_with_provenance(sandbox, eval_hosts, tmp_path):
+    # The sandbox hosts share one filesystem, so ct129's fixture paths exist on kpro6 too.
+    runs = tmp_path / "runs"
+    proc = dfo(sandbox, "eval", "--host", "ct129", "--host", "kpro6", "--target", eval_hosts["target"],
+               "--drafter", f"zlab={eval_hosts['zlab']}", "--drafter", eval_hosts["random"],
+               "--samples", "4", "--max-new-tokens", "32", "--dtype", "float32", "--threads", "1", "--json",
+               runs=runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = Path(json.loads(proc.stdout)["path"])
+    results = json.loads((run_dir / "results.json").read_text())
+    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4
+    assert sorted(s["host"] for s in samples) == ["ct129", "ct129", "kpro6", "kpro6"]
+    assert sorted(s["index"] for s in samples) == [0, 1, 2, 3]
+    assert set(results["hosts"]) == {"ct129", "kpro6"}
+    assert {h["shard"][0] for h in results["hosts"].values()} == {0, 1}
+    assert results["drafters"]["zlab"]["metrics"]["samples"] == 4
+    for host in ("ct129", "kpro6"):
+        assert (run_dir / "logs" / f"{host}.log").is_file()
