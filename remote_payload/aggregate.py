@@ -25,7 +25,7 @@ from .tree import tree_summary
 SHARD_KEYS = ("samples", "sample_ids", "shard", "cache_dir", "device")
 # top-level keys merged field by field below; any other key is kept when equal in all parts, else per shard
 _MERGED_KEYS = {"schema", "status", "created_utc", "settings", "target", "versions", "reference", "extraction",
-                "drafters", "timings", "samples", "comparison", "warnings", "shards", "merge"}
+                "drafters", "timings", "samples", "comparison", "warnings", "shards", "merge", "diagnostics"}
 
 
 def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[dict]]:
@@ -90,6 +90,9 @@ def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[d
     })
     if len(names) > 1:
         merged["comparison"] = _compare(first, samples, names, drafters)
+    diagnostics = _merge_diagnostics(results_list)
+    if diagnostics is not None:
+        merged["diagnostics"] = diagnostics
     if warnings:
         merged["warnings"] = warnings
     return merged, samples
@@ -303,9 +306,42 @@ def _merge_reference(results_list) -> dict:
     for p in parts:
         for k, v in (p.get("stop_reasons") or {}).items():
             stops[k] = stops.get(k, 0) + v
-    return {"tokens_generated": sum(p.get("tokens_generated") or 0 for p in parts),
-            "tokens_per_s": _rate_total(parts, "tokens_generated"),
-            "cache_hits": sum(p.get("cache_hits") or 0 for p in parts), "stop_reasons": stops}
+    out = {"tokens_generated": sum(p.get("tokens_generated") or 0 for p in parts),
+           "tokens_per_s": _rate_total(parts, "tokens_generated"),
+           "cache_hits": sum(p.get("cache_hits") or 0 for p in parts), "stop_reasons": stops}
+    sources = _distinct(p.get("source") for p in parts if p.get("source"))
+    if sources:
+        out = {"source": sources[0] if len(sources) == 1 else "mixed: " + ", ".join(sources), **out}
+    servers = [p["server"] for p in parts if isinstance(p.get("server"), dict)]
+    if servers:
+        out["server"] = _merge_servers(servers)
+    return out
+
+
+def _merge_servers(servers: list[dict]) -> dict:
+    """Each host asked its own endpoint: URLs and models listed, counts summed, mismatching samples joined."""
+    ids_source: dict = {}
+    for srv in servers:
+        for k, v in (srv.get("ids_source") or {}).items():
+            ids_source[k] = ids_source.get(k, 0) + v
+    return {"source": "server", "urls": _distinct(srv.get("url") for srv in servers),
+            "models": _distinct(srv.get("model") for srv in servers),
+            "prompt_format": servers[0].get("prompt_format"), "settings": servers[0].get("settings"),
+            **{k: sum(srv.get(k) or 0 for srv in servers) for k in ("samples", "requested", "cache_hits",
+                                                                       "tokens_generated", "roundtrip_unchecked")},
+            "roundtrip_mismatches": [sid for srv in servers for sid in srv.get("roundtrip_mismatches") or []],
+            "ids_source": ids_source}
+
+
+def _merge_diagnostics(results_list) -> dict | None:
+    """Diagnostics describe each part's own samples: kept per part, findings tagged with the part, texts joined."""
+    parts = [(_part(i, r), r["diagnostics"]) for i, r in enumerate(results_list) if r.get("diagnostics")]
+    if not parts:
+        return None
+    findings = [{**f, "part": where} for where, d in parts for f in d.get("findings") or []]
+    text = "\n\n".join(f"=== {where} ===\n{d.get('text') or ''}" for where, d in parts)
+    return {"parts": [{"part": where, **{k: v for k, v in d.items() if k != "text"}} for where, d in parts],
+            "findings": findings, "text": text}
 
 
 def _merge_extraction(results_list, kernel_paths) -> dict:

@@ -39,6 +39,11 @@ KNOWN_TOP_KEYS = set(MODEL_KEYS) | {"optimizer", "optimizer_state_dict", "schedu
 # Frozen copies of target tensors that checkpoints may carry; kept aside, never loaded into the drafter.
 TARGET_COPIES = ("embed_tokens.weight", "lm_head.weight", "verifier_norm.weight", "verifier_lm_head.weight", "t2d")
 IGNORED_BUFFERS = ("rotary_emb.inv_freq",)
+# Optional facts about how the drafter was trained, read from a "training" block of its config.json (z-lab,
+# speculators, stripped) or of its spec (sidecar / the checkpoint's "config"); the eval checks the run
+# against them (README "Training metadata"). Unknown fields are kept and shown, never interpreted.
+TRAINING_BLOCK = "training"
+KERNEL_PATHS = ("fla", "torch")
 
 
 @dataclass
@@ -186,6 +191,32 @@ def read_training_checkpoint(path: str | os.PathLike) -> dict:
             "step": step if isinstance(step, int) else None}
 
 
+def training_metadata(cfg: dict | None, where: str) -> dict | None:
+    """The validated ``training`` block of a drafter config/spec, or None when there is none."""
+    if not isinstance(cfg, dict) or cfg.get(TRAINING_BLOCK) is None:
+        return None
+    block = cfg[TRAINING_BLOCK]
+    if not isinstance(block, dict):
+        raise PayloadError(f"{where}: '{TRAINING_BLOCK}' must be a mapping of training facts (feature_kernel_path, "
+                           f"enable_thinking, chat_template_sha256, expected_p1, ...), found {type(block).__name__}")
+    kp = block.get("feature_kernel_path")
+    if kp is not None and kp not in KERNEL_PATHS:
+        raise PayloadError(f"{where}: {TRAINING_BLOCK}.feature_kernel_path must be one of {', '.join(KERNEL_PATHS)} "
+                           f"(the linear-attention path that produced the training features), found {kp!r}")
+    if "enable_thinking" in block and not isinstance(block["enable_thinking"], bool):
+        raise PayloadError(f"{where}: {TRAINING_BLOCK}.enable_thinking must be true or false, found "
+                           f"{block['enable_thinking']!r}")
+    sha = block.get("chat_template_sha256")
+    if sha is not None and not (isinstance(sha, str) and len(sha) == 64
+                                and all(c in "0123456789abcdef" for c in sha.lower())):
+        raise PayloadError(f"{where}: {TRAINING_BLOCK}.chat_template_sha256 must be 64 hex digits, found {sha!r}")
+    p1 = block.get("expected_p1")
+    if p1 is not None and (isinstance(p1, bool) or not isinstance(p1, (int, float)) or not 0 < p1 <= 1):
+        raise PayloadError(f"{where}: {TRAINING_BLOCK}.expected_p1 must be a number in (0, 1] (position-1 "
+                           f"acceptance expected from training metrics), found {p1!r}")
+    return dict(block)
+
+
 # ---------------------------------------------------------------------------------------------------
 # format detection and loading
 
@@ -259,6 +290,7 @@ def load_drafter(path: str | os.PathLike, spec_file: str | os.PathLike | None = 
         if spec_dict is None:
             raise PayloadError(f"training checkpoint {p} {NO_SPEC}")
         spec = specmod.from_training(spec_dict, _shapes(weights), where)
+        meta = training_metadata(spec_dict, where)
         digest = {"algorithm": "sha256", "value": file_sha256(p)} if p.stat().st_size <= 2 * 2**30 else \
             weights_digest_file(p)
         source = {"path": str(p), "format": "training", "digest": digest, "spec_file": used,
@@ -273,10 +305,13 @@ def load_drafter(path: str | os.PathLike, spec_file: str | os.PathLike | None = 
             weights, extras = _set_aside_copies(weights)
             source["stripped_from"] = read_json(folder / "dfo-source.json", f"drafter {folder}")
             if spec_file:
-                spec = specmod.from_training(read_spec_file(spec_file), _shapes(weights), f"drafter spec {spec_file}")
+                spec_dict = read_spec_file(spec_file)
+                spec = specmod.from_training(spec_dict, _shapes(weights), f"drafter spec {spec_file}")
+                meta = training_metadata(spec_dict, f"drafter spec {spec_file}")
                 source["spec_file"] = str(spec_file)
             elif "dflash_config" in cfg:
                 spec = specmod.from_zlab(cfg, _shapes(weights), where, fmt="training")
+                meta = training_metadata(cfg, where)
             else:
                 raise PayloadError(f"stripped training checkpoint {folder} {NO_SPEC}")
             spec.format = "training (stripped)"
@@ -286,13 +321,17 @@ def load_drafter(path: str | os.PathLike, spec_file: str | os.PathLike | None = 
             extras = {k: weights.pop(k) for k in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d",
                                                   "verifier_norm.weight", "verifier_lm_head.weight") if k in weights}
             spec = specmod.from_speculators(cfg, {**_shapes(weights), **_shapes(extras)}, where)
+            meta = training_metadata(cfg, where)
         else:
             if spec_file:
                 cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
             weights, extras = _set_aside_copies(weights)
             spec = specmod.from_zlab(cfg, _shapes(weights), where)
+            meta = training_metadata(cfg, where)
         if spec_file and fmt != "training-stripped":
             spec.notes.append(f"fields overridden by {spec_file}")
+    if meta is not None:
+        source["training_metadata"] = meta
     for k in IGNORED_BUFFERS:
         weights.pop(k, None)
     dtypes = _float_dtypes(weights)
@@ -314,7 +353,7 @@ def weights_digest_file(path: Path) -> dict:
     return {"algorithm": "sha256-sampled", "value": h.hexdigest(), "bytes": size}
 
 
-OVERRIDABLE = ("mask_token_id", "block_size")
+OVERRIDABLE = ("mask_token_id", "block_size", TRAINING_BLOCK)
 
 
 def _apply_overrides(cfg: dict, overrides: dict, fmt: str, spec_file) -> dict:
@@ -323,6 +362,9 @@ def _apply_overrides(cfg: dict, overrides: dict, fmt: str, spec_file) -> dict:
         raise PayloadError(f"drafter spec {spec_file}: for a {fmt} checkpoint only {', '.join(OVERRIDABLE)} can be "
                            f"overridden; found {', '.join(bad)}")
     cfg = json.loads(json.dumps(cfg))
+    overrides = dict(overrides)
+    if TRAINING_BLOCK in overrides:  # metadata about the checkpoint, kept at the config's top level
+        cfg[TRAINING_BLOCK] = overrides.pop(TRAINING_BLOCK)
     if fmt == "zlab":
         dcfg = cfg.setdefault("dflash_config", {})
         dcfg.update(overrides)
@@ -565,6 +607,9 @@ def strip_checkpoint(src: str | os.PathLike, out_dir: str | os.PathLike, spec_fi
         spec = specmod.from_training(spec_dict, _shapes(weights), where)
         validate_weights(spec, weights, extras, str(src))
         config = spec_to_zlab_config(spec)
+        meta = training_metadata(spec_dict, where)
+        if meta is not None:
+            config[TRAINING_BLOCK] = meta
     else:
         spec, config = None, _incomplete_config(weights)
     record = {"format": "training", "source_path": str(src.resolve()), "sha256": sha, "bytes": src.stat().st_size,

@@ -53,7 +53,7 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    from .evaluate import EvalSettings, parse_named, run_eval
+    from .evaluate import EvalSettings, parse_expect_p1, parse_named, run_eval
     from .progress import Progress
     from .prompts import parse_shard
 
@@ -63,7 +63,15 @@ def _cmd_eval(args) -> int:
         prompts=args.prompts, samples=args.samples, shard=parse_shard(args.shard),
         max_new_tokens=args.max_new_tokens, enable_thinking=args.enable_thinking, device=args.device,
         dtype=args.dtype, allow_fp16=args.allow_fp16, cache_dir=args.cache_dir, out=args.out,
-        online_check=args.online_check, seed=args.seed, topk=args.topk, kernel=args.kernel)
+        online_check=args.online_check, seed=args.seed, topk=args.topk, kernel=args.kernel,
+        tree_k=args.tree_k, tree_budget=args.tree_budget,
+        reference_url=args.reference, reference_model=args.reference_model,
+        reference_timeout=args.reference_timeout, reference_concurrency=args.reference_concurrency,
+        reference_retries=args.reference_retries,
+        reference_prompt_format=args.reference_prompt_format,
+        reference_strict_roundtrip=args.reference_strict_roundtrip,
+        diagnose=args.diagnose, diagnose_samples=args.diagnose_samples, diagnose_rounds=args.diagnose_rounds,
+        expect_p1=parse_expect_p1(args.expect_p1))
     _set_threads(args.threads)
     run_eval(settings, Progress())
     return 0
@@ -133,7 +141,37 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--online-check", action="store_true",
                    help="also run the online draft/verify loop and compare it with the offline path")
     e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--topk", type=int, default=8, help="per-depth top-k kept from the draft pass (default 8)")
+    e.add_argument("--topk", type=int, default=8,
+                   help="per-depth top-k kept from the draft pass (default 8; raised to cover the tree metrics)")
+    e.add_argument("--tree-k", type=int, default=8, metavar="K",
+                   help="top-k depth acceptance ('DDTree-K', headline DDTree-8): k per depth (default 8)")
+    e.add_argument("--tree-budget", type=int, default=16, metavar="N",
+                   help="budgeted DDTree: nodes per round (default 16)")
+    e.add_argument("--reference", metavar="URL",
+                   help="take reference completions from this OpenAI-compatible server (SGLang/vLLM, e.g. "
+                        "http://127.0.0.1:30000/v1) instead of decoding with the target here; API key from "
+                        "$DFO_REFERENCE_API_KEY")
+    e.add_argument("--reference-model", metavar="NAME", help="model name on the server (default: the only one it lists)")
+    e.add_argument("--reference-timeout", type=float, default=900.0, metavar="S",
+                   help="seconds per completion request (default 900)")
+    e.add_argument("--reference-concurrency", type=int, default=4, metavar="N",
+                   help="completion requests in flight (default 4)")
+    e.add_argument("--reference-retries", type=int, default=2, metavar="N",
+                   help="extra attempts after a connection failure or HTTP 5xx (default 2; timeouts are not retried)")
+    e.add_argument("--reference-prompt-format", default="ids", choices=["ids", "text"],
+                   help="send the templated prompt as token ids (default) or text")
+    e.add_argument("--reference-strict-roundtrip", action="store_true",
+                   help="stop when the server's text does not re-tokenise to its token ids (default: report it)")
+    e.add_argument("--diagnose", action="store_true",
+                   help="diagnostics: hidden-state and fc statistics, embedding copies, probes for the pitfalls "
+                        "(layer shift, slot 0, mask id), decoded first rounds; a report in results and on stdout")
+    e.add_argument("--diagnose-samples", type=int, default=2, metavar="N",
+                   help="samples (the first N) probed and shown round by round (default 2)")
+    e.add_argument("--diagnose-rounds", type=int, default=4, metavar="N",
+                   help="rounds shown decoded per diagnosed sample (default 4)")
+    e.add_argument("--expect-p1", action="append", metavar="[NAME=]P",
+                   help="position-1 acceptance expected from training (every drafter, or NAME=P); a run far "
+                        "below it is flagged (repeatable)")
     e.add_argument("--threads", type=int, help="torch CPU threads")
     e.set_defaults(func=_cmd_eval)
 

@@ -19,6 +19,10 @@ Draft sources share one interface (the synthetic test drafter implements it too)
     prepare(features: dict[layer id -> Tensor[S, H]]) -> context object
     draft(context, tokens: Sequence[int], anchors: Sequence[int], topk: int) -> (ids, logprobs)
         ids: LongTensor [A, B-1, topk] target-vocabulary ids, best first; logprobs: FloatTensor, same shape
+
+``DrafterRuntime.draft`` also takes ``slot0`` ("token" | "mask") and ``mask_id``: what fills the block
+other than the design's [committed token, mask × (B-1)]. The eval never sets them; ``--diagnose`` re-drafts
+with them to test a drafter against pitfalls 2 and 3 (mask-filled slot 0, another mask id).
 """
 
 from __future__ import annotations
@@ -231,14 +235,23 @@ class DrafterRuntime:
 
     # -- blocks ----------------------------------------------------------------------------------
 
-    def block_input_ids(self, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """[G, B] ids: slot 0 = the committed token at the anchor, slots 1.. = the mask token."""
-        ids = torch.full((anchors.shape[0], self.block_size), self.spec.mask_token_id, dtype=torch.long,
-                         device=anchors.device)
-        ids[:, 0] = tokens[anchors]
+    def block_input_ids(self, tokens: torch.Tensor, anchors: torch.Tensor, slot0: str = "token",
+                        mask_id: int | None = None) -> torch.Tensor:
+        """[G, B] ids: slot 0 = the committed token at the anchor, slots 1.. = the mask token.
+
+        ``slot0="mask"`` fills slot 0 with the mask too and ``mask_id`` replaces the spec's mask id: both
+        only for diagnostic re-drafts (the block the design prescribes is the default).
+        """
+        if slot0 not in ("token", "mask"):
+            raise ValueError(f"slot0 must be 'token' or 'mask', not {slot0!r}")
+        mask = self.spec.mask_token_id if mask_id is None else int(mask_id)
+        ids = torch.full((anchors.shape[0], self.block_size), mask, dtype=torch.long, device=anchors.device)
+        if slot0 == "token":
+            ids[:, 0] = tokens[anchors]
         return ids
 
-    def hidden(self, ctx: DraftContext, tokens, anchors, grad: bool = False) -> torch.Tensor:
+    def hidden(self, ctx: DraftContext, tokens, anchors, grad: bool = False, slot0: str = "token",
+               mask_id: int | None = None) -> torch.Tensor:
         """Final-norm hidden states of slots 1..B-1 for every block: [G, B-1, H]."""
         B = self.block_size
         tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
@@ -246,7 +259,7 @@ class DrafterRuntime:
         if int(anchors.max()) > ctx.length:
             raise PayloadError(f"anchor {int(anchors.max())} needs context up to it, only {ctx.length} positions given")
         with torch.set_grad_enabled(grad):
-            ids = self.block_input_ids(tokens, anchors)
+            ids = self.block_input_ids(tokens, anchors, slot0, mask_id)
             emb_dev = self.embed.weight.device
             h = self.embed(ids.to(emb_dev)).to(self.device, self.dtype).reshape(-1, self.spec.hidden_size)
             if self.spec.input_embedding_scale != 1.0:
@@ -281,7 +294,8 @@ class DrafterRuntime:
         return g
 
     @torch.no_grad()
-    def draft(self, ctx: DraftContext, tokens, anchors, topk: int = 1):
+    def draft(self, ctx: DraftContext, tokens, anchors, topk: int = 1, slot0: str = "token",
+              mask_id: int | None = None):
         anchors = torch.as_tensor(anchors, dtype=torch.long)
         if anchors.numel() == 0:
             shape = (0, self.block_size - 1, topk)
@@ -290,7 +304,8 @@ class DrafterRuntime:
         ids_out, lp_out = [], []
         for start in range(0, anchors.numel(), g):
             chunk = anchors[start:start + g]
-            h = self.hidden(ctx, tokens, chunk).reshape(-1, self.spec.hidden_size)
+            h = self.hidden(ctx, tokens, chunk, slot0=slot0, mask_id=mask_id)
+            h = h.reshape(-1, self.spec.hidden_size)
             for r in range(0, h.shape[0], HEAD_ROWS):
                 lp = torch.log_softmax(self.logits(h[r:r + HEAD_ROWS]), dim=-1)
                 vals, idx = lp.topk(topk, dim=-1)

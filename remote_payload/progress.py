@@ -5,7 +5,7 @@ Line kinds (every object has ``"dfo": KIND``):
 - ``stage``: ``stage``, ``status`` ("start" | "done"), optional ``elapsed_s``, ``message``;
 - ``warning``: ``message`` (and optional ``stage``);
 - ``result``: the final summary of a subcommand (paths written, headline figures).
-Anything else printed by the payload is free text.
+Anything else printed by the payload is free text (``text``: e.g. the ``--diagnose`` report).
 """
 
 from __future__ import annotations
@@ -50,6 +50,15 @@ class Progress:
 
     def result(self, **fields: Any) -> None:
         self.emit("result", **fields)
+
+    def text(self, text: str) -> None:
+        """Free text for a person (e.g. the diagnostics report): plain lines, never starting with '{'."""
+        if self._quiet:
+            return
+        stream = self._stream or sys.stdout
+        for line in text.splitlines():
+            stream.write((" " + line if line.startswith("{") else line) + "\n")
+        stream.flush()
 
 
 SILENT = Progress(quiet=True)

@@ -56,3 +56,32 @@ def json_lines(stdout: str) -> list[dict]:
         if line.startswith("{"):
             out.append(json.loads(line))
     return out
+
+
+def drafter_copy(src: Path, dst: Path, config=None, weights=None) -> Path:
+    """A copy of a drafter folder with its config.json and/or weights changed (to plant a fault).
+
+    ``config(cfg)`` edits the parsed config.json in place; ``weights(dict)`` returns the new tensors.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    if config is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    if weights is not None:
+        tensors = weights(load_file(str(dst / "model.safetensors")))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"))
+    return dst
+
+
+def prompts_file(path: Path, ids: list[str]) -> Path:
+    """A JSONL prompt file holding the built-in prompts with these ids, in this order."""
+    from remote_payload.prompts import BUILTIN
+
+    lines = {json.loads(line)["id"]: line for line in BUILTIN.read_text().splitlines() if line.strip()}
+    path.write_text("".join(lines[i] + "\n" for i in ids))
+    return path

@@ -130,12 +130,21 @@ def test_provenance_timings_and_counts():
 def test_mixed_kernel_paths_incomplete_shards_and_differing_extras_are_reported():
     p0, p1 = _parts()
     p1[0]["extraction"]["kernel_path"] = "fla"
-    p0[0]["diagnostics"], p1[0]["diagnostics"] = {"x": 1}, {"x": 2}
+    p0[0]["diagnostics"] = {"x": 1, "text": "report 0", "findings": [{"code": "layer-shift", "drafter": "a"}]}
+    p1[0]["diagnostics"] = {"x": 2, "text": "report 1", "findings": []}
     p0[0]["note"] = p1[0]["note"] = "same"
+    p0[0]["extra"], p1[0]["extra"] = {"x": 1}, {"x": 2}
     merged, _ = merge_shards([p0, p1])
     assert merged["extraction"]["kernel_path"] == "mixed: torch, fla"
     assert any("different linear-attention kernel paths" in w for w in merged["warnings"])
-    assert "diagnostics" not in merged and [s["diagnostics"] for s in merged["shards"]] == [{"x": 1}, {"x": 2}]
+    # diagnostics describe each part's own samples: kept per part, findings tagged, texts joined for the report
+    diag = merged["diagnostics"]
+    assert [d["x"] for d in diag["parts"]] == [1, 2] and "text" not in diag["parts"][0]
+    assert diag["findings"] == [{"code": "layer-shift", "drafter": "a", "part": "part 1 (shard 0/2)"}]
+    assert diag["text"].index("report 0") < diag["text"].index("=== part 2 (shard 1/2) ===") < \
+        diag["text"].index("report 1")
+    # any other key that differs between the parts moves to the per-shard records
+    assert "extra" not in merged and [s["extra"] for s in merged["shards"]] == [{"x": 1}, {"x": 2}]
     assert merged["note"] == "same"
     merged, samples = merge_shards([p0])
     assert len(samples) == 4 and any("merged shards [0] of 2" in w for w in merged["warnings"])
