@@ -152,7 +152,7 @@ def p1_check(name: str, metrics: dict, expected: float | None, source: str | Non
     return Finding("warning", "p1-below-expected", f"position-1 acceptance {p1:.3f} is far below the {expected:.3f} "
                    f"expected from training ({source}); below {P1_FAR_BELOW:.0%} of it the cause is usually a "
                    "setup pitfall (layer ids, mask id, slot 0, thinking mode, kernel path, dtype), not the "
-                   "drafter's quality: see the other findings and run with --diagnose", name)
+                   "drafter's quality: see the other findings (--diagnose probes each pitfall)", name)
 
 
 # ----------------------------------------------------------------------------------------- statistics
@@ -629,7 +629,7 @@ def render_text(diag: dict) -> str:
                              f"{_fmt(v['mean_accepted'], '>6.3f')}  {'' if agree is None else format(agree, '>7.1%')}"
                              f"{extra}")
         for smp in d.get("drafts") or []:
-            lines.append(f"  first rounds of {smp['sample']}:")
+            lines.append(f"  first rounds of {smp['sample']} ([drafts] in brackets differ from the target's token):")
             for r in smp["rounds"]:
                 lines.append(f"    round {r['round']} @ {r['anchor']} after {r['anchor_token']!r}: accepted "
                              f"{r['accepted']}/{len(r['drafts'])}")

@@ -525,9 +525,9 @@ def _server_references(s: EvalSettings, chosen, tokenizer, stops, cache_dir: Pat
 
 def _expected_p1(s: EvalSettings, name: str, ld) -> tuple[float | None, str | None]:
     if name in s.expect_p1:
-        return s.expect_p1[name], f"--expect-p1 {name}="
+        return s.expect_p1[name], f"--expect-p1 {name}={s.expect_p1[name]:g}"
     if "*" in s.expect_p1:
-        return s.expect_p1["*"], "--expect-p1"
+        return s.expect_p1["*"], f"--expect-p1 {s.expect_p1['*']:g}"
     meta = ld.source.get("training_metadata") or {}
     if meta.get("expected_p1") is not None:
         return float(meta["expected_p1"]), "training.expected_p1 in the drafter's metadata"

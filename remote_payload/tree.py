@@ -201,32 +201,20 @@ class TreeRounds:
                 "budgeted": {"budget": self.budget, "K": self.K, **entry_from_rounds(self.budgeted)}}
 
 
+def _raw(drafts: Any, name: str):
+    return drafts[name] if isinstance(drafts, dict) else getattr(drafts, name)
+
+
 def _field(drafts: Any, name: str):
-    value = drafts[name] if isinstance(drafts, dict) else getattr(drafts, name)
+    value = _raw(drafts, name)
     return value.tolist() if hasattr(value, "tolist") else value
 
 
-def sample_tree_rounds(drafts: Any, *, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET,
-                       K: int | None = None) -> TreeRounds:
-    """Top-k depth and budgeted-DDTree replays of one sample from its draft pass.
+def _is_torch_tensor(value) -> bool:
+    return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "shape") and hasattr(value, "isnan")
 
-    ``drafts``: an ``offline.SampleDrafts`` or a dict with ``tokens`` (prompt + continuation ids),
-    ``prompt_len``, ``anchors`` (prompt_len..len(tokens)−2) and per anchor the per-depth top-k
-    ``topk_ids`` / ``topk_logprobs`` (``[A][B−1][width]``, best first; tensors are read with .tolist()).
-    ``K`` defaults to min(budget, width). Needs k <= width and K <= width.
-    """
-    tokens = list(_field(drafts, "tokens"))
-    prompt_len = int(_field(drafts, "prompt_len"))
-    anchors = list(_field(drafts, "anchors"))
-    ids, lps = _field(drafts, "topk_ids"), _field(drafts, "topk_logprobs")
-    if len(ids) != len(anchors) or len(lps) != len(anchors):
-        raise PayloadError(f"tree metrics: {len(anchors)} anchors but top-k ids for {len(ids)} and log-probs for "
-                           f"{len(lps)}")
-    expected = list(range(prompt_len, len(tokens) - 1))
-    if anchors != expected:
-        raise PayloadError("tree metrics need drafts at every continuation position "
-                           f"({prompt_len}..{len(tokens) - 2}); got anchors {anchors[:3]}…")
-    width = len(ids[0][0]) if anchors and ids[0] else None
+
+def _resolve_params(width: int | None, k: int, budget: int, K: int | None) -> int:
     if k < 1 or budget < 0:
         raise PayloadError(f"tree metrics: need k >= 1 and budget >= 0 (got k={k}, budget={budget})")
     if K is None:
@@ -236,6 +224,41 @@ def sample_tree_rounds(drafts: Any, *, k: int = DEFAULT_K, budget: int = DEFAULT
     if width is not None and (k > width or K > width):
         raise PayloadError(f"tree metrics: the draft pass kept the top-{width} per depth, but k={k}, K={K} need "
                            f"more; rerun with --topk {max(k, K)} or lower k/K")
+    return K
+
+
+def _check_anchors(anchors: list, n_ids: int, n_lps: int, prompt_len: int, tokens: list) -> None:
+    if n_ids != len(anchors) or n_lps != len(anchors):
+        raise PayloadError(f"tree metrics: {len(anchors)} anchors but top-k ids for {n_ids} and log-probs for "
+                           f"{n_lps}")
+    if anchors != list(range(prompt_len, len(tokens) - 1)):
+        raise PayloadError("tree metrics need drafts at every continuation position "
+                           f"({prompt_len}..{len(tokens) - 2}); got anchors {anchors[:3]}…")
+
+
+def sample_tree_rounds(drafts: Any, *, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET,
+                       K: int | None = None) -> TreeRounds:
+    """Top-k depth and budgeted-DDTree replays of one sample from its draft pass.
+
+    ``drafts``: an ``offline.SampleDrafts`` or a dict with ``tokens`` (prompt + continuation ids),
+    ``prompt_len``, ``anchors`` (prompt_len..len(tokens)−2) and per anchor the per-depth top-k
+    ``topk_ids`` / ``topk_logprobs`` (``[A][B−1][width]``, best first; objects with .tolist() are read
+    through it). ``K`` defaults to min(budget, width). Needs k <= width and K <= width.
+
+    torch tensors (what the eval passes) take a faster path with the same result: top-k acceptance is
+    computed for every anchor at once, and only the anchors the budgeted replay visits are converted to
+    lists. Without tensors this module needs no torch (the controller imports it).
+    """
+    tokens = list(_field(drafts, "tokens"))
+    prompt_len = int(_field(drafts, "prompt_len"))
+    anchors = list(_field(drafts, "anchors"))
+    ids_raw, lps_raw = _raw(drafts, "topk_ids"), _raw(drafts, "topk_logprobs")
+    if _is_torch_tensor(ids_raw) and _is_torch_tensor(lps_raw):
+        return _tensor_tree_rounds(tokens, prompt_len, anchors, ids_raw, lps_raw, k, budget, K)
+    ids, lps = _field(drafts, "topk_ids"), _field(drafts, "topk_logprobs")
+    _check_anchors(anchors, len(ids), len(lps), prompt_len, tokens)
+    width = len(ids[0][0]) if anchors and ids[0] else None
+    K = _resolve_params(width, k, budget, K)
     row = {a: i for i, a in enumerate(anchors)}
     for i in range(len(anchors)):
         if any(len(c) != width for c in ids[i]) or len(ids[i]) != len(ids[0]) or \
@@ -251,6 +274,40 @@ def sample_tree_rounds(drafts: Any, *, k: int = DEFAULT_K, budget: int = DEFAULT
     def budgeted_at(a, truth):
         i = row[a]
         return build_budgeted_tree(ids[i], lps[i], budget, K).walk(truth)
+
+    return TreeRounds(replay(tokens, prompt_len, topk_at), replay(tokens, prompt_len, budgeted_at), k, budget, K)
+
+
+def _tensor_tree_rounds(tokens, prompt_len, anchors, ids, lps, k, budget, K) -> TreeRounds:
+    import torch
+
+    if ids.dim() != 3 or tuple(lps.shape) != tuple(ids.shape):
+        raise PayloadError(f"tree metrics: top-k ids {list(ids.shape)} and log-probs {list(lps.shape)} must both be "
+                           "[anchors, depths, width]")
+    _check_anchors(anchors, int(ids.shape[0]), int(lps.shape[0]), prompt_len, tokens)
+    width = int(ids.shape[2]) if anchors and ids.shape[1] else None
+    K = _resolve_params(width, k, budget, K)
+    nan_rows = torch.isnan(lps).flatten(1).any(1).nonzero()
+    if nan_rows.numel():
+        raise PayloadError(f"tree metrics: NaN log-probs in the drafts at anchor {anchors[int(nan_rows[0])]}")
+    row = {a: i for i, a in enumerate(anchors)}
+    if not anchors:
+        return TreeRounds([], [], k, budget, K)
+    ids_cpu, lps_cpu = ids.detach().cpu(), lps.detach().cpu()
+    # top-k depth acceptance at every anchor at once: leading depths whose target token is in the top-k
+    D = ids_cpu.shape[1]
+    pos = torch.tensor(anchors)[:, None] + torch.arange(1, D + 1)[None]
+    valid = pos < len(tokens)
+    truth = torch.where(valid, torch.tensor(tokens)[pos.clamp(max=len(tokens) - 1)], torch.full_like(pos, -1))
+    hit = (ids_cpu[:, :, :k] == truth[..., None]).any(-1) & valid
+    topk_acc = hit.long().cumprod(1).sum(1).tolist()
+
+    def topk_at(a, truth_):
+        return topk_acc[row[a]]
+
+    def budgeted_at(a, truth_):
+        i = row[a]
+        return build_budgeted_tree(ids_cpu[i, :, :K].tolist(), lps_cpu[i, :, :K].tolist(), budget, K).walk(truth_)
 
     return TreeRounds(replay(tokens, prompt_len, topk_at), replay(tokens, prompt_len, budgeted_at), k, budget, K)
 

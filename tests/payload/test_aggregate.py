@@ -221,3 +221,21 @@ def test_modules_the_controller_imports_stay_free_of_torch():
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_server_reference_summaries_are_merged():
+    p0, p1 = _parts()
+    for (res, _lines), port, bad in ((p0, 30000, ["p0"]), (p1, 30001, [])):
+        res["reference"].update(source="server", server={
+            "source": "server", "url": f"http://127.0.0.1:{port}/v1", "model": "qwen", "prompt_format": "ids",
+            "settings": {"max_tokens": 512}, "samples": 4, "requested": 3, "cache_hits": 1, "tokens_generated": 90,
+            "roundtrip_mismatches": bad, "roundtrip_unchecked": 0, "ids_source": {"server": 4}})
+    merged, _ = merge_shards([p0, p1])
+    ref = merged["reference"]
+    assert ref["source"] == "server" and ref["tokens_generated"] == 700
+    srv = ref["server"]
+    assert srv["urls"] == ["http://127.0.0.1:30000/v1", "http://127.0.0.1:30001/v1"] and srv["models"] == ["qwen"]
+    assert (srv["samples"], srv["requested"], srv["cache_hits"], srv["tokens_generated"]) == (8, 6, 2, 180)
+    assert srv["roundtrip_mismatches"] == ["p0"] and srv["ids_source"] == {"server": 8}
+    p1[0]["reference"]["source"] = "local"
+    assert merge_shards([p0, p1])[0]["reference"]["source"] == "mixed: server, local"

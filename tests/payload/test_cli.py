@@ -79,7 +79,17 @@ def test_eval_end_to_end(fixture_dir, run_payload, tmp_path, eval_cache):
     assert s["dtype"] == "float32" and s["device"] == "cpu" and s["prompts"]["source"] == "builtin"
     assert results["versions"]["transformers"] == "5.24.0" and "total_s" in results["timings"]
 
+    # issue 6: tree metrics per drafter and per sample, and the comparison of the two drafters
+    assert m["tree"]["topk"]["k"] == 8 and m["tree"]["budgeted"]["budget"] == 16 and m["tree"]["budgeted"]["exact"]
+    assert m["tree"]["topk"]["tau_macro"] >= m["tau_macro"]  # top-8 accepts at least the chain's drafts
+    assert s["tree"] == {"k": 8, "budget": 16, "K": 16} and s["draft_topk"] == 16
+    (pair,) = results["comparison"]["pairs"]
+    assert (pair["a"], pair["b"]) == ("ours", "rand") and pair["tau_macro"]["ci"][1] < 0
+    assert "warnings" not in results and "diagnostics" not in results
+
     assert [x["id"] for x in samples] == ["code-fizzbuzz", "code-reverse-string", "code-palindrome"]
+    assert samples[0]["reference"]["source"] == "local"
+    assert samples[0]["drafters"]["rand"]["tree"]["topk"]["k"] == 8
     line = samples[0]["drafters"]["ours"]
     assert len(line["accepted"]) == len(line["produced"]) == len(line["anchors"]) == line["rounds"]
     assert sum(line["produced"]) == samples[0]["continuation_tokens"] - 1

@@ -281,6 +281,35 @@ def test_real_offline_draft_pass_feeds_the_tree_metrics():
     assert tr.topk == replay(drafts) == tr.budgeted
 
 
+def test_tensor_path_equals_the_list_path():
+    """The eval passes torch tensors (vectorised top-k, lazy rows for the budgeted tree); same rounds as lists."""
+    torch = pytest.importorskip("torch")
+    from remote_payload.offline import SampleDrafts
+
+    rng = random.Random(8)
+    for _ in range(40):
+        Bs, width = rng.choice([2, 4, 8]), rng.choice([1, 3, 5])
+        tokens = [rng.randrange(5) for _ in range(rng.randint(1, 3))] + list(range(300, 300 + rng.randint(1, 30)))
+        P = rng.randint(1, 2) if len(tokens) > 2 else 1
+        lps = lambda a, d: sorted((-rng.uniform(0, 3) for _ in range(width)), reverse=True)  # noqa: E731
+        d = synthetic_drafts(tokens, P, Bs, width, lambda a, d: rng.choice([0, width - 1, None]), lps)
+        sd = SampleDrafts(P, d["tokens"], d["anchors"], torch.tensor(d["topk_ids"]).reshape(-1, Bs - 1, width),
+                          torch.tensor(d["topk_logprobs"]).reshape(-1, Bs - 1, width))
+        k, budget = rng.randint(1, width), rng.randint(0, 3 * Bs)
+        K = rng.randint(1, width)
+        assert sample_tree_rounds(sd, k=k, budget=budget, K=K).entry() == \
+            sample_tree_rounds(d, k=k, budget=budget, K=K).entry()
+    d = _hand_drafts()
+    ids, lps = torch.tensor(d["topk_ids"]), torch.tensor(d["topk_logprobs"])
+    with pytest.raises(PayloadError, match=r"top-2 per depth.*k=8"):
+        sample_tree_rounds({**d, "topk_ids": ids, "topk_logprobs": lps}, k=8, budget=3)
+    lps[3, 0, 0] = float("nan")
+    with pytest.raises(PayloadError, match="NaN log-probs.*anchor 5"):
+        sample_tree_rounds({**d, "topk_ids": ids, "topk_logprobs": lps}, k=2, budget=3)
+    with pytest.raises(PayloadError, match="must both be"):
+        sample_tree_rounds({**d, "topk_ids": ids, "topk_logprobs": lps[:, :2]}, k=2, budget=3)
+
+
 def test_bad_inputs_give_clear_errors():
     d = _hand_drafts()
     with pytest.raises(PayloadError, match=r"top-2 per depth.*k=8.*--topk 8"):
