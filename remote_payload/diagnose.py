@@ -38,6 +38,7 @@ AGREE_OK = 0.98
 P1_FAR_BELOW = 0.6
 PROBE_ANCHORS_PER_SAMPLE = 512
 FP16_MAX = 65504.0
+FP16_NAMES = ("float16", "fp16", "half")
 # Mask ids of released DFlash drafters (Qwen3; Qwen3.5/3.6 by revision): tried as alternatives when in range.
 KNOWN_MASK_IDS = (151669, 248070, 248077)
 
@@ -101,7 +102,7 @@ class RunFacts:
 
 
 def run_level_checks(facts: RunFacts) -> list[Finding]:
-    if facts.dtype == "float16":
+    if facts.dtype in FP16_NAMES:
         return [Finding("warning", "fp16-run", "the run uses float16 (forced with --allow-fp16): DFlash drafters and "
                         "Qwen3.x targets are trained in bfloat16 and fp16's narrow range has given ~0% acceptance; "
                         "rerun with --dtype bfloat16")]
@@ -212,10 +213,10 @@ def stats_findings(layer_stats: dict, dtype: str) -> list[Finding]:
                            "draft built on them is noise"))
     big = sorted(lid for lid, s in layer_stats.items() if s.abs_max > FP16_MAX)
     if big:
-        out.append(Finding("warning" if dtype == "float16" else "info", "fp16-range",
+        fp16 = dtype in FP16_NAMES
+        out.append(Finding("warning" if fp16 else "info", "fp16-range",
                            f"hidden states at layer(s) {big} exceed float16's range ({FP16_MAX:g}): they overflow "
-                           "in float16" + ("; this run IS float16" if dtype == "float16" else
-                                           " (fine in bfloat16/float32)")))
+                           "in float16" + ("; this run IS float16" if fp16 else " (fine in bfloat16/float32)")))
     return out
 
 
