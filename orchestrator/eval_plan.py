@@ -72,6 +72,12 @@ class EvalRequest:
     force: bool = False                  # ignore the eval host's job lock
     seed: int = 0
     threads: int | None = None           # torch CPU threads on the eval host (None: torch's default)
+    tree_k: int | None = None            # DDTree-k (payload default 8)
+    tree_budget: int | None = None       # budgeted DDTree nodes (payload default 16)
+    diagnose_samples: int | None = None
+    expect_p1: list[str] = field(default_factory=list)   # "P" or "NAME=P": position-1 acceptance expected
+    reference_model: str | None = None
+    payload_args: list[str] = field(default_factory=list)  # passed verbatim to `remote_payload eval`
 
 
 @dataclass
@@ -197,9 +203,19 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
             args += ["--threads", str(req.threads)]
         if req.diagnose:
             args += ["--diagnose"]
+        if req.diagnose_samples is not None:
+            args += ["--diagnose-samples", str(req.diagnose_samples)]
+        for expect in req.expect_p1:
+            args += ["--expect-p1", expect]
+        if req.tree_k is not None:
+            args += ["--tree-k", str(req.tree_k)]
+        if req.tree_budget is not None:
+            args += ["--tree-budget", str(req.tree_budget)]
+        if req.reference_model and req.reference != "target":
+            args += ["--reference-model", req.reference_model]
         if req.online_check:
             args += ["--online-check"]
-        args += list(payload_args_extra or [])
+        args += list(req.payload_args) + list(payload_args_extra or [])
         jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote))
     # A relay with stripping deploys the payload to its source host itself.
     return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks)

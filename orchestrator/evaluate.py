@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 import threading
 from dataclasses import asdict
@@ -189,7 +190,7 @@ def start_eval(
             inv_host = connector.inventory.hosts[job.host]
             argv = [pythons[job.host], "-m", "remote_payload", *job.args]
             handle = launch_job(connector, job.host, argv, cwd=payload_dir(inv_host.workdir),
-                                job_name=f"dfo eval {run.name}", force=plan.request.force)
+                                job_name=f"dfo eval {run.name}", force=plan.request.force, env=_job_env())
             for notice in handle.notices:
                 console.print(f"  [yellow]{escape(notice)}[/]")
             jobs[job.host] = {"job_id": handle.job_id, "job_dir": handle.job_dir, "shard": list(job.shard),
@@ -200,6 +201,13 @@ def start_eval(
         run.set(jobs=jobs, status="failed", error=str(exc))
         raise
     return run
+
+
+def _job_env() -> dict[str, str]:
+    # The endpoint's API key travels in the job's environment (a 0600 file on the host), never in argv,
+    # run.json or logs.
+    key = os.environ.get("DFO_REFERENCE_API_KEY")
+    return {"DFO_REFERENCE_API_KEY": key} if key else {}
 
 
 def _jsonable(data):

@@ -80,7 +80,7 @@ def snapshot(box) -> dict[str, tuple[int, int]]:
 
 def test_eval_relays_evaluates_and_writes_a_readable_run_folder(sandbox, eval_hosts, tmp_path):
     runs = tmp_path / "runs"
-    proc = dfo(sandbox, *eval_args(eval_hosts), "--json", runs=runs)
+    proc = dfo(sandbox, *eval_args(eval_hosts), "--diagnose", "--json", runs=runs)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     run_dir = Path(summary["path"])
@@ -101,6 +101,11 @@ def test_eval_relays_evaluates_and_writes_a_readable_run_folder(sandbox, eval_ho
         assert (run_dir / name).is_file(), name
     report = (run_dir / "report.md").read_text()
     assert "| ours |" in report and "| random |" in report and "τ macro" in report
+    # Side by side on the same samples: the comparison block and the tree metrics are there.
+    (pair,) = results["comparison"]["pairs"]
+    assert (pair["a"], pair["b"]) == ("ours", "random") and pair["tau_macro"]["delta"] < 0
+    assert ours["tree"]["topk"]["k"] == 8 and ours["tree"]["topk"]["tau_macro"] >= ours["tau_macro"]
+    assert results["diagnostics"]["text"] and "## Diagnostics" in report and "## Comparison" in report
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "succeeded" and run["jobs"]["ct129"]["state"] == "succeeded"
     assert summary["drafters"]["ours"]["tau_macro"] == ours["tau_macro"]

@@ -106,3 +106,15 @@ def test_duplicate_drafter_names_are_refused():
     twice = [parse_drafter("a=/x", INV), parse_drafter("a=/y", INV)]
     with pytest.raises(InputError, match="used twice: a"):
         plan_eval(request(drafters=twice), INV)
+
+
+def test_depth_and_diagnostic_options_reach_the_payload():
+    job = plan_eval(request(diagnose=True, diagnose_samples=3, expect_p1=["ours=0.7"], tree_k=4, tree_budget=8,
+                            reference="http://127.0.0.1:30000/v1", reference_model="qwen",
+                            payload_args=["--reference-timeout=60"], threads=1), INV).jobs[0]
+    args = job.args
+    for flag, value in (("--diagnose-samples", "3"), ("--expect-p1", "ours=0.7"), ("--tree-k", "4"),
+                        ("--tree-budget", "8"), ("--reference", "http://127.0.0.1:30000/v1"),
+                        ("--reference-model", "qwen"), ("--threads", "1")):
+        assert args[args.index(flag) + 1] == value, flag
+    assert "--diagnose" in args and args[-1] == "--reference-timeout=60"

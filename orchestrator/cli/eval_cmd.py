@@ -44,6 +44,20 @@ def eval_cmd(
     strip_optimizer: Optional[bool] = typer.Option(
         None, "--strip-optimizer/--no-strip-optimizer",
         help="Strip optimizer state before relaying (default: for *.pt/*.pth/*.ckpt/*.bin)."),
+    reference_model: Optional[str] = typer.Option(None, "--reference-model", metavar="NAME",
+                                                  help="Model name at the endpoint (default: the one it serves). "
+                                                  "An API key is read from $DFO_REFERENCE_API_KEY."),
+    diagnose_samples: Optional[int] = typer.Option(None, "--diagnose-samples", metavar="N",
+                                                   help="Samples whose first rounds --diagnose decodes and probes."),
+    expect_p1: list[str] = typer.Option([], "--expect-p1", metavar="[NAME=]P",
+                                        help="Position-1 acceptance expected from training metrics; far below "
+                                        "it is flagged (repeatable)."),
+    tree_k: Optional[int] = typer.Option(None, "--tree-k", metavar="K", help="DDTree-K: top-K depth acceptance (default 8)."),
+    tree_budget: Optional[int] = typer.Option(None, "--tree-budget", metavar="N",
+                                              help="Budgeted DDTree size in nodes (default 16)."),
+    payload_arg: list[str] = typer.Option([], "--payload-arg", metavar="ARG",
+                                          help="Extra argument for `python -m remote_payload eval` (repeatable), "
+                                          "e.g. --payload-arg=--reference-timeout=300."),
     threads: Optional[int] = typer.Option(None, "--threads", metavar="N",
                                           help="torch CPU threads on the eval host (small models on busy CPUs: 1)."),
     detach: bool = typer.Option(False, "--detach", help="Return once the job runs; collect with `dfo runs pull`."),
@@ -69,7 +83,9 @@ def eval_cmd(
         hosts=host, target=target, drafters=[parse_drafter(d, inv) for d in drafter], prompts=prompts,
         reference=reference, device=device, dtype=dtype, enable_thinking=enable_thinking,
         max_new_tokens=max_new_tokens, samples=samples, diagnose=diagnose, online_check=online_check,
-        strip_optimizer=strip_optimizer, force=force, threads=threads,
+        strip_optimizer=strip_optimizer, force=force, threads=threads, tree_k=tree_k, tree_budget=tree_budget,
+        diagnose_samples=diagnose_samples, expect_p1=expect_p1, reference_model=reference_model,
+        payload_args=payload_arg,
     )
     plan = plan_eval(request, inv, prompts_digest=digest)
     if dry_run:
