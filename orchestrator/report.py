@@ -63,9 +63,8 @@ def comparison_lines(results: dict) -> list[str]:
                 parts.append(f"{label} {stat['delta']:+.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}]")
         if parts:
             verdict = pair.get("verdict")
-            lines.append(f"{pair['b']} − {pair['a']}: " + "; ".join(parts)
-                         + f"  ({level:.0%} bootstrap CI over {pair.get('samples', '?')} samples"
-                         + (f"; {verdict}" if verdict else "") + ")")
+            lines.append(f"{pair['b']} − {pair['a']} ({level:.0%} bootstrap CI over {pair.get('samples', '?')} "
+                         "samples): " + "; ".join(parts) + (f"\n    → {verdict}" if verdict else ""))
     return lines
 
 
