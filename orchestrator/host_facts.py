@@ -19,6 +19,7 @@ class HostFacts:
     host: str
     reachable: bool
     error: str | None = None
+    hint: str | None = None
     auth: str = ""
     python: str | None = None
     gpus: list[str] = field(default_factory=list)
@@ -73,7 +74,7 @@ def gather_one(connector: Connector, name: str) -> HostFacts:
     try:
         session = connector.session(name)
     except DfoError as exc:
-        return HostFacts(host=name, reachable=False, error=exc.message.removeprefix(f"{name}: "))
+        return HostFacts(host=name, reachable=False, error=exc.message.removeprefix(f"{name}: "), hint=exc.hint)
     started = time.monotonic()
     session.run("true")
     latency = (time.monotonic() - started) * 1000

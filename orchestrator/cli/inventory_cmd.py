@@ -45,17 +45,28 @@ def check(
             table.add_column(col)
         for name, f in facts.items():
             if not f.reachable:
-                table.add_row(name, "[red]no[/]", "", "", "", "", escape(f.error or ""))
+                table.add_row(name, "[red]no[/]", "", "", "", "", "")
                 continue
             table.add_row(
                 name, "[green]yes[/]", f.auth, f.python or "[red]missing[/]",
-                escape("\n".join(f.gpus) if f.gpus else "none"),
-                "\n".join(f"{p}: {_gib(b)}" for p, b in f.free_disk.items()),
+                escape("\n".join(f.gpus) if f.gpus else "none"), _disk_summary(inv.hosts[name], f.free_disk),
                 f"{f.latency_ms:.0f} ms",
             )
         app_ctx.out.print(table)
+        for name, f in facts.items():
+            if not f.reachable:
+                app_ctx.out.print(f"[red]{escape(name)}[/]: {escape(f.error or 'unreachable')}")
+                if f.hint:
+                    app_ctx.out.print(f"  [dim]hint: {escape(f.hint)}[/]")
     if not all(f.reachable for f in facts.values()):
         raise typer.Exit(1)
+
+
+def _disk_summary(host, free: dict[str, int | None]) -> str:
+    """Free space per role path, one line each (same filesystem or not: each path's own figure)."""
+    labels = {host.workdir: "workdir", host.venv: "venv", host.paths.checkpoints: "checkpoints",
+              host.paths.models: "models"}
+    return "\n".join(f"{labels.get(p, p)}: {_gib(b)}" for p, b in free.items())
 
 
 def _gib(n: int | None) -> str:
