@@ -133,7 +133,8 @@ def test_report_renders_the_block():
 
     comp = compare_drafters(_hand_lines(), block_sizes={"a": B, "b": B}, resamples=200)
     (line,) = comparison_lines({"comparison": comp})
-    assert line.startswith("b − a: τ macro +1.22 [") and "DDTree-8 +0.50" in line and "over 3 samples" in line
+    assert line.startswith("b − a (95% bootstrap CI over 3 samples): τ macro +1.22 [")
+    assert "DDTree-8 +0.50" in line and "→ b accepts more than a" in line
 
 
 def test_bad_input_is_named():
