@@ -23,7 +23,7 @@ from rich.console import Console
 from .deploy import deploy, payload_dir
 from .errors import OperationError
 from .eval_plan import DrafterRef, EvalRequest, plan_eval
-from .evaluate import _raise_failures, follow_and_collect, start_eval
+from .evaluate import raise_failures, follow_and_collect, start_eval
 from .inventory import load_inventory
 from .jobs import follow_job, launch_job
 from .payload import default_payload_root
@@ -76,11 +76,11 @@ def run_demo(*, console: Console, runs_dir: Path, root: Path | None = None, keep
         inv = load_inventory(box.inventory_path)
         with Connector(inv) as connector:
             _step(console, "deploy the payload to both hosts")
-            _raise_failures("deploy", deploy(connector, ["kpro6", "ct129"], root=default_payload_root(),
+            raise_failures("deploy", deploy(connector, ["kpro6", "ct129"], root=default_payload_root(),
                                              console=console))
             _step(console, "provision both hosts (uv venv from the CPU lock, wheels pushed from this machine)")
             prov = provision_hosts(connector, ["kpro6", "ct129"], console=console)
-            _raise_failures("provision", prov)
+            raise_failures("provision", prov)
             pythons = {h: o.value.python for h, o in prov.items()}
             models = str(box.hosts["ct129"].models)
             ckpts = str(box.hosts["kpro6"].checkpoints)

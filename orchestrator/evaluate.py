@@ -108,18 +108,18 @@ def _prepare_hosts(connector: Connector, plan: EvalPlan, console: Console) -> di
     """Deploy + provision the eval hosts; returns host -> venv python."""
     _step(console, f"deploy the payload to {', '.join(plan.deploy_hosts)}")
     outcomes = deploy(connector, plan.deploy_hosts, root=default_payload_root(), console=console)
-    _raise_failures("deploy", outcomes)
+    raise_failures("deploy", outcomes)
     for h, o in outcomes.items():
         console.print(f"  {h}: {o.value.status} ({o.value.release}, {o.value.uploaded_files} file(s) uploaded)")
     _step(console, f"provision the venv on {', '.join(plan.provision_hosts)}")
     prov = provision_hosts(connector, plan.provision_hosts, console=console)
-    _raise_failures("provision", prov)
+    raise_failures("provision", prov)
     for h, o in prov.items():
         console.print(f"  {h}: {o.value.status} ({o.value.flavour}, {o.value.python})")
     return {h: o.value.python for h, o in prov.items()}
 
 
-def _raise_failures(what: str, outcomes: dict) -> None:
+def raise_failures(what: str, outcomes: dict) -> None:
     failed = [o for o in outcomes.values() if not o.ok]
     if failed:
         hints = [o.error.hint for o in failed if o.error.hint]
@@ -157,7 +157,7 @@ def _upload_prompts(connector: Connector, plan: EvalPlan, local: Path) -> None:
             raise HostError(host, f"prompts file {remote} failed sha256 verification after upload")
         session.run(["mv", "-f", tmp, remote])
 
-    _raise_failures("prompts upload", for_each_host([j.host for j in plan.jobs if j.prompts_upload], put))
+    raise_failures("prompts upload", for_each_host([j.host for j in plan.jobs if j.prompts_upload], put))
 
 
 # ------------------------------------------------------------------------------ the run
