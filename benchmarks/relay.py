@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.relay_plan import parse_rate  # noqa: E402
-from orchestrator.sandbox import Sandbox  # noqa: E402
+from orchestrator.relay.plan import parse_rate  # noqa: E402
+from orchestrator.testing.sandbox import Sandbox  # noqa: E402
 
 GCM = "aes128-gcm@openssh.com"
 METHODS = ("pipe", "pipe-gcm", "scp3", "dfo-1", "dfo")

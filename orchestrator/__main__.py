@@ -1,3 +1,3 @@
-from .cli.main import run
+from orchestrator.cli.main import run
 
 run()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.sandbox import Sandbox
+from orchestrator.testing.sandbox import Sandbox
 from sshd_support import require_sshd
 
 # Session fixtures other modules share (the provisioned CPU venv on ct129, the wheelhouse cache).

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import load_inventory
-from orchestrator.provision import ProvisionResult, provision
+from orchestrator.core.inventory import load_inventory
+from orchestrator.provision.operation import ProvisionResult, provision
 from orchestrator.transport import Connector
 
 _RESULTS: dict[str, tuple[ProvisionResult, Path]] = {}

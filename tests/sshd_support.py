@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from orchestrator.sandbox import SSHD
+from orchestrator.testing.sandbox import SSHD
 
 
 def require_sshd() -> None:

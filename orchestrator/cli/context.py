@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..inventory import Inventory, inventory_path, load_inventory
+from orchestrator.core.inventory import Inventory, inventory_path, load_inventory
 
 
 def _console(stderr: bool) -> Console:
@@ -53,7 +53,7 @@ class AppContext:
 
     @property
     def connector(self):
-        from ..transport import Connector  # paramiko/fabric load only for commands that connect
+        from orchestrator.transport import Connector  # paramiko/fabric load only for commands that connect
 
         if self._connector is None:
             self._connector = Connector(

@@ -7,11 +7,11 @@ from typing import Optional
 
 import typer
 
-from ..runs import runs_root
-from ..sandbox import SandboxError
-from .context import AppContext
-from .render import render_run
-from .main import app
+from orchestrator.evaluation.runs import runs_root
+from orchestrator.testing.sandbox import SandboxError
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.render import render_run
+from orchestrator.cli.main import app
 
 
 @app.command("demo")
@@ -26,14 +26,14 @@ def demo_cmd(
 ) -> None:
     """Start sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), build a tiny target and
     drafters on them, and run `dfo eval --host ct129` with a checkpoint relayed from kpro6."""
-    from ..demo import run_demo
+    from orchestrator.demo.operation import run_demo
 
     app_ctx: AppContext = ctx.obj
     try:
         outcome = run_demo(console=app_ctx.err, runs_dir=runs_root(runs_dir), root=root, keep=keep,
                            samples=samples, max_new_tokens=max_new_tokens)
     except SandboxError as exc:
-        from ..errors import OperationError
+        from orchestrator.core.errors import OperationError
 
         raise OperationError(f"cannot start the sandbox hosts: {exc}",
                              hint="the demo needs root (network namespaces) or falls back to 127.0.0.x; "

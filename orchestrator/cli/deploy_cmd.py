@@ -6,10 +6,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..deploy import deploy, rollback
-from ..payload import default_payload_root
-from .context import AppContext
-from .main import app
+from orchestrator.deploy.operation import deploy, rollback
+from orchestrator.deploy.manifest import default_payload_root
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
 
 
 @app.command("deploy")

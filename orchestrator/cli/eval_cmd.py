@@ -10,13 +10,13 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from ..errors import InputError
-from ..eval_plan import EvalRequest, parse_drafter, plan_eval
-from ..evaluate import Detached, follow_and_collect, reattach_hint, start_eval
-from ..runs import runs_root
-from .context import AppContext
-from .main import app
-from .render import render_run
+from orchestrator.core.errors import InputError
+from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
+from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
+from orchestrator.evaluation.runs import runs_root
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
+from orchestrator.cli.render import render_run
 
 
 @app.command("eval")

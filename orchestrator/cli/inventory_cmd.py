@@ -8,11 +8,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import InputError
-from ..inventory_edit import add_host, parse_cli_value, remove_host, set_field, write_inventory
-from ..host_facts import gather_facts
-from .context import AppContext
-from .main import app
+from orchestrator.core.errors import InputError
+from orchestrator.core.inventory_edit import add_host, parse_cli_value, remove_host, set_field, write_inventory
+from orchestrator.transport.facts import gather_facts
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
 
 inventory_app = typer.Typer(help="Validate, inspect and edit inventory.yaml (comments and order are kept).",
                             no_args_is_help=True)
@@ -79,7 +79,7 @@ def show(
     json_out: bool = typer.Option(False, "--json", help="Print the validated inventory as JSON."),
 ) -> None:
     """Show the hosts as dfo understands them (defaults and ssh_config applied)."""
-    from ..inventory import resolve_host
+    from orchestrator.core.inventory import resolve_host
 
     app_ctx: AppContext = ctx.obj
     inv = app_ctx.inventory

@@ -13,8 +13,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from ..errors import DfoError
-from .context import AppContext
+from orchestrator.core.errors import DfoError
+from orchestrator.cli.context import AppContext
 
 app = typer.Typer(
     name="dfo",
@@ -50,7 +50,7 @@ def _global(
 
 def _register() -> None:
     # Each command group lives in its own module and adds itself to `app`.
-    from . import deploy_cmd, inventory_cmd  # noqa: F401
+    from orchestrator.cli import deploy_cmd, inventory_cmd  # noqa: F401
 
     for optional in ("relay_cmd", "provision_cmd", "jobs_cmd", "eval_cmd", "runs_cmd", "demo_cmd"):
         try:

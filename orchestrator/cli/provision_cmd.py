@@ -8,9 +8,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..provision import provision_hosts
-from .context import AppContext
-from .main import app
+from orchestrator.provision.operation import provision_hosts
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
 
 
 @app.command("provision")

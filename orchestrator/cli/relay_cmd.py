@@ -8,10 +8,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..relay import RelayOptions, RelayResult, relay
-from ..relay_plan import human_bytes, parse_rate
-from .context import AppContext
-from .main import app
+from orchestrator.relay.operation import RelayOptions, RelayResult, relay
+from orchestrator.relay.plan import human_bytes, parse_rate
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
 
 
 @app.command("relay-checkpoint")

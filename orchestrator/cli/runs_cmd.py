@@ -8,13 +8,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..compare_runs import compare_runs
-from ..evaluate import Detached, reattach_hint, wait_and_collect
-from ..report import drafter_rows
-from ..runs import find_run, list_runs, runs_root
-from .context import AppContext
-from .render import render_run
-from .main import app
+from orchestrator.evaluation.compare import compare_runs
+from orchestrator.evaluation.operation import Detached, reattach_hint, wait_and_collect
+from orchestrator.evaluation.report import drafter_rows
+from orchestrator.evaluation.runs import find_run, list_runs, runs_root
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.render import render_run
+from orchestrator.cli.main import app
 
 runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull.",
                        no_args_is_help=True)

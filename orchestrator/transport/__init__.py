@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from ..inventory import Inventory, ResolvedHost, resolve_host
-from .control import CommandResult, HostSession, command_line, connect, fingerprint
-from .pool import HostOutcome, for_each_host
+from orchestrator.core.inventory import Inventory, ResolvedHost, resolve_host
+from orchestrator.transport.control import CommandResult, HostSession, command_line, connect, fingerprint
+from orchestrator.transport.pool import HostOutcome, for_each_host
 
 __all__ = [
     "CommandResult", "Connector", "HostOutcome", "HostSession", "command_line", "fingerprint", "for_each_host",

@@ -11,7 +11,7 @@ import shlex
 import shutil
 from typing import Sequence
 
-from ..inventory import ResolvedHost
+from orchestrator.core.inventory import ResolvedHost
 
 FAST_CIPHER = "aes128-gcm@openssh.com"
 

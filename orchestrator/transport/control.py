@@ -23,8 +23,8 @@ from typing import Callable, Sequence
 import paramiko
 from fabric import Config, Connection
 
-from ..errors import HostError
-from ..inventory import ResolvedHost
+from orchestrator.core.errors import HostError
+from orchestrator.core.inventory import ResolvedHost
 
 KEEPALIVE_SECONDS = 15
 _KNOWN_HOSTS_LOCK = threading.Lock()

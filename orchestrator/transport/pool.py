@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, TypeVar
 
-from ..errors import DfoError, HostError
+from orchestrator.core.errors import DfoError, HostError
 
 T = TypeVar("T")
 MAX_PARALLEL_HOSTS = 8

@@ -1,0 +1,1 @@
+"""`dfo demo`: the whole loop on two local sandbox hosts."""

@@ -1,0 +1,108 @@
+"""`dfo demo`: the whole story on this machine, with real sshd hosts instead of the team's.
+
+1. start the sandbox: kpro6 (training) and ct129 (eval), real sshd in network namespaces that cannot
+   reach each other (the controller reaches both);
+2. deploy the payload and provision both hosts (offline: wheels pushed from the controller);
+3. build tiny fixtures *on the hosts*: the target and two z-lab-format drafters (a trained one and a
+   random one) on ct129, a trained drafter checkpoint in the team's training format on kpro6;
+4. `dfo eval --host ct129` with `ours=kpro6:…/checkpoint.pt` (relayed through the controller, optimizer
+   state stripped on kpro6), `zlab=…` and `random=…` on ct129;
+5. print the comparison table and the run folder; tear the hosts down unless --keep.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from orchestrator.deploy.operation import deploy, payload_dir
+from orchestrator.core.errors import OperationError
+from orchestrator.evaluation.plan import DrafterRef, EvalRequest, plan_eval
+from orchestrator.evaluation.operation import raise_failures, follow_and_collect, start_eval
+from orchestrator.core.inventory import load_inventory
+from orchestrator.jobs.operation import follow_job, launch_job
+from orchestrator.deploy.manifest import default_payload_root
+from orchestrator.provision.operation import provision_hosts
+from orchestrator.evaluation.runs import Run
+from orchestrator.testing.sandbox import Sandbox
+from orchestrator.transport import Connector
+
+FIXTURES_ON = {"ct129": "target,zlab-drafter,random-drafter", "kpro6": "training-checkpoint"}
+
+
+@dataclass
+class DemoOutcome:
+    run: Run
+    sandbox_root: Path
+    seconds: float
+    kept: bool
+
+
+def _step(console: Console, text: str) -> None:
+    console.print(f"\n[bold magenta]demo ▸[/] {text}")
+
+
+def _build_fixtures(connector: Connector, host: str, python: str, out: str, what: str, console: Console) -> None:
+    inv_host = connector.inventory.hosts[host]
+    argv = [python, "-m", "remote_payload", "fixtures", "--out", out, "--what", what]
+    handle = launch_job(connector, host, argv, cwd=payload_dir(inv_host.workdir), job_name=f"demo fixtures {what}",
+                        lock=None)
+    status = follow_job(connector, host, handle.job_id, console=console)
+    if not status.ok:
+        raise OperationError(f"{host}: building fixtures failed ({status.state}):\n  " + "\n  ".join(status.log_tail[-8:]))
+
+
+def run_demo(*, console: Console, runs_dir: Path, root: Path | None = None, keep: bool = False,
+             samples: int | None = 6, max_new_tokens: int = 96) -> DemoOutcome:
+    started = time.monotonic()
+    root = root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
+    _step(console, f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
+    box = Sandbox(root, keep=keep)
+    box.start()
+    try:
+        console.print(f"  isolated: {box.isolated}" + (f" ({box.reason})" if box.reason else "")
+                      + f"; inventory {box.inventory_path}")
+        if box.isolated:
+            probe = box.exec_in("kpro6", ["python3", "-c", "import socket,sys; s=socket.socket(); s.settimeout(2); "
+                                          f"sys.exit(s.connect_ex(({box.hosts['ct129'].address!r}, "
+                                          f"{box.hosts['ct129'].port})) == 0)"], capture_output=True)
+            console.print("  kpro6 → ct129 directly: " + ("[green]unreachable, as on the real hosts[/]"
+                                                          if probe.returncode == 0 else "[red]reachable?![/]"))
+        inv = load_inventory(box.inventory_path)
+        with Connector(inv) as connector:
+            _step(console, "deploy the payload to both hosts")
+            raise_failures("deploy", deploy(connector, ["kpro6", "ct129"], root=default_payload_root(),
+                                             console=console))
+            _step(console, "provision both hosts (uv venv from the CPU lock, wheels pushed from this machine)")
+            prov = provision_hosts(connector, ["kpro6", "ct129"], console=console)
+            raise_failures("provision", prov)
+            pythons = {h: o.value.python for h, o in prov.items()}
+            models = str(box.hosts["ct129"].models)
+            ckpts = str(box.hosts["kpro6"].checkpoints)
+            _step(console, "build the tiny target and z-lab-format drafters on ct129")
+            _build_fixtures(connector, "ct129", pythons["ct129"], models, FIXTURES_ON["ct129"], console)
+            _step(console, "build a trained drafter checkpoint (training format, with optimizer state) on kpro6")
+            _build_fixtures(connector, "kpro6", pythons["kpro6"], ckpts, FIXTURES_ON["kpro6"], console)
+            request = EvalRequest(
+                hosts=["ct129"], target=posixpath.join(models, "target"),
+                drafters=[
+                    DrafterRef("ours", "kpro6", posixpath.join(ckpts, "trained-drafter", "checkpoint.pt")),
+                    DrafterRef("zlab", None, posixpath.join(models, "zlab-drafter")),
+                    DrafterRef("random", None, posixpath.join(models, "random-drafter")),
+                ],
+                samples=samples, max_new_tokens=max_new_tokens, dtype="float32",
+                threads=1,  # tiny models gain nothing from threads; on 2 busy cores they lose a lot
+            )
+            _step(console, "dfo eval --host ct129 --target …/target --drafter ours=kpro6:…/checkpoint.pt "
+                           "--drafter zlab=…/zlab-drafter --drafter random=…/random-drafter")
+            plan = plan_eval(request, inv)
+            run = start_eval(connector, plan, runs_dir=runs_dir, console=console)
+            follow_and_collect(connector, run, console=console)
+    finally:
+        box.stop()
+    return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep)

@@ -1,0 +1,1 @@
+"""`dfo deploy`: the payload as verified, content-addressed releases (manifest, operation, host script)."""

@@ -1,0 +1,1 @@
+"""`dfo eval` and `dfo runs`: plan, run, merge, report and compare evaluations of drafters."""

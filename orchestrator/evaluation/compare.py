@@ -1,0 +1,61 @@
+"""`dfo runs compare A B`: the same drafters across two runs, paired by prompt id (pure)."""
+
+from __future__ import annotations
+
+from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
+
+from orchestrator.evaluation.report import digest_value
+from orchestrator.evaluation.runs import Run
+
+# Settings that make two runs' numbers incomparable when they differ.
+_SETTINGS = ("enable_thinking", "max_new_tokens", "dtype", "prompts")
+
+
+def _per_sample_tau(samples: list[dict], drafter: str) -> dict[str, float]:
+    out = {}
+    for s in samples:
+        tau = (s.get("drafters") or {}).get(drafter, {}).get("tau")
+        if tau is not None:
+            out[str(s.get("id"))] = tau
+    return out
+
+
+def compare_runs(a: Run, b: Run) -> dict:
+    ra, rb = a.results(), b.results()
+    sa, sb = a.samples(), b.samples()
+    notes = []
+    for key in _SETTINGS:
+        va, vb = (ra.get("settings") or {}).get(key), (rb.get("settings") or {}).get(key)
+        if va != vb:
+            notes.append(f"settings differ: {key} = {va!r} in A, {vb!r} in B")
+    ta, tb = ra.get("target") or {}, rb.get("target") or {}
+    da, db = digest_value(ta.get("weights_digest")), digest_value(tb.get("weights_digest"))
+    if da and db and da != db:
+        notes.append("the targets differ (weights digests differ)")
+    ka, kb = (ra.get("extraction") or {}).get("kernel_path"), (rb.get("extraction") or {}).get("kernel_path")
+    if ka != kb:
+        notes.append(f"features came from different linear-attention kernels: {ka} in A, {kb} in B")
+    rows = []
+    names_a, names_b = list(ra.get("drafters") or {}), list(rb.get("drafters") or {})
+    for name in names_a + [n for n in names_b if n not in names_a]:
+        row = {"drafter": name}
+        if name not in names_a or name not in names_b:
+            row["note"] = f"only in {'A' if name in names_a else 'B'}"
+            row["tau_a" if name in names_a else "tau_b"] = (
+                (ra if name in names_a else rb)["drafters"][name]["metrics"].get("tau_macro"))
+            rows.append(row)
+            continue
+        row["tau_a"] = ra["drafters"][name]["metrics"].get("tau_macro")
+        row["tau_b"] = rb["drafters"][name]["metrics"].get("tau_macro")
+        per_a, per_b = _per_sample_tau(sa, name), _per_sample_tau(sb, name)
+        common = sorted(set(per_a) & set(per_b))
+        diffs = [per_b[i] - per_a[i] for i in common]
+        row["paired_samples"] = len(common)
+        row["delta"] = mean(diffs) if diffs else None
+        ci = bootstrap_mean_ci(diffs)
+        row["ci"] = list(ci) if ci else None
+        row["note"] = verdict(ci) if diffs else "no prompt in common"
+        rows.append(row)
+    return {"a": a.name, "b": b.name, "drafters": rows, "notes": notes,
+            "definition": "Δτ = mean over prompts present in both runs of (τ_B − τ_A) per prompt (macro τ); "
+                          "95% percentile bootstrap over prompts, 2000 resamples"}

@@ -1,0 +1,49 @@
+"""Merge the per-host parts of a sharded eval into one results.json + samples.jsonl.
+
+Each eval host evaluated its own slice of the prompts with the same settings; the merged results hold
+every sample (tagged with its host) and metrics recomputed over all of them, plus per-host provenance
+(job, shard, versions, kernel path) so a reader can tell where each number came from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.core.errors import OperationError
+
+
+def _read(part: Path) -> tuple[dict, list[dict]]:
+    try:
+        results = json.loads((part / "results.json").read_text(encoding="utf-8"))
+        samples = [json.loads(line) for line in (part / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+                   if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise OperationError(f"pulled results in {part} are incomplete or unreadable: {exc}") from None
+    return results, samples
+
+
+def merge_host_results(parts: dict[str, Path], jobs: dict[str, dict]) -> tuple[dict, list[dict]]:
+    loaded = {host: _read(path) for host, path in parts.items()}
+    provenance = {
+        host: {"job_id": jobs[host]["job_id"], "shard": jobs[host].get("shard"),
+               "samples": len(samples), "versions": results.get("versions"),
+               "kernel_path": (results.get("extraction") or {}).get("kernel_path"),
+               "timings": results.get("timings")}
+        for host, (results, samples) in loaded.items()
+    }
+    for host, (_, samples) in loaded.items():
+        for line in samples:
+            line["host"] = host
+    if len(loaded) == 1:
+        (results, samples), = loaded.values()
+        return {**results, "hosts": provenance}, samples
+    from remote_payload.metrics.aggregate import merge_shards  # pure stdlib: the payload owns its metric definitions
+    from remote_payload.errors import PayloadError
+
+    try:
+        results, samples = merge_shards([loaded[h] for h in parts])
+    except PayloadError as exc:
+        raise OperationError(f"cannot merge the hosts' results: {exc}",
+                             hint="the hosts must run the same payload, target and settings") from None
+    return {**results, "hosts": provenance}, samples

@@ -1,0 +1,345 @@
+"""`dfo eval`: the whole loop on the eval host(s), from inputs to a run folder you can read.
+
+validate → check inputs on the hosts (before anything heavy) → deploy the payload → provision the venv
+→ relay drafters that live elsewhere → launch the detached eval job per host (prompts sharded) → follow
+its progress → pull results (hash-verified) → merge → report. Ctrl-C while following detaches: the
+remote job keeps running and `dfo runs pull RUN` picks it up later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import threading
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from orchestrator.deploy.operation import deploy, payload_dir
+from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
+from orchestrator.evaluation.plan import EvalPlan
+from orchestrator.jobs.operation import FINAL_STATES, JobStatus, follow_job, job_status, launch_job, pull_results
+from orchestrator.deploy.manifest import default_payload_root
+from orchestrator.ui.progress_view import ProgressView
+from orchestrator.provision.operation import provision_hosts
+from orchestrator.relay.operation import RelayOptions, relay
+from orchestrator.evaluation.report import write_report
+from orchestrator.evaluation.merge import merge_host_results
+from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
+from orchestrator.transport import Connector, for_each_host
+
+MIN_FREE_BYTES = 2 * 2**30  # results are small, but the feature cache of a real target is not
+_CHECK_SCRIPT = 'for p in "$@"; do if [ -e "$p" ]; then echo "OK $p"; else echo "MISSING $p"; fi; done'
+
+
+class Detached(Exception):
+    """Following was interrupted on purpose (Ctrl-C); the remote jobs keep running."""
+
+    def __init__(self, run: Run):
+        super().__init__(run.name)
+        self.run = run
+
+
+def _step(console: Console, text: str) -> None:
+    console.print(f"[bold cyan]▸[/] {text}")
+
+
+# ------------------------------------------------------------------------------ pre-flight
+
+
+def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
+    """Check every input path exists where it should, free disk, and GPUs when --device cuda.
+
+    Runs before any upload or relay. Missing inputs are bad input (exit 2); unreachable hosts fail the
+    operation (exit 1).
+    """
+    eval_hosts = set(plan.provision_hosts)
+
+    def check(host: str) -> dict:
+        session = connector.session(host)
+        paths = plan.checks.get(host, [])
+        res = session.run(["sh", "-c", _CHECK_SCRIPT, "sh", *paths]) if paths else None
+        missing = [line[len("MISSING "):] for line in (res.text.splitlines() if res else [])
+                   if line.startswith("MISSING ")]
+        facts = {"missing": missing}
+        if host in eval_hosts:
+            workdir = connector.inventory.hosts[host].workdir
+            df = session.run(["sh", "-c", 'p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+                              'df -Pk "$p" | awk \'NR==2 {print $4}\'', "sh", workdir], check=False)
+            facts["free_bytes"] = int(df.text.strip()) * 1024 if df.text.strip().isdigit() else None
+            if plan.request.device == "cuda":
+                gpus = session.run("nvidia-smi -L 2>/dev/null || true", check=False).text.strip().splitlines()
+                facts["gpus"] = gpus
+        return facts
+
+    outcomes = for_each_host(list(plan.checks), check)
+    failures = [o for o in outcomes.values() if not o.ok]
+    if failures:
+        raise OperationError("cannot check the inputs on every host:\n" +
+                             "\n".join(f"  {o.error}" for o in failures))
+    problems = []
+    role = {plan.request.target: "target"}
+    for d in plan.request.drafters:
+        role[d.path] = f"drafter '{d.name}'"
+    for host, o in outcomes.items():
+        for path in o.value["missing"]:
+            problems.append(f"{host}: {role.get(path, 'input')} {path} does not exist")
+        free = o.value.get("free_bytes")
+        if free is not None and free < MIN_FREE_BYTES:
+            problems.append(f"{host}: only {free / 2**30:.1f} GiB free at {connector.inventory.hosts[host].workdir} "
+                            f"(need at least {MIN_FREE_BYTES / 2**30:.0f} GiB)")
+        if plan.request.device == "cuda" and host in eval_hosts and not o.value.get("gpus"):
+            problems.append(f"{host}: --device cuda but nvidia-smi lists no GPU")
+    if problems:
+        raise InputError("inputs are not ready; nothing was uploaded or relayed:\n" +
+                         "\n".join(f"  {p}" for p in problems),
+                         hint="fix the paths (they are paths on the named host) and run again")
+    return {h: o.value for h, o in outcomes.items()}
+
+
+# ------------------------------------------------------------------------------ preparation
+
+
+def _prepare_hosts(connector: Connector, plan: EvalPlan, console: Console) -> dict[str, str]:
+    """Deploy + provision the eval hosts; returns host -> venv python."""
+    _step(console, f"deploy the payload to {', '.join(plan.deploy_hosts)}")
+    outcomes = deploy(connector, plan.deploy_hosts, root=default_payload_root(), console=console)
+    raise_failures("deploy", outcomes)
+    for h, o in outcomes.items():
+        console.print(f"  {h}: {o.value.status} ({o.value.release}, {o.value.uploaded_files} file(s) uploaded)")
+    _step(console, f"provision the venv on {', '.join(plan.provision_hosts)}")
+    prov = provision_hosts(connector, plan.provision_hosts, console=console)
+    raise_failures("provision", prov)
+    for h, o in prov.items():
+        console.print(f"  {h}: {o.value.status} ({o.value.flavour}, {o.value.python})")
+    return {h: o.value.python for h, o in prov.items()}
+
+
+def raise_failures(what: str, outcomes: dict) -> None:
+    failed = [o for o in outcomes.values() if not o.ok]
+    if failed:
+        hints = [o.error.hint for o in failed if o.error.hint]
+        raise OperationError(f"{what} failed:\n" + "\n".join(f"  {o.error.message}" for o in failed),
+                             hint="; ".join(hints) or None)
+
+
+def _relay_drafters(connector: Connector, plan: EvalPlan, console: Console) -> list[dict]:
+    done = []
+    for step in plan.relays:
+        _step(console, f"relay drafter '{step.drafter}': {step.source} → {step.destination}"
+              + (" (optimizer state stripped on the source)" if step.strip else ""))
+        result = relay(connector, step.source, step.destination, RelayOptions(strip_optimizer=step.strip),
+                       console=console)
+        summary = result.as_dict()
+        console.print(f"  {summary['sent_bytes']:,} B sent, {summary['skipped_bytes']:,} B already there, "
+                      f"{summary['seconds']:.1f}s")
+        done.append({"drafter": step.drafter, **summary})
+    return done
+
+
+def _upload_prompts(connector: Connector, plan: EvalPlan, local: Path) -> None:
+    data = local.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+
+    def put(host: str) -> None:
+        job = next(j for j in plan.jobs if j.host == host)
+        session = connector.session(host)
+        remote = job.prompts_upload
+        session.run(["mkdir", "-p", posixpath.dirname(remote)])
+        tmp = f"{remote}.dfo-tmp"
+        session.put_bytes(data, tmp)
+        check = session.run(["sh", "-c", 'openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1"', "sh", tmp])
+        if check.text.split()[0].lstrip("*") != digest:
+            raise HostError(host, f"prompts file {remote} failed sha256 verification after upload")
+        session.run(["mv", "-f", tmp, remote])
+
+    raise_failures("prompts upload", for_each_host([j.host for j in plan.jobs if j.prompts_upload], put))
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def start_eval(
+    connector: Connector,
+    plan: EvalPlan,
+    *,
+    runs_dir: Path,
+    console: Console,
+    prompts_file: Path | None = None,
+) -> Run:
+    """Everything up to and including the launch of the remote jobs; returns the run (status running)."""
+    _step(console, "check inputs on the hosts")
+    preflight(connector, plan)
+    pythons = _prepare_hosts(connector, plan, console)
+    relays = _relay_drafters(connector, plan, console)
+    if prompts_file is not None:
+        _step(console, f"upload prompts {prompts_file}")
+        _upload_prompts(connector, plan, prompts_file)
+    run = new_run(runs_dir, plan.provision_hosts, {
+        "request": _jsonable(asdict(plan.request)), "plan": _jsonable(plan.as_dict()), "relays": relays,
+        "jobs": {},
+    })
+    _step(console, f"launch the eval job on {', '.join(plan.provision_hosts)}")
+    jobs: dict[str, dict] = {}
+    try:
+        for job in plan.jobs:
+            inv_host = connector.inventory.hosts[job.host]
+            argv = [pythons[job.host], "-m", "remote_payload", *job.args]
+            handle = launch_job(connector, job.host, argv, cwd=payload_dir(inv_host.workdir),
+                                job_name=f"dfo eval {run.name}", force=plan.request.force, env=_job_env())
+            for notice in handle.notices:
+                console.print(f"  [yellow]{escape(notice)}[/]")
+            jobs[job.host] = {"job_id": handle.job_id, "job_dir": handle.job_dir, "shard": list(job.shard),
+                              "argv": argv, "state": "running"}
+            console.print(f"  {job.host}: job {handle.job_id} started")
+            run.set(jobs=jobs, status="running")
+    except DfoError as exc:
+        run.set(jobs=jobs, status="failed", error=str(exc))
+        raise
+    return run
+
+
+def _job_env() -> dict[str, str]:
+    # The endpoint's API key travels in the job's environment (a 0600 file on the host), never in argv,
+    # run.json or logs.
+    key = os.environ.get("DFO_REFERENCE_API_KEY")
+    return {"DFO_REFERENCE_API_KEY": key} if key else {}
+
+
+def _jsonable(data):
+    return json.loads(json.dumps(data, default=str))
+
+
+def reattach_hint(run: Run) -> str:
+    jobs = " / ".join(f"dfo jobs logs {h}:{j['job_id']} -f" for h, j in run.record.get("jobs", {}).items())
+    return f"the remote job keeps running; follow it with `{jobs}` and collect the results with " \
+           f"`dfo runs pull {run.name}`"
+
+
+def follow_and_collect(connector: Connector, run: Run, *, console: Console) -> Run:
+    """Follow every job of ``run`` to its end, pull and merge the results, write the report.
+
+    Raises Detached on Ctrl-C (jobs keep running), OperationError when a job failed (the run folder is
+    marked failed and holds the log).
+    """
+    jobs = run.record.get("jobs", {})
+    if not jobs:
+        raise InputError(f"run {run.name} has no remote jobs to follow (status {run.status})")
+    run.set(status="running")
+    _step(console, "follow progress" + (" (Ctrl-C detaches; the job keeps running)" if console.is_terminal else ""))
+    finals: dict[str, JobStatus] = {}
+    errors: dict[str, DfoError] = {}
+    try:
+        if len(jobs) == 1:
+            (host, job), = jobs.items()
+            finals[host] = follow_job(connector, host, job["job_id"], console=console)
+        else:
+            _follow_many(connector, jobs, console, finals, errors)
+    except KeyboardInterrupt:
+        run.set(status="detached")
+        raise Detached(run) from None
+    if errors:
+        run.set(status="failed", error="; ".join(str(e) for e in errors.values()))
+        raise OperationError("lost track of job(s):\n" + "\n".join(f"  {e}" for e in errors.values()),
+                             hint=reattach_hint(run))
+    return collect(connector, run, finals, console=console)
+
+
+def _follow_many(connector, jobs, console, finals, errors) -> None:
+    # One thread per host with a text view each (one live display per console); the main thread only
+    # waits, so Ctrl-C reaches it at once.
+    def one(host: str, job_id: str) -> None:
+        view = ProgressView(console, live=False, prefix=f"{host}: ")
+        try:
+            finals[host] = follow_job(connector, host, job_id, view=view)
+        except DfoError as exc:
+            errors[host] = exc
+        finally:
+            view.close()
+
+    threads = [threading.Thread(target=one, args=(h, j["job_id"]), daemon=True) for h, j in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.2)
+
+
+def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None = None, *,
+            console: Console) -> Run:
+    """Pull logs and results of finished jobs into the run folder, merge, report."""
+    jobs = run.record["jobs"]
+    finals = dict(finals or {})
+    for host, job in jobs.items():
+        if host not in finals:
+            finals[host] = job_status(connector, host, job["job_id"], tail=20)
+    running = [f"{h}:{s.job_id} ({s.state})" for h, s in finals.items() if s.state not in FINAL_STATES]
+    if running:
+        raise InputError(f"run {run.name}: job(s) still running: {', '.join(running)}",
+                         hint=f"wait with `dfo runs pull {run.name}` (it follows them) or `dfo jobs logs … -f`")
+    run.set(status="pulling")
+    (run.path / "logs").mkdir(exist_ok=True)
+    failures = []
+    for host, status in finals.items():
+        job = jobs[host]
+        job["state"] = status.state
+        job["exit_code"] = status.exit_code
+        log_path = run.path / "logs" / f"{host}.log"
+        try:
+            connector.session(host).get(posixpath.join(job["job_dir"], "log"), log_path)
+        except DfoError as exc:
+            console.print(f"[yellow]{host}: could not fetch the job log: {escape(exc.message)}[/]")
+        if not status.ok:
+            failures.append((host, status, _payload_error(log_path, status)))
+    run.set(jobs=jobs)
+    if failures:
+        msg = "; ".join(f"{h}: eval job {s.job_id} {s.state}"
+                        + (f" (exit {s.exit_code})" if s.exit_code is not None else "") + f": {err}"
+                        for h, s, err in failures)
+        run.set(status="failed", error=msg)
+        raise OperationError(msg, hint=f"log(s) in {run.path / 'logs'}; run folder {run.path} is marked failed")
+    _step(console, "pull results (sha256-verified)")
+    parts = {}
+    for host, job in jobs.items():
+        dest = run.path / "hosts" / host
+        pulled = pull_results(connector, host, job["job_id"], dest, force=True)
+        console.print(f"  {host}: {pulled.files} file(s), {pulled.bytes:,} B {pulled.status}")
+        parts[host] = dest
+    results, samples = merge_host_results(parts, jobs)
+    body = "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in samples)
+    tmp = run.path / ".samples.jsonl.tmp"
+    tmp.write_text(body, encoding="utf-8")
+    tmp.replace(run.path / "samples.jsonl")
+    results["run"] = {"name": run.name, "hosts": list(jobs), "request": run.record.get("request"),
+                      "relays": run.record.get("relays"), "jobs": jobs}
+    write_report(run.path, results, samples)
+    write_json_atomic(run.results_path, results)  # last: its presence means the run is complete
+    run.set(status="succeeded", error=None)
+    return run
+
+
+def _payload_error(log_path: Path, status: JobStatus) -> str:
+    """The payload's own one-line error, else the last log lines."""
+    lines = []
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = status.log_tail
+    for line in reversed(lines):
+        if line.startswith("dfo-payload error: "):
+            return line[len("dfo-payload error: "):]
+    tail = [l for l in lines if l.strip()][-5:]
+    return " | ".join(tail) if tail else "no output"
+
+
+def wait_and_collect(connector: Connector, run: Run, *, console: Console) -> Run:
+    """`dfo runs pull`: follow what is still running, then collect."""
+    statuses = {h: job_status(connector, h, j["job_id"]) for h, j in run.record.get("jobs", {}).items()}
+    if all(s.done for s in statuses.values()):
+        return collect(connector, run, statuses, console=console)
+    return follow_and_collect(connector, run, console=console)
+

@@ -1,0 +1,144 @@
+"""Local run folders: `runs/<timestamp>-<host>-<short id>/`, one per `dfo eval`.
+
+A run folder holds ``run.json`` (what was asked, which remote jobs, the state), then — once the jobs
+are pulled — ``results.json``, ``samples.jsonl``, ``logs/<host>.log``, ``report.md`` and the plots.
+``results.json`` appears last and only when complete, so its presence means the run is usable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.errors import InputError
+
+RUN_RECORD = "run.json"
+STATES = ("planned", "running", "detached", "pulling", "succeeded", "failed")
+
+
+def runs_root(value: str | os.PathLike | None = None) -> Path:
+    return Path(value or os.environ.get("DFO_RUNS_DIR") or "runs")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass
+class Run:
+    path: Path
+    record: dict
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def status(self) -> str:
+        return self.record.get("status", "?")
+
+    @property
+    def results_path(self) -> Path:
+        return self.path / "results.json"
+
+    def has_results(self) -> bool:
+        return self.results_path.is_file()
+
+    def results(self) -> dict:
+        try:
+            return json.loads(self.results_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError(f"run {self.name} has no results yet (status: {self.status})",
+                             hint=f"dfo runs pull {self.name}") from None
+
+    def samples(self) -> list[dict]:
+        path = self.path / "samples.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def save(self) -> None:
+        self.record["updated"] = _now()
+        write_json_atomic(self.path / RUN_RECORD, self.record)
+
+    def set(self, **fields: Any) -> None:
+        self.record.update(fields)
+        self.save()
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def new_run(root: Path, hosts: list[str], record: dict) -> Run:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    label = hosts[0] if len(hosts) == 1 else f"{hosts[0]}+{len(hosts) - 1}"
+    path = root / f"{stamp}-{label}-{secrets.token_hex(2)}"
+    path.mkdir(parents=True)
+    run = Run(path, {"run": path.name, "created": _now(), "status": "planned", "hosts": hosts, **record})
+    run.save()
+    return run
+
+
+def load_run(path: Path) -> Run:
+    try:
+        record = json.loads((path / RUN_RECORD).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path} is not a dfo run folder (no {RUN_RECORD})") from None
+    except ValueError as exc:
+        raise InputError(f"{path / RUN_RECORD} is not valid JSON: {exc}") from None
+    return Run(path, record)
+
+
+def list_runs(root: Path) -> list[Run]:
+    if not root.is_dir():
+        return []
+    runs = []
+    for child in sorted(root.iterdir()):
+        if child.is_dir() and (child / RUN_RECORD).is_file():
+            try:
+                runs.append(load_run(child))
+            except InputError:
+                continue
+    return runs
+
+
+def find_run(root: Path, ref: str) -> Run:
+    """A run by folder path, exact name, unique prefix/substring, or ``last``."""
+    direct = Path(ref)
+    if (direct / RUN_RECORD).is_file():
+        return load_run(direct)
+    runs = list_runs(root)
+    if not runs:
+        raise InputError(f"no runs in {root}/", hint="run `dfo eval` first, or set DFO_RUNS_DIR")
+    if ref == "last":
+        return runs[-1]
+    exact = [r for r in runs if r.name == ref]
+    if exact:
+        return exact[0]
+    matches = [r for r in runs if r.name.startswith(ref)] or [r for r in runs if ref in r.name]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise InputError(f"no run matches {ref!r} in {root}/",
+                         hint="known runs: " + ", ".join(r.name for r in runs[-8:]))
+    raise InputError(f"{ref!r} matches {len(matches)} runs: " + ", ".join(r.name for r in matches[:8]),
+                     hint="give more of the name")

@@ -1,0 +1,1 @@
+"""Detached remote jobs: launch, watch, reattach, cancel, pull (controller side and host script)."""

@@ -1,0 +1,472 @@
+"""Detached remote jobs: launch, watch, reattach, cancel, and fetch results verified by sha256.
+
+Public API (every function takes the Connector and an inventory host name, so a dropped connection can
+be reopened; the host side lives in jobs/host_script.py, where the job-directory layout is
+documented):
+
+    launch_job(connector, host, argv, *, env=None, cwd=None, job_name=None, force=False, lock="gpu",
+               job_id=None) -> JobHandle
+        Start ``argv`` detached (`setsid nohup … >log 2>&1 </dev/null &` around a small supervisor) in
+        ``<workdir>/jobs/<job id>/`` and return at once. The command gets ``DFO_RESULTS_DIR`` (its
+        ``results/`` folder), ``DFO_JOB_ID``, ``DFO_JOB_DIR``; the argv placeholders ``{results}``,
+        ``{job_dir}`` and ``{job_id}`` are replaced. ``lock`` (default "gpu"; None for none) refuses a
+        second concurrent job holding the same lock unless ``force``; a stale lock is cleared with a
+        notice (``handle.notices``). Raises JobRefused, HostError.
+    job_status(connector, host, job_id, *, tail=20) -> JobStatus
+    list_jobs(connector, host, *, limit=50) -> list[JobStatus]   (newest first)
+    follow_job(connector, host, job_id, *, console=None, from_offset=0, on_line=None, poll_interval=0.5,
+               reconnect_timeout=60) -> JobStatus
+        Stream the log until the job ends (progress lines rendered by progress_view), reconnecting when
+        the SSH connection drops. Works just as well after the launching controller died (reattach).
+    cancel_job(connector, host, job_id, *, grace=5.0) -> JobStatus   (SIGTERM the process group, then SIGKILL)
+    pull_results(connector, host, job_id, dest, *, force=False, allow_running=False) -> PullResult
+        Copy ``results/`` into ``dest`` through a temporary sibling folder, check every sha256 against the
+        host's, then rename: ``dest`` is either complete and verified or absent.
+    parse_job_ref(ref, host=None) / locate_job(connector, ref, host=None) -> (host, job id)
+        References: ``HOST:ID``, ``ID`` with --host, an id prefix, or ``last``; a bare id is searched for
+        on every inventory host.
+
+States: starting, running, succeeded, failed (non-zero exit), cancelled, lost (the supervisor vanished
+without recording an exit, e.g. a host reboot), refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import posixpath
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from rich.console import Console
+
+from orchestrator.transport import hostcall
+from orchestrator.core.errors import HostError, InputError, OperationError
+from orchestrator.core.hashing import sha256_file
+from orchestrator.ui.progress_view import ProgressView
+from orchestrator.transport import Connector, for_each_host
+
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
+DEFAULT_LOCK = "gpu"
+HOST_SCRIPT = Path(__file__).with_name("host_script.py")
+
+
+class JobRefused(OperationError):
+    """The host's job lock is held by a live job (run with force to ignore it)."""
+
+    def __init__(self, host: str, holder: dict, lock: str):
+        self.host, self.holder, self.lock = host, holder, lock
+        super().__init__(
+            f"{host}: lock {lock!r} is held by running job {host}:{holder.get('job_id')} ({holder.get('state')}); "
+            "refusing to start a second job",
+            hint=f"wait for it (dfo jobs logs {host}:{holder.get('job_id')} -f), cancel it "
+            f"(dfo jobs cancel {host}:{holder.get('job_id')}), or use --force",
+        )
+
+
+@dataclass
+class JobHandle:
+    host: str
+    job_id: str
+    job_dir: str
+    name: str | None = None
+    notices: list[str] = field(default_factory=list)
+    status: "JobStatus | None" = None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.host}:{self.job_id}"
+
+    @property
+    def results_dir(self) -> str:
+        return posixpath.join(self.job_dir, "results")
+
+
+@dataclass
+class JobStatus:
+    host: str
+    job_id: str
+    state: str
+    name: str | None = None
+    job_dir: str = ""
+    argv: list[str] = field(default_factory=list)
+    cwd: str | None = None
+    lock: str | None = None
+    created: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    heartbeat_age_s: float | None = None
+    log_size: int = 0
+    results: int = 0
+    log_tail: list[str] = field(default_factory=list)
+    env_keys: list[str] = field(default_factory=list)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.host}:{self.job_id}"
+
+    @property
+    def done(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "succeeded"
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"ref": self.ref}
+
+    @classmethod
+    def from_host(cls, host: str, info: dict) -> "JobStatus":
+        names = set(cls.__dataclass_fields__)
+        return cls(host=host, **{k: v for k, v in info.items() if k in names and k != "host"})
+
+
+@dataclass
+class PullResult:
+    host: str
+    job_id: str
+    dest: str
+    status: str               # "pulled" | "up-to-date"
+    files: int
+    bytes: int
+    manifest: dict[str, dict]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def new_job_id(now: float | None = None) -> str:
+    """Sortable and short: UTC ``YYYYMMDD-HHMMSS-xxxx``."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(2)
+
+
+def parse_job_ref(ref: str, host: str | None = None) -> tuple[str | None, str]:
+    """``HOST:ID`` -> (HOST, ID); ``ID`` -> (host, ID). A host in both places must agree."""
+    ref = ref.strip()
+    if not ref:
+        raise InputError("empty job reference", hint="use HOST:JOB_ID (see dfo jobs list --host HOST)")
+    if ":" in ref:
+        ref_host, _, job = ref.partition(":")
+        if host and host != ref_host:
+            raise InputError(f"job reference {ref!r} names host {ref_host!r} but --host says {host!r}")
+        if not job:
+            raise InputError(f"job reference {ref!r} has no job id after ':'")
+        return ref_host, job
+    return host, ref
+
+
+def substitute(argv: Sequence[str], values: dict[str, str]) -> list[str]:
+    """Replace ``{results}``/``{job_dir}``/``{job_id}`` inside arguments (other braces are left alone)."""
+    out = []
+    for arg in argv:
+        arg = str(arg)
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        out.append(arg)
+    return out
+
+
+def _host(connector: Connector, name: str):
+    if name not in connector.inventory.hosts:
+        raise InputError(f"unknown host {name!r} in {connector.inventory.source}",
+                         hint=f"known hosts: {', '.join(connector.inventory.hosts) or '(none)'}")
+    return connector.inventory.hosts[name]
+
+
+def _call(connector: Connector, host: str, func: str, *, call_timeout: float | None = None, **kwargs):
+    inv_host = _host(connector, host)
+    try:
+        return hostcall.call(connector.session(host), HOST_SCRIPT, func, python=inv_host.python,
+                                   timeout=call_timeout, **kwargs)
+    except HostError as exc:
+        # Lookup failures on the host are bad input (unknown job), not a failed operation.
+        if "LookupError: " in exc.message:
+            raise InputError(exc.message.replace("jobs_host." + func + ": LookupError: ", ""),
+                             hint=f"list jobs with: dfo jobs list --host {host}") from None
+        raise
+
+
+# ------------------------------------------------------------------------------------ launch
+
+
+def launch_job(
+    connector: Connector,
+    host: str,
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    job_name: str | None = None,
+    force: bool = False,
+    lock: str | None = DEFAULT_LOCK,
+    job_id: str | None = None,
+    heartbeat_s: float = 5.0,
+) -> JobHandle:
+    if not argv:
+        raise InputError("no command to run")
+    inv_host = _host(connector, host)
+    job_id = job_id or new_job_id()
+    job_dir = posixpath.join(inv_host.workdir, "jobs", job_id)
+    results = posixpath.join(job_dir, "results")
+    values = {"results": results, "job_dir": job_dir, "job_id": job_id}
+    full_env = {**inv_host.env, **(env or {}), "DFO_RESULTS_DIR": results, "DFO_JOB_ID": job_id,
+                "DFO_JOB_DIR": job_dir, "PYTHONUNBUFFERED": "1"}
+    res = _call(connector, host, "launch", workdir=inv_host.workdir, job_id=job_id, argv=substitute(argv, values),
+                env=full_env, cwd=cwd, job_name=job_name, lock=lock, force=force,
+                supervisor_source=hostcall.program_source(HOST_SCRIPT), heartbeat_s=heartbeat_s)
+    if not res["ok"]:
+        raise JobRefused(host, res.get("refused") or {}, lock or "")
+    status = JobStatus.from_host(host, res["job"])
+    return JobHandle(host, job_id, job_dir, job_name, notices=res.get("notices", []), status=status)
+
+
+# ------------------------------------------------------------------------------ inspection
+
+
+def job_status(connector: Connector, host: str, job_id: str, *, tail: int = 20) -> JobStatus:
+    _host(connector, host)
+    return JobStatus.from_host(host, _call(connector, host, "status", workdir=_host(connector, host).workdir,
+                                           job_id=job_id, tail=tail))
+
+
+def list_jobs(connector: Connector, host: str, *, limit: int = 50) -> list[JobStatus]:
+    res = _call(connector, host, "list_jobs", workdir=_host(connector, host).workdir, limit=limit)
+    return [JobStatus.from_host(host, info) for info in res["jobs"]]
+
+
+def resolve_job(connector: Connector, host: str, ref: str) -> str:
+    """The full job id for ``ref`` (exact id, unique prefix, or "last") on ``host``."""
+    return _call(connector, host, "resolve", workdir=_host(connector, host).workdir, ref=ref)
+
+
+def locate_job(connector: Connector, ref: str, host: str | None = None) -> tuple[str, str]:
+    """(host, job id) for a job reference; a bare id is looked for on every host of the inventory."""
+    ref_host, job = parse_job_ref(ref, host)
+    if ref_host:
+        return ref_host, resolve_job(connector, ref_host, job)
+    if job in ("last", "latest"):
+        raise InputError(f"{job!r} needs a host: use HOST:{job} or --host HOST")
+    names = list(connector.inventory.hosts)
+    outcomes = for_each_host(names, lambda n: _call(connector, n, "find", workdir=_host(connector, n).workdir,
+                                                    ref=job))
+    found = [(n, o.value) for n, o in outcomes.items() if o.ok and o.value]
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        raise InputError(f"job {job!r} exists on several hosts: {', '.join(f'{n}:{j}' for n, j in found)}",
+                         hint="name the host: HOST:JOB_ID")
+    unreachable = [n for n, o in outcomes.items() if not o.ok]
+    raise InputError(f"no job {job!r} on any host" + (f" (could not ask {', '.join(unreachable)})" if unreachable
+                                                       else ""), hint="dfo jobs list --host HOST")
+
+
+def poll_job(connector: Connector, host: str, job_id: str, offset: int, *, max_bytes: int = 262144,
+             tail: int = 0, timeout: float | None = None) -> tuple[JobStatus, bytes, int]:
+    """(status, new log bytes, next offset): one round trip (``timeout``: give up on a stalled link)."""
+    info = _call(connector, host, "poll", workdir=_host(connector, host).workdir, job_id=job_id, offset=offset,
+                 max_bytes=max_bytes, tail=tail, call_timeout=timeout)
+    return JobStatus.from_host(host, info), base64.b64decode(info["chunk"]), info["offset"]
+
+
+def follow_job(
+    connector: Connector,
+    host: str,
+    job_id: str,
+    *,
+    console: Console | None = None,
+    from_offset: int = 0,
+    on_line: Callable[[str], None] | None = None,
+    poll_interval: float = 0.5,
+    poll_timeout: float = 30.0,
+    reconnect_timeout: float = 120.0,
+    view: ProgressView | None = None,
+) -> JobStatus:
+    """Follow the log until the job has ended and every byte was read; returns the final status (with the
+    last log lines). ``on_line`` receives every complete log line (e.g. to collect result records).
+
+    A poll that gets no answer within ``poll_timeout`` (a stalled link) or a dropped connection is retried
+    on a fresh connection for up to ``reconnect_timeout`` seconds; the job itself is never affected."""
+    own_view = view is None and console is not None
+    view = view if view is not None else (ProgressView(console) if console is not None else None)
+    offset, partial = from_offset, b""
+    lost_since: float | None = None
+    try:
+        while True:
+            try:
+                status, chunk, offset = poll_job(connector, host, job_id, offset, timeout=poll_timeout)
+                if lost_since is not None and console is not None:
+                    console.print(f"[green]{host}: reconnected[/]")
+                lost_since = None
+            except HostError as exc:
+                if not _connection_trouble(exc):
+                    raise
+                now = time.monotonic()
+                if lost_since is None:
+                    lost_since = now
+                    if console is not None:
+                        console.print(f"[yellow]{host}: connection lost; reconnecting (the job keeps running)…[/]")
+                if now - lost_since > reconnect_timeout:
+                    raise HostError(host, f"connection lost for {reconnect_timeout:.0f}s while following job {job_id}",
+                                    hint=f"the job keeps running on the host; reattach with: dfo jobs logs "
+                                    f"{host}:{job_id} -f") from None
+                connector.drop(host)
+                time.sleep(min(2.0, poll_interval * 2))
+                continue
+            if chunk:
+                if view is not None:
+                    view.feed(chunk)
+                if on_line is not None:
+                    partial += chunk
+                    *lines, partial = partial.split(b"\n")
+                    for line in lines:
+                        on_line(line.decode("utf-8", "replace"))
+            if status.done and not chunk:
+                if on_line is not None and partial:
+                    on_line(partial.decode("utf-8", "replace"))
+                return job_status(connector, host, job_id, tail=20)
+            if not chunk:
+                time.sleep(poll_interval)
+    finally:
+        if own_view and view is not None:
+            view.close()
+
+
+def _connection_trouble(exc: HostError) -> bool:
+    """Errors worth reconnecting for (as opposed to the job or the host script failing)."""
+    text = exc.message
+    return any(s in text for s in ("connection lost", "cannot connect", "no answer from", "connection refused",
+                                   "SSH handshake", "(exit -1)", "did not finish within"))
+
+
+# ---------------------------------------------------------------------------------- control
+
+
+def cancel_job(connector: Connector, host: str, job_id: str, *, grace: float = 5.0) -> JobStatus:
+    res = _call(connector, host, "cancel", workdir=_host(connector, host).workdir, job_id=job_id, grace=grace)
+    if res.get("group_alive"):
+        raise HostError(host, f"job {job_id}: processes of its group survived SIGKILL",
+                        hint="check the host with ps -g <pgid>")
+    return JobStatus.from_host(host, res["job"])
+
+
+def lock_status(connector: Connector, host: str, lock: str = DEFAULT_LOCK) -> dict:
+    return _call(connector, host, "lock_status", workdir=_host(connector, host).workdir, lock=lock)
+
+
+# ------------------------------------------------------------------------------------- pull
+
+
+PULL_RECORD = ".dfo-pull.json"
+
+
+def pull_results(
+    connector: Connector,
+    host: str,
+    job_id: str,
+    dest: str | os.PathLike,
+    *,
+    force: bool = False,
+    allow_running: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> PullResult:
+    """Fetch the job's ``results/`` into ``dest``, every file checked against the host's sha256.
+
+    ``dest`` appears only complete (download into a temporary sibling, verify, rename). An existing
+    ``dest`` with the same manifest is left as is ("up-to-date"); a different one is refused unless
+    ``force``. A job that is still running is refused unless ``allow_running``.
+    """
+    dest = Path(dest)
+    res = _call(connector, host, "results", workdir=_host(connector, host).workdir, job_id=job_id)
+    status = JobStatus.from_host(host, res["job"])
+    if not status.done and not allow_running:
+        raise InputError(f"job {host}:{job_id} is still {status.state}; its results may be incomplete",
+                         hint="wait for it (dfo jobs logs -f) or pass --allow-running")
+    manifest: dict[str, dict] = res["files"]
+    for rel in manifest:
+        if rel.startswith("/") or ".." in Path(rel).parts:
+            raise HostError(host, f"refusing results path {rel!r} (outside the results folder)")
+    total = sum(m["size"] for m in manifest.values())
+    record_path = dest / PULL_RECORD
+    if dest.exists():
+        try:
+            previous = json.loads(record_path.read_text())
+        except (OSError, ValueError):
+            previous = None
+        if previous and previous.get("files") == manifest and previous.get("job_id") == job_id and not force:
+            if all(_matches(dest / rel, meta) for rel, meta in manifest.items()):
+                return PullResult(host, job_id, str(dest), "up-to-date", len(manifest), 0, manifest)
+        if not force:
+            raise InputError(f"{dest} already exists and differs from {host}:{job_id}'s results",
+                             hint="choose another destination or pass --force to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    session = connector.session(host)
+    done = 0
+    try:
+        for rel, meta in sorted(manifest.items()):
+            local = tmp / rel
+            local.parent.mkdir(parents=True, exist_ok=True)
+            base = done
+            session.get(posixpath.join(res["root"], rel), local,
+                        progress=(lambda n, _t, base=base: progress(base + n, total)) if progress else None)
+            got = sha256_file(local)
+            if got != meta["sha256"] or local.stat().st_size != meta["size"]:
+                raise HostError(host, f"results file {rel} failed verification after download "
+                                f"(sha256 {got[:16]}…, host says {meta['sha256'][:16]}…)",
+                                hint="the file may have changed during the pull; run the pull again")
+            done += meta["size"]
+        (tmp / PULL_RECORD).write_text(json.dumps(
+            {"host": host, "job_id": job_id, "job_dir": status.job_dir, "state": status.state,
+             "exit_code": status.exit_code, "pulled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "files": manifest}, indent=1, sort_keys=True))
+        mode = 0o777 & ~_umask()
+        for folder in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+            folder.chmod(mode)  # mkdtemp made it private; the pulled folder is an ordinary one
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{secrets.token_hex(3)}")
+            os.rename(dest, old)
+            os.rename(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PullResult(host, job_id, str(dest), "pulled", len(manifest), done, manifest)
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def _matches(path: Path, meta: dict) -> bool:
+    try:
+        return path.stat().st_size == meta["size"] and sha256_file(path) == meta["sha256"]
+    except OSError:
+        return False
+
+
+def default_pull_dest(host: str, job_id: str, root: str | os.PathLike = "runs") -> Path:
+    return Path(root) / f"{job_id}-{host}"
+
+
+__all__ = [
+    "JobHandle", "JobRefused", "JobStatus", "PullResult", "cancel_job", "default_pull_dest",
+    "follow_job", "job_status", "launch_job", "list_jobs", "locate_job", "lock_status", "new_job_id",
+    "parse_job_ref", "poll_job", "pull_results", "resolve_job", "substitute",
+]

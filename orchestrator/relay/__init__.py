@@ -1,0 +1,1 @@
+"""`dfo relay-checkpoint`: verified, resumable relays between hosts that cannot reach each other."""

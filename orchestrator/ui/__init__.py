@@ -1,0 +1,1 @@
+"""Terminal rendering with rich: core code reports events, this package turns them into bars and tables."""

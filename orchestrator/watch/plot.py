@@ -1,0 +1,67 @@
+"""tau_vs_step.png: τ macro and DDTree-8 over training steps, CI bands, baselines as labelled lines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .series import done_entries, failures
+
+
+def write_plot(folder: Path, series: dict) -> Path | None:
+    """None when matplotlib is missing or nothing is evaluated yet."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    done = done_entries(series)
+    if not done:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.6), dpi=120)
+    steps = [e["step"] for e in done]
+    k = next((e["measures"]["ddtree"].get("k") for e in done if e["measures"]["ddtree"].get("k")), 8)
+    for key, label, color, marker in (("tau_macro", "τ macro", "tab:blue", "o"),
+                                      ("ddtree", f"DDTree-{k}", "tab:orange", "s")):
+        stats = [e["measures"][key] for e in done]
+        pts = [(s, st) for s, st in zip(steps, stats) if st.get("value") is not None]
+        if not pts:
+            continue
+        xs = [s for s, _ in pts]
+        ax.plot(xs, [st["value"] for _, st in pts], marker=marker, color=color, linewidth=2, label=label)
+        banded = [(s, st["ci"]) for s, st in pts if st.get("ci")]
+        if banded:
+            ax.fill_between([s for s, _ in banded], [c[0] for _, c in banded], [c[1] for _, c in banded],
+                            color=color, alpha=0.18, linewidth=0, label=f"{label} 95% CI")
+    base = (series.get("baselines") or {}).get("drafters") or {}
+    dashes = ["--", ":", "-.", (0, (5, 1, 1, 1))]
+    for i, (name, m) in enumerate(base.items()):
+        for key, color in (("tau_macro", "tab:blue"), ("ddtree", "tab:orange")):
+            v = (m.get(key) or {}).get("value")
+            if v is None:
+                continue
+            ax.axhline(v, color=color, linestyle=dashes[i % len(dashes)], linewidth=1.2, alpha=0.8)
+            what = "τ" if key == "tau_macro" else f"DDTree-{k}"
+            ax.annotate(f"{name} {what} {v:.2f}", xy=(1.0, v), xycoords=("axes fraction", "data"),
+                        xytext=(4, 0), textcoords="offset points", va="center", fontsize=8, color=color)
+    failed = failures(series)
+    if failed:
+        ax.plot([e["step"] for e in failed], [1.0] * len(failed), "x", color="tab:red", markersize=9,
+                label="failed checkpoint")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("tokens per verify round (τ)")
+    ax.set_title(f"Series {series['name']}: acceptance over training")
+    ax.set_xticks(sorted(set(steps) | {e["step"] for e in failed}))
+    ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", frameon=False, fontsize=8)
+    fig.tight_layout()
+    path = folder / "tau_vs_step.png"
+    tmp = folder / ".tau_vs_step.png.tmp"
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,191 @@
+"""`dfo eval` end to end on the sandbox hosts: the demo path, dry runs, pre-flight failures, detach and
+reattach, and a job that fails on the host.
+
+The hosts get the payload's CPU venv (built once per session, offline), tiny fixtures built *on the hosts*
+through dfo's own job runner (a training-format checkpoint on kpro6, the target and z-lab-format drafters
+on ct129), and the eval relays the checkpoint from kpro6 to ct129 through the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.inventory import load_inventory
+from orchestrator.jobs.operation import follow_job, launch_job
+from orchestrator.provision.operation import provision
+from orchestrator.transport import Connector
+from cli_runner import dfo
+
+pytestmark = [pytest.mark.sshd, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+# The payload tests build the same fixtures; sharing their cache keeps the suite from training twice.
+FIXTURE_CACHE = os.environ.get("DFO_FIXTURE_CACHE", str(REPO / ".cache" / "fixtures"))
+
+
+
+
+def build_fixtures(connector: Connector, host: str, python: str, out: str, what: str) -> None:
+    workdir = connector.inventory.hosts[host].workdir
+    handle = launch_job(connector, host, [python, "-m", "remote_payload", "fixtures", "--out", out, "--what", what],
+                        cwd=posixpath.join(workdir, "payload"), env={"DFO_FIXTURE_CACHE": FIXTURE_CACHE}, lock=None)
+    status = follow_job(connector, host, handle.job_id)
+    assert status.ok, "\n".join(status.log_tail)
+
+
+@pytest.fixture(scope="session")
+def eval_hosts(sandbox, provisioned_ct129, provision_cache):
+    """Both sandbox hosts with payload, venv and fixtures; returns the paths the tests use."""
+    from orchestrator.deploy.operation import deploy
+    from orchestrator.deploy.manifest import default_payload_root
+
+    with Connector(load_inventory(sandbox.inventory_path)) as connector:
+        outcomes = deploy(connector, ["kpro6", "ct129"], root=default_payload_root())
+        assert all(o.ok for o in outcomes.values()), outcomes
+        kpro6 = provision(connector, "kpro6", offline=True, wheelhouse_cache=provision_cache)
+        models, ckpts = str(sandbox.hosts["ct129"].models), str(sandbox.hosts["kpro6"].checkpoints)
+        build_fixtures(connector, "ct129", provisioned_ct129.python, models, "target,zlab-drafter,random-drafter")
+        build_fixtures(connector, "kpro6", kpro6.python, ckpts, "training-checkpoint")
+    return {
+        "target": posixpath.join(models, "target"),
+        "ours": f"ours=kpro6:{posixpath.join(ckpts, 'trained-drafter', 'checkpoint.pt')}",
+        "zlab": posixpath.join(models, "zlab-drafter"),
+        "random": f"random={posixpath.join(models, 'random-drafter')}",
+    }
+
+
+def eval_args(hosts, *extra) -> list[str]:
+    return ["eval", "--host", "ct129", "--target", hosts["target"], "--drafter", hosts["ours"],
+            "--drafter", hosts["random"], "--samples", "4", "--max-new-tokens", "48", "--dtype", "float32", "--threads", "1", *extra]
+
+
+def snapshot(box) -> dict[str, tuple[int, int]]:
+    seen = {}
+    for host in box.hosts.values():
+        for top in (host.workdir, host.checkpoints, host.models):
+            for p in Path(top).rglob("*"):
+                st = p.lstat()
+                seen[str(p)] = (st.st_size, st.st_mtime_ns)
+    return seen
+
+
+def test_eval_relays_evaluates_and_writes_a_readable_run_folder(sandbox, eval_hosts, tmp_path):
+    runs = tmp_path / "runs"
+    proc = dfo(sandbox, *eval_args(eval_hosts), "--diagnose", "--json", runs=runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    run_dir = Path(summary["path"])
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["schema"] == "dfo.results/1" and results["status"] == "ok"
+    assert set(results["drafters"]) == {"ours", "random"}
+    ours, rnd = (results["drafters"][n]["metrics"] for n in ("ours", "random"))
+    assert ours["tau_macro"] > rnd["tau_macro"], (ours["tau_macro"], rnd["tau_macro"])
+    assert ours["tau_macro"] >= 1.5  # the trained fixture drafter really accepts
+    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and all(s["host"] == "ct129" for s in samples)
+    assert set(samples[0]["drafters"]) == {"ours", "random"}
+    # The training checkpoint was stripped on kpro6 and relayed: weights only, next to a digest manifest.
+    relayed = sandbox.hosts["ct129"].checkpoints / "dfo-relayed" / "kpro6" / "checkpoint-weights"
+    assert (relayed / "model.safetensors").is_file()
+    assert results["drafters"]["ours"]["source"]
+    for name in ("report.md", "acceptance.png", "tau_histogram.png", "logs/ct129.log", "run.json"):
+        assert (run_dir / name).is_file(), name
+    report = (run_dir / "report.md").read_text()
+    assert "| ours |" in report and "| random |" in report and "τ macro" in report
+    # Side by side on the same samples: the comparison block and the tree metrics are there.
+    (pair,) = results["comparison"]["pairs"]
+    assert (pair["a"], pair["b"]) == ("ours", "random") and pair["tau_macro"]["delta"] < 0
+    assert ours["tree"]["topk"]["k"] == 8 and ours["tree"]["topk"]["tau_macro"] >= ours["tau_macro"]
+    assert results["diagnostics"]["text"] and "## Diagnostics" in report and "## Comparison" in report
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "succeeded" and run["jobs"]["ct129"]["state"] == "succeeded"
+    assert summary["drafters"]["ours"]["tau_macro"] == ours["tau_macro"]
+
+    listed = dfo(sandbox, "runs", "list", "--json", runs=runs)
+    assert json.loads(listed.stdout)["runs"][0]["run"] == run_dir.name
+    shown = dfo(sandbox, "runs", "show", run_dir.name[:15], runs=runs)
+    assert shown.returncode == 0 and "ours" in shown.stdout and "random" in shown.stdout
+
+
+def test_dry_run_prints_the_plan_and_leaves_every_host_untouched(sandbox, eval_hosts, tmp_path):
+    before = snapshot(sandbox)
+    proc = dfo(sandbox, *eval_args(eval_hosts), "--dry-run", runs=tmp_path / "runs")
+    assert proc.returncode == 0, proc.stderr
+    assert "relay drafters" in proc.stdout and "checkpoint.pt" in proc.stdout and "strip optimizer" in proc.stdout
+    assert "python -m remote_payload eval" in proc.stdout
+    assert snapshot(sandbox) == before
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_target_fails_before_any_upload_or_relay(fresh_sandbox, tmp_path):
+    box = fresh_sandbox
+    ckpt = box.hosts["kpro6"].checkpoints / "step_1.pt"
+    ckpt.write_bytes(b"not really a checkpoint")
+    proc = dfo(box, "eval", "--host", "ct129", "--target", "/nonexistent/Qwen3.6-27B",
+               "--drafter", f"ours=kpro6:{ckpt}", runs=tmp_path / "runs")
+    assert proc.returncode == 2, proc.stderr
+    assert "ct129: target /nonexistent/Qwen3.6-27B does not exist" in proc.stderr
+    assert "nothing was uploaded or relayed" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (box.hosts["ct129"].workdir / "payload").exists()
+    assert not list(box.hosts["ct129"].checkpoints.rglob("*"))
+
+
+def test_detach_then_reattach_with_runs_pull(sandbox, eval_hosts, tmp_path):
+    runs = tmp_path / "runs"
+    proc = dfo(sandbox, *eval_args(eval_hosts), "--detach", "--json", runs=runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    started = json.loads(proc.stdout)
+    assert started["status"] == "detached" and "dfo runs pull" in proc.stderr
+    assert not (Path(started["path"]) / "results.json").exists()
+    pulled = dfo(sandbox, "runs", "pull", started["run"], "--json", runs=runs)
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    done = json.loads(pulled.stdout)
+    assert done["status"] == "succeeded" and set(done["drafters"]) == {"ours", "random"}
+    assert (Path(started["path"]) / "results.json").is_file()
+
+
+def test_remote_failure_surfaces_the_payload_error_and_marks_the_run_failed(sandbox, eval_hosts, tmp_path):
+    # A z-lab drafter whose fc width does not match its layer list (one layer too many).
+    bad = sandbox.hosts["ct129"].models / "bad-drafter"
+    subprocess.run(["cp", "-r", eval_hosts["zlab"], str(bad)], check=True)
+    config = json.loads((bad / "config.json").read_text())
+    ids = config["dflash_config"]["target_layer_ids"]
+    config["dflash_config"]["target_layer_ids"] = ids + [ids[-1] - 1]
+    (bad / "config.json").write_text(json.dumps(config))
+    runs = tmp_path / "runs"
+    proc = dfo(sandbox, "eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter", f"bad={bad}",
+               "--samples", "2", "--max-new-tokens", "16", runs=runs)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "drafter 'bad'" in proc.stderr and "fc expects" in proc.stderr and "Traceback" not in proc.stderr
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "failed" and "fc expects" in record["error"]
+    assert "dfo-payload error:" in (run_dir / "logs" / "ct129.log").read_text()
+    assert not (run_dir / "results.json").exists()
+
+
+def test_two_eval_hosts_shard_the_prompts_and_merge_with_provenance(sandbox, eval_hosts, tmp_path):
+    # The sandbox hosts share one filesystem, so ct129's fixture paths exist on kpro6 too.
+    runs = tmp_path / "runs"
+    proc = dfo(sandbox, "eval", "--host", "ct129", "--host", "kpro6", "--target", eval_hosts["target"],
+               "--drafter", f"zlab={eval_hosts['zlab']}", "--drafter", eval_hosts["random"],
+               "--samples", "4", "--max-new-tokens", "32", "--dtype", "float32", "--threads", "1", "--json",
+               runs=runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = Path(json.loads(proc.stdout)["path"])
+    results = json.loads((run_dir / "results.json").read_text())
+    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4
+    assert sorted(s["host"] for s in samples) == ["ct129", "ct129", "kpro6", "kpro6"]
+    assert sorted(s["index"] for s in samples) == [0, 1, 2, 3]
+    assert set(results["hosts"]) == {"ct129", "kpro6"}
+    assert {h["shard"][0] for h in results["hosts"].values()} == {0, 1}
+    assert results["drafters"]["zlab"]["metrics"]["samples"] == 4
+    for host in ("ct129", "kpro6"):
+        assert (run_dir / "logs" / f"{host}.log").is_file()
