@@ -23,18 +23,14 @@ from orchestrator.core.inventory import load_inventory
 from orchestrator.relay.operation import RelayOptions, relay
 from orchestrator.transport import Connector
 
+from cli_runner import dfo, dfo_argv, dfo_env
+
 pytestmark = pytest.mark.sshd
 MiB = 1 << 20
 CHUNK = 4 * MiB  # the chunk size relay_plan picks for files under 256 MiB
 
 
 # ----------------------------------------------------------------------------------- helpers
-
-
-
-
-
-
 
 
 def relay_json(box, src: str, dst: str, *args: str, inventory: Path | None = None) -> dict:
@@ -396,7 +392,6 @@ def test_explicit_cipher_and_fallback_when_a_host_lacks_aes_gcm(fresh_sandbox):
 # importing) pytest would report pytest's size. A small launcher forks dfo and reports dfo's own peak.
 _LAUNCHER = """
 import json, os, subprocess, sys
-from cli_runner import dfo_argv, dfo_env, dfo
 p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 out, err = p.stdout.read(), p.stderr.read()
 _, status, usage = os.wait4(p.pid, 0)
