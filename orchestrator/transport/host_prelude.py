@@ -33,3 +33,20 @@ def _write_json(path, data, mode=0o644):
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _confine(root, rel):
+    """ROOT/REL after checking that REL is a clean relative name that stays under ROOT (symlinks resolved).
+
+    The host-side twin of orchestrator.core.confine: a name from the controller (or relayed from another
+    host) is data, never a path until confined. Raises RuntimeError (reported as the host's error).
+    """
+    if not isinstance(rel, str) or rel == "" or "\x00" in rel or rel.startswith("/"):
+        raise RuntimeError("refused name %r: not a relative name" % (rel,))
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        raise RuntimeError("refused name %r: empty, '.' or '..' component" % (rel,))
+    base = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(base, rel))
+    if target != base and not target.startswith(base.rstrip("/") + "/"):
+        raise RuntimeError("refused name %r: it resolves outside %s" % (rel, base))
+    return target
