@@ -37,15 +37,21 @@ def name_problem(rel: object) -> str | None:
     return None
 
 
+def check_name(rel: object, *, host: str, what: str = "file name") -> str:
+    """``rel`` when it is a clean relative name (the lexical half of ``confine``); a HostError otherwise."""
+    problem = name_problem(rel)
+    if problem is not None:
+        raise HostError(host, f"refused {what} {rel!r} from the host: {problem}",
+                        hint="a host answered a name that would leave its folder; treat that host as compromised")
+    return rel  # type: ignore[return-value]
+
+
 def confine(root: str | os.PathLike, rel: object, *, host: str, what: str = "file name") -> Path:
     """``root/rel`` after checking that it stays under ``root``; a HostError naming HOST and REL otherwise.
 
     Symlinks already under ``root`` are resolved too, so a link planted inside cannot lead out.
     """
-    problem = name_problem(rel)
-    if problem is not None:
-        raise HostError(host, f"refused {what} {rel!r} from the host: {problem}",
-                        hint="a host answered a name that would leave its folder; treat that host as compromised")
+    check_name(rel, host=host, what=what)
     base = Path(os.path.realpath(root))
     target = Path(os.path.realpath(base / str(rel)))
     if target != base and base not in target.parents:

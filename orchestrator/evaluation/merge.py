@@ -20,6 +20,13 @@ def _read(part: Path) -> tuple[dict, list[dict]]:
                    if line.strip()]
     except (OSError, ValueError) as exc:
         raise OperationError(f"pulled results in {part} are incomplete or unreadable: {exc}") from None
+    # The host wrote these files: a malformed one is a clear error, never a traceback.
+    if not isinstance(results, dict):
+        raise OperationError(f"{part / 'results.json'}: not a JSON object (got {type(results).__name__})")
+    for number, line in enumerate(samples, 1):
+        if not isinstance(line, dict):
+            raise OperationError(f"{part / 'samples.jsonl'}: sample {number} is not a JSON object "
+                                 f"(got {type(line).__name__})")
     return results, samples
 
 

@@ -14,9 +14,9 @@ documented):
         notice (``handle.notices``). Raises JobRefused, HostError.
     job_status(connector, host, job_id, *, tail=20) -> JobStatus
     list_jobs(connector, host, *, limit=50) -> list[JobStatus]   (newest first)
-    follow_job(connector, host, job_id, *, console=None, from_offset=0, on_line=None, poll_interval=0.5,
+    follow_job(connector, host, job_id, *, events=None, from_offset=0, on_line=None, poll_interval=0.5,
                reconnect_timeout=60) -> JobStatus
-        Stream the log until the job ends (progress lines rendered by progress_view), reconnecting when
+        Stream the log until the job ends (progress lines rendered by the events' job output), reconnecting when
         the SSH connection drops. Works just as well after the launching controller died (reattach).
     cancel_job(connector, host, job_id, *, grace=5.0) -> JobStatus   (SIGTERM the process group, then SIGKILL)
     pull_results(connector, host, job_id, dest, *, force=False, allow_running=False) -> PullResult
@@ -36,6 +36,7 @@ import base64
 import json
 import os
 import posixpath
+import re
 import secrets
 import shutil
 import tempfile
@@ -44,13 +45,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from rich.console import Console
-
-from orchestrator.transport import hostcall
-from orchestrator.core.errors import HostError, InputError, OperationError
+from orchestrator.core.confine import check_component, check_name, confine
+from orchestrator.core.errors import ConnectionLost, HostError, InputError, OperationError
+from orchestrator.core.events import Events, OutputSink, QuietEvents
 from orchestrator.core.hashing import sha256_file
-from orchestrator.ui.progress_view import ProgressView
-from orchestrator.transport import Connector, for_each_host
+from orchestrator.transport import Connector, for_each_host, hostcall
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
 DEFAULT_LOCK = "gpu"
@@ -248,8 +247,12 @@ def list_jobs(connector: Connector, host: str, *, limit: int = 50) -> list[JobSt
 
 
 def resolve_job(connector: Connector, host: str, ref: str) -> str:
-    """The full job id for ``ref`` (exact id, unique prefix, or "last") on ``host``."""
-    return _call(connector, host, "resolve", workdir=_host(connector, host).workdir, ref=ref)
+    """The full job id for ``ref`` (exact id, unique prefix, or "last") on ``host``.
+
+    The id is the host's answer: it becomes a local folder name (runs/<id>-<host>), so it is checked
+    to be one plain name component before anything uses it."""
+    job_id = _call(connector, host, "resolve", workdir=_host(connector, host).workdir, ref=ref)
+    return check_component(job_id, host=host, what="job id")
 
 
 def locate_job(connector: Connector, ref: str, host: str | None = None) -> tuple[str, str]:
@@ -262,7 +265,7 @@ def locate_job(connector: Connector, ref: str, host: str | None = None) -> tuple
     names = list(connector.inventory.hosts)
     outcomes = for_each_host(names, lambda n: _call(connector, n, "find", workdir=_host(connector, n).workdir,
                                                     ref=job))
-    found = [(n, o.value) for n, o in outcomes.items() if o.ok and o.value]
+    found = [(n, check_component(o.value, host=n, what="job id")) for n, o in outcomes.items() if o.ok and o.value]
     if len(found) == 1:
         return found[0]
     if len(found) > 1:
@@ -286,38 +289,36 @@ def follow_job(
     host: str,
     job_id: str,
     *,
-    console: Console | None = None,
+    events: Events | None = None,
     from_offset: int = 0,
     on_line: Callable[[str], None] | None = None,
     poll_interval: float = 0.5,
     poll_timeout: float = 30.0,
     reconnect_timeout: float = 120.0,
-    view: ProgressView | None = None,
+    output: OutputSink | None = None,
 ) -> JobStatus:
     """Follow the log until the job has ended and every byte was read; returns the final status (with the
     last log lines). ``on_line`` receives every complete log line (e.g. to collect result records).
 
     A poll that gets no answer within ``poll_timeout`` (a stalled link) or a dropped connection is retried
     on a fresh connection for up to ``reconnect_timeout`` seconds; the job itself is never affected."""
-    own_view = view is None and console is not None
-    view = view if view is not None else (ProgressView(console) if console is not None else None)
+    events = events or QuietEvents()
+    own_output = output is None
+    view = output if output is not None else events.job_output()
     offset, partial = from_offset, b""
     lost_since: float | None = None
     try:
         while True:
             try:
                 status, chunk, offset = poll_job(connector, host, job_id, offset, timeout=poll_timeout)
-                if lost_since is not None and console is not None:
-                    console.print(f"[green]{host}: reconnected[/]")
+                if lost_since is not None:
+                    events.success(f"{host}: reconnected")
                 lost_since = None
-            except HostError as exc:
-                if not _connection_trouble(exc):
-                    raise
+            except ConnectionLost:  # the link, not the job: reconnect (anything else propagates)
                 now = time.monotonic()
                 if lost_since is None:
                     lost_since = now
-                    if console is not None:
-                        console.print(f"[yellow]{host}: connection lost; reconnecting (the job keeps running)…[/]")
+                    events.warn(f"{host}: connection lost; reconnecting (the job keeps running)…")
                 if now - lost_since > reconnect_timeout:
                     raise HostError(host, f"connection lost for {reconnect_timeout:.0f}s while following job {job_id}",
                                     hint=f"the job keeps running on the host; reattach with: dfo jobs logs "
@@ -326,8 +327,7 @@ def follow_job(
                 time.sleep(min(2.0, poll_interval * 2))
                 continue
             if chunk:
-                if view is not None:
-                    view.feed(chunk)
+                view.feed(chunk)
                 if on_line is not None:
                     partial += chunk
                     *lines, partial = partial.split(b"\n")
@@ -340,15 +340,8 @@ def follow_job(
             if not chunk:
                 time.sleep(poll_interval)
     finally:
-        if own_view and view is not None:
+        if own_output:
             view.close()
-
-
-def _connection_trouble(exc: HostError) -> bool:
-    """Errors worth reconnecting for (as opposed to the job or the host script failing)."""
-    text = exc.message
-    return any(s in text for s in ("connection lost", "cannot connect", "no answer from", "connection refused",
-                                   "SSH handshake", "(exit -1)", "did not finish within"))
 
 
 # ---------------------------------------------------------------------------------- control
@@ -394,10 +387,7 @@ def pull_results(
     if not status.done and not allow_running:
         raise InputError(f"job {host}:{job_id} is still {status.state}; its results may be incomplete",
                          hint="wait for it (dfo jobs logs -f) or pass --allow-running")
-    manifest: dict[str, dict] = res["files"]
-    for rel in manifest:
-        if rel.startswith("/") or ".." in Path(rel).parts:
-            raise HostError(host, f"refusing results path {rel!r} (outside the results folder)")
+    manifest = _checked_manifest(host, res.get("files"))
     total = sum(m["size"] for m in manifest.values())
     record_path = dest / PULL_RECORD
     if dest.exists():
@@ -417,8 +407,11 @@ def pull_results(
     done = 0
     try:
         for rel, meta in sorted(manifest.items()):
-            local = tmp / rel
-            local.parent.mkdir(parents=True, exist_ok=True)
+            local = confine(tmp, rel, host=host, what="results file name")
+            try:
+                local.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise HostError(host, f"results file name {rel!r} does not fit the results folder: {exc}") from None
             base = done
             session.get(posixpath.join(res["root"], rel), local,
                         progress=(lambda n, _t, base=base: progress(base + n, total)) if progress else None)
@@ -448,6 +441,22 @@ def pull_results(
     return PullResult(host, job_id, str(dest), "pulled", len(manifest), done, manifest)
 
 
+def _checked_manifest(host: str, files: object) -> dict[str, dict]:
+    """The host's results manifest, checked: names confined to the results folder, sizes and digests typed.
+
+    A compromised host may answer anything here; a malformed answer is a clear error, never a traceback."""
+    if not isinstance(files, dict):
+        raise HostError(host, "malformed results manifest from the host "
+                        f"(expected a mapping, got {type(files).__name__})")
+    for rel, meta in files.items():
+        check_name(rel, host=host, what="results file name")
+        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int) and not isinstance(meta["size"], bool)
+                and meta["size"] >= 0 and isinstance(meta.get("sha256"), str)
+                and re.fullmatch(r"[0-9a-f]{64}", meta["sha256"])):
+            raise HostError(host, f"malformed results manifest entry for {rel!r}: {str(meta)[:120]}")
+    return files
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
@@ -462,7 +471,9 @@ def _matches(path: Path, meta: dict) -> bool:
 
 
 def default_pull_dest(host: str, job_id: str, root: str | os.PathLike = "runs") -> Path:
-    return Path(root) / f"{job_id}-{host}"
+    """``root/<job id>-<host>``; the id came from the host, so the folder is confined under ``root``."""
+    check_component(job_id, host=host, what="job id")
+    return Path(root) / confine(root, f"{job_id}-{host}", host=host, what="job id").name
 
 
 __all__ = [
