@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-
+from cli_runner import dfo
 from hostile import HostileHost, tree
+
 from orchestrator.core.inventory import load_inventory
 from orchestrator.jobs.operation import HOST_SCRIPT, job_status, launch_job
 from orchestrator.transport import Connector, hostcall
-from cli_runner import dfo
 
 pytestmark = pytest.mark.sshd
 HOST = "ct129"
