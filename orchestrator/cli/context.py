@@ -47,6 +47,19 @@ class AppContext:
             self._inventory = load_inventory(self.inventory_path)
         return self._inventory
 
+    @property
+    def events(self):
+        """Progress and notices of long operations, rendered on stderr."""
+        from orchestrator.ui.console_events import ConsoleEvents
+
+        return ConsoleEvents(self.err)
+
+    def out_events(self):
+        """The same, on stdout (for commands whose job output is the result, e.g. `dfo jobs logs`)."""
+        from orchestrator.ui.console_events import ConsoleEvents
+
+        return ConsoleEvents(self.out)
+
     def reload_inventory(self) -> Inventory:
         self._inventory = None
         return self.inventory

@@ -30,7 +30,7 @@ def demo_cmd(
 
     app_ctx: AppContext = ctx.obj
     try:
-        outcome = run_demo(console=app_ctx.err, runs_dir=runs_root(runs_dir), root=root, keep=keep,
+        outcome = run_demo(events=app_ctx.events, runs_dir=runs_root(runs_dir), root=root, keep=keep,
                            samples=samples, max_new_tokens=max_new_tokens)
     except SandboxError as exc:
         from orchestrator.core.errors import OperationError

@@ -29,7 +29,7 @@ def deploy_cmd(
     if rollback_:
         outcomes = rollback(app_ctx.connector, names, dry_run=dry_run)
     else:
-        outcomes = deploy(app_ctx.connector, names, root=default_payload_root(), dry_run=dry_run, console=app_ctx.err)
+        outcomes = deploy(app_ctx.connector, names, root=default_payload_root(), dry_run=dry_run, events=app_ctx.events)
     failed = [o for o in outcomes.values() if not o.ok]
     if json_out:
         app_ctx.print_json({

@@ -93,7 +93,7 @@ def eval_cmd(
         return
     console = app_ctx.err
     connector = app_ctx.connector
-    run = start_eval(connector, plan, runs_dir=runs_root(runs_dir), console=console, prompts_file=prompts_file)
+    run = start_eval(connector, plan, runs_dir=runs_root(runs_dir), events=app_ctx.events, prompts_file=prompts_file)
     if detach:
         run.set(status="detached")
         console.print(f"[green]detached[/]: run folder {run.path}\n  {escape(reattach_hint(run))}")
@@ -102,7 +102,7 @@ def eval_cmd(
                                 "jobs": run.record["jobs"]})
         return
     try:
-        follow_and_collect(connector, run, console=console)
+        follow_and_collect(connector, run, events=app_ctx.events)
     except Detached:
         console.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(run))}")
         raise typer.Exit(130)

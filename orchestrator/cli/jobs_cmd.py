@@ -102,7 +102,7 @@ def run_cmd(
         return
     app_ctx.out.print(handle.ref, highlight=False)
     if follow:
-        st = follow_job(app_ctx.connector, host, handle.job_id, console=app_ctx.out)
+        st = follow_job(app_ctx.connector, host, handle.job_id, events=app_ctx.out_events())
         _report_end(app_ctx, st)
     else:
         app_ctx.err.print(f"[dim]follow: dfo jobs logs {escape(handle.ref)} -f[/]")
@@ -209,7 +209,7 @@ def logs_cmd(
         sys.stdout.flush()
         return
     if follow:
-        st = follow_job(app_ctx.connector, h, job_id, console=app_ctx.out)
+        st = follow_job(app_ctx.connector, h, job_id, events=app_ctx.out_events())
         _report_end(app_ctx, st)
         return
     offset = 0

@@ -34,7 +34,7 @@ def provision_cmd(
     app_ctx: AppContext = ctx.obj
     names = app_ctx.inventory.select(host)
     outcomes = provision_hosts(app_ctx.connector, names, offline=offline, force=force, dry_run=dry_run,
-                               console=None if json_out else app_ctx.err)
+                               events=None if json_out else app_ctx.events)
     failed = [o for o in outcomes.values() if not o.ok]
     if json_out:
         app_ctx.print_json({

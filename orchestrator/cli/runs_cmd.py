@@ -74,7 +74,7 @@ def pull_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run nam
     app_ctx: AppContext = ctx.obj
     found = find_run(runs_root(runs_dir), run)
     try:
-        wait_and_collect(app_ctx.connector, found, console=app_ctx.err)
+        wait_and_collect(app_ctx.connector, found, events=app_ctx.events)
     except Detached:
         app_ctx.err.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(found))}")
         raise typer.Exit(130)

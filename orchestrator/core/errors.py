@@ -38,3 +38,10 @@ class HostError(OperationError):
         super().__init__(f"{host}: {message}", hint)
         self.host = host
         self.detail = message
+
+
+class ConnectionLost(HostError):
+    """The SSH link to a host failed or stopped answering (connect, handshake, a dropped or silent channel).
+
+    Worth a retry on a fresh connection; the remote side may still be running (a detached job is).
+    """

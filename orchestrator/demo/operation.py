@@ -18,17 +18,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
-from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.core.errors import OperationError
-from orchestrator.evaluation.plan import DrafterRef, EvalRequest, plan_eval
-from orchestrator.evaluation.operation import raise_failures, follow_and_collect, start_eval
+from orchestrator.core.events import Events
 from orchestrator.core.inventory import load_inventory
-from orchestrator.jobs.operation import follow_job, launch_job
 from orchestrator.deploy.manifest import default_payload_root
-from orchestrator.provision.operation import provision_hosts
+from orchestrator.deploy.operation import deploy, payload_dir
+from orchestrator.evaluation.operation import follow_and_collect, raise_failures, start_eval
+from orchestrator.evaluation.plan import DrafterRef, EvalRequest, plan_eval
 from orchestrator.evaluation.runs import Run
+from orchestrator.jobs.operation import follow_job, launch_job
+from orchestrator.provision.operation import provision_hosts
 from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
 
@@ -43,51 +42,49 @@ class DemoOutcome:
     kept: bool
 
 
-def _step(console: Console, text: str) -> None:
-    console.print(f"\n[bold magenta]demo ▸[/] {text}")
-
-
-def _build_fixtures(connector: Connector, host: str, python: str, out: str, what: str, console: Console) -> None:
+def _build_fixtures(connector: Connector, host: str, python: str, out: str, what: str, events: Events) -> None:
     inv_host = connector.inventory.hosts[host]
     argv = [python, "-m", "remote_payload", "fixtures", "--out", out, "--what", what]
     handle = launch_job(connector, host, argv, cwd=payload_dir(inv_host.workdir), job_name=f"demo fixtures {what}",
                         lock=None)
-    status = follow_job(connector, host, handle.job_id, console=console)
+    status = follow_job(connector, host, handle.job_id, events=events)
     if not status.ok:
         raise OperationError(f"{host}: building fixtures failed ({status.state}):\n  " + "\n  ".join(status.log_tail[-8:]))
 
 
-def run_demo(*, console: Console, runs_dir: Path, root: Path | None = None, keep: bool = False,
+def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
              samples: int | None = 6, max_new_tokens: int = 96) -> DemoOutcome:
     started = time.monotonic()
     root = root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
-    _step(console, f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
+    events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
     box = Sandbox(root, keep=keep)
     box.start()
     try:
-        console.print(f"  isolated: {box.isolated}" + (f" ({box.reason})" if box.reason else "")
+        events.info(f"  isolated: {box.isolated}" + (f" ({box.reason})" if box.reason else "")
                       + f"; inventory {box.inventory_path}")
         if box.isolated:
             probe = box.exec_in("kpro6", ["python3", "-c", "import socket,sys; s=socket.socket(); s.settimeout(2); "
                                           f"sys.exit(s.connect_ex(({box.hosts['ct129'].address!r}, "
                                           f"{box.hosts['ct129'].port})) == 0)"], capture_output=True)
-            console.print("  kpro6 → ct129 directly: " + ("[green]unreachable, as on the real hosts[/]"
-                                                          if probe.returncode == 0 else "[red]reachable?![/]"))
+            if probe.returncode == 0:
+                events.success("  kpro6 → ct129 directly: unreachable, as on the real hosts")
+            else:
+                events.warn("  kpro6 → ct129 directly: reachable?!")
         inv = load_inventory(box.inventory_path)
         with Connector(inv) as connector:
-            _step(console, "deploy the payload to both hosts")
+            events.step(tag="demo", text="deploy the payload to both hosts")
             raise_failures("deploy", deploy(connector, ["kpro6", "ct129"], root=default_payload_root(),
-                                             console=console))
-            _step(console, "provision both hosts (uv venv from the CPU lock, wheels pushed from this machine)")
-            prov = provision_hosts(connector, ["kpro6", "ct129"], console=console)
+                                             events=events))
+            events.step(tag="demo", text="provision both hosts (uv venv from the CPU lock, wheels pushed from this machine)")
+            prov = provision_hosts(connector, ["kpro6", "ct129"], events=events)
             raise_failures("provision", prov)
             pythons = {h: o.value.python for h, o in prov.items()}
             models = str(box.hosts["ct129"].models)
             ckpts = str(box.hosts["kpro6"].checkpoints)
-            _step(console, "build the tiny target and z-lab-format drafters on ct129")
-            _build_fixtures(connector, "ct129", pythons["ct129"], models, FIXTURES_ON["ct129"], console)
-            _step(console, "build a trained drafter checkpoint (training format, with optimizer state) on kpro6")
-            _build_fixtures(connector, "kpro6", pythons["kpro6"], ckpts, FIXTURES_ON["kpro6"], console)
+            events.step(tag="demo", text="build the tiny target and z-lab-format drafters on ct129")
+            _build_fixtures(connector, "ct129", pythons["ct129"], models, FIXTURES_ON["ct129"], events)
+            events.step(tag="demo", text="build a trained drafter checkpoint (training format, with optimizer state) on kpro6")
+            _build_fixtures(connector, "kpro6", pythons["kpro6"], ckpts, FIXTURES_ON["kpro6"], events)
             request = EvalRequest(
                 hosts=["ct129"], target=posixpath.join(models, "target"),
                 drafters=[
@@ -98,11 +95,11 @@ def run_demo(*, console: Console, runs_dir: Path, root: Path | None = None, keep
                 samples=samples, max_new_tokens=max_new_tokens, dtype="float32",
                 threads=1,  # tiny models gain nothing from threads; on 2 busy cores they lose a lot
             )
-            _step(console, "dfo eval --host ct129 --target …/target --drafter ours=kpro6:…/checkpoint.pt "
+            events.step(tag="demo", text="dfo eval --host ct129 --target …/target --drafter ours=kpro6:…/checkpoint.pt "
                            "--drafter zlab=…/zlab-drafter --drafter random=…/random-drafter")
             plan = plan_eval(request, inv)
-            run = start_eval(connector, plan, runs_dir=runs_dir, console=console)
-            follow_and_collect(connector, run, console=console)
+            run = start_eval(connector, plan, runs_dir=runs_dir, events=events)
+            follow_and_collect(connector, run, events=events)
     finally:
         box.stop()
     return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep)

@@ -12,12 +12,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-from orchestrator.transport import hostcall
+from orchestrator.core.events import Events, QuietEvents
 from orchestrator.deploy.manifest import Manifest, build_manifest, check_compiles
-from orchestrator.transport import Connector, HostOutcome, for_each_host
+from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
 
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")  # sent to the host on stdin, see transport.hostcall
 
@@ -75,21 +72,15 @@ def deploy(
     *,
     root: Path,
     dry_run: bool = False,
-    console: Console | None = None,
+    events: Events | None = None,
 ) -> dict[str, HostOutcome[DeployResult]]:
     check_compiles(root)  # before touching any host: a syntax error deploys nothing anywhere
     manifest = build_manifest(root)
-    console = console or Console(stderr=True)
-    with Progress(
-        TextColumn("{task.fields[host]:>10}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TextColumn("{task.description}"), console=console, transient=True, disable=not console.is_terminal,
-    ) as progress:
-        return for_each_host(
-            hosts, lambda h: _deploy_host(connector, h, root, manifest, dry_run, progress)
-        )
+    events = events or QuietEvents()
+    return for_each_host(hosts, lambda h: _deploy_host(connector, h, root, manifest, dry_run, events))
 
 
-def _deploy_host(connector, host, root, manifest, dry_run, progress) -> DeployResult:
+def _deploy_host(connector, host, root, manifest, dry_run, events: Events) -> DeployResult:
     started = time.monotonic()
     inv_host = connector.inventory.hosts[host]
     session = connector.session(host)
@@ -102,17 +93,15 @@ def _deploy_host(connector, host, root, manifest, dry_run, progress) -> DeployRe
     staged = call("prepare", workdir=inv_host.workdir, release=manifest.release_id, files=manifest.files)
     need = staged["need"]
     total = sum(manifest.files[p]["size"] for p in need)
-    task = progress.add_task("uploading", total=total or 1, host=host)
-    sent = 0
-    for rel in need:
-        base = sent
-        session.put(root / rel, posixpath.join(staged["staging"], rel),
-                    progress=lambda done, _total, base=base: progress.update(task, completed=base + done))
-        sent += manifest.files[rel]["size"]
-    progress.update(task, completed=total or 1, description="verifying")
+    with events.transfer(f"{host}: uploading", total) as advance:
+        sent = 0
+        for rel in need:
+            base = sent
+            session.put(root / rel, posixpath.join(staged["staging"], rel),
+                        progress=lambda done, _total, base=base: advance(base + done))
+            sent += manifest.files[rel]["size"]
     done = call("commit", workdir=inv_host.workdir, release=manifest.release_id, files=manifest.files,
                 staging=staged["staging"])
-    progress.remove_task(task)
     return DeployResult(
         host, "deployed", manifest.release_id, previous=done["previous"], uploaded_files=len(need),
         uploaded_bytes=total, plan=plan, seconds=time.monotonic() - started,

@@ -16,20 +16,17 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from rich.console import Console
-from rich.markup import escape
-
-from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
-from orchestrator.evaluation.plan import EvalPlan
-from orchestrator.jobs.operation import FINAL_STATES, JobStatus, follow_job, job_status, launch_job, pull_results
+from orchestrator.core.events import Events
 from orchestrator.deploy.manifest import default_payload_root
-from orchestrator.ui.progress_view import ProgressView
+from orchestrator.deploy.operation import deploy, payload_dir
+from orchestrator.evaluation.merge import merge_host_results
+from orchestrator.evaluation.plan import EvalPlan
+from orchestrator.evaluation.report import write_report
+from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
+from orchestrator.jobs.operation import FINAL_STATES, JobStatus, follow_job, job_status, launch_job, pull_results
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.relay.operation import RelayOptions, relay
-from orchestrator.evaluation.report import write_report
-from orchestrator.evaluation.merge import merge_host_results
-from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
 from orchestrator.transport import Connector, for_each_host
 
 MIN_FREE_BYTES = 2 * 2**30  # results are small, but the feature cache of a real target is not
@@ -42,10 +39,6 @@ class Detached(Exception):
     def __init__(self, run: Run):
         super().__init__(run.name)
         self.run = run
-
-
-def _step(console: Console, text: str) -> None:
-    console.print(f"[bold cyan]▸[/] {text}")
 
 
 # ------------------------------------------------------------------------------ pre-flight
@@ -104,18 +97,18 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
 # ------------------------------------------------------------------------------ preparation
 
 
-def _prepare_hosts(connector: Connector, plan: EvalPlan, console: Console) -> dict[str, str]:
+def _prepare_hosts(connector: Connector, plan: EvalPlan, events: Events) -> dict[str, str]:
     """Deploy + provision the eval hosts; returns host -> venv python."""
-    _step(console, f"deploy the payload to {', '.join(plan.deploy_hosts)}")
-    outcomes = deploy(connector, plan.deploy_hosts, root=default_payload_root(), console=console)
+    events.step(f"deploy the payload to {', '.join(plan.deploy_hosts)}")
+    outcomes = deploy(connector, plan.deploy_hosts, root=default_payload_root(), events=events)
     raise_failures("deploy", outcomes)
     for h, o in outcomes.items():
-        console.print(f"  {h}: {o.value.status} ({o.value.release}, {o.value.uploaded_files} file(s) uploaded)")
-    _step(console, f"provision the venv on {', '.join(plan.provision_hosts)}")
-    prov = provision_hosts(connector, plan.provision_hosts, console=console)
+        events.info(f"  {h}: {o.value.status} ({o.value.release}, {o.value.uploaded_files} file(s) uploaded)")
+    events.step(f"provision the venv on {', '.join(plan.provision_hosts)}")
+    prov = provision_hosts(connector, plan.provision_hosts, events=events)
     raise_failures("provision", prov)
     for h, o in prov.items():
-        console.print(f"  {h}: {o.value.status} ({o.value.flavour}, {o.value.python})")
+        events.info(f"  {h}: {o.value.status} ({o.value.flavour}, {o.value.python})")
     return {h: o.value.python for h, o in prov.items()}
 
 
@@ -127,15 +120,15 @@ def raise_failures(what: str, outcomes: dict) -> None:
                              hint="; ".join(hints) or None)
 
 
-def _relay_drafters(connector: Connector, plan: EvalPlan, console: Console) -> list[dict]:
+def _relay_drafters(connector: Connector, plan: EvalPlan, events: Events) -> list[dict]:
     done = []
     for step in plan.relays:
-        _step(console, f"relay drafter '{step.drafter}': {step.source} → {step.destination}"
+        events.step(f"relay drafter '{step.drafter}': {step.source} → {step.destination}"
               + (" (optimizer state stripped on the source)" if step.strip else ""))
         result = relay(connector, step.source, step.destination, RelayOptions(strip_optimizer=step.strip),
-                       console=console)
+                       console=getattr(events, "console", None))  # the relay renders its own bar
         summary = result.as_dict()
-        console.print(f"  {summary['sent_bytes']:,} B sent, {summary['skipped_bytes']:,} B already there, "
+        events.info(f"  {summary['sent_bytes']:,} B sent, {summary['skipped_bytes']:,} B already there, "
                       f"{summary['seconds']:.1f}s")
         done.append({"drafter": step.drafter, **summary})
     return done
@@ -168,22 +161,22 @@ def start_eval(
     plan: EvalPlan,
     *,
     runs_dir: Path,
-    console: Console,
+    events: Events,
     prompts_file: Path | None = None,
 ) -> Run:
     """Everything up to and including the launch of the remote jobs; returns the run (status running)."""
-    _step(console, "check inputs on the hosts")
+    events.step("check inputs on the hosts")
     preflight(connector, plan)
-    pythons = _prepare_hosts(connector, plan, console)
-    relays = _relay_drafters(connector, plan, console)
+    pythons = _prepare_hosts(connector, plan, events)
+    relays = _relay_drafters(connector, plan, events)
     if prompts_file is not None:
-        _step(console, f"upload prompts {prompts_file}")
+        events.step(f"upload prompts {prompts_file}")
         _upload_prompts(connector, plan, prompts_file)
     run = new_run(runs_dir, plan.provision_hosts, {
         "request": _jsonable(asdict(plan.request)), "plan": _jsonable(plan.as_dict()), "relays": relays,
         "jobs": {},
     })
-    _step(console, f"launch the eval job on {', '.join(plan.provision_hosts)}")
+    events.step(f"launch the eval job on {', '.join(plan.provision_hosts)}")
     jobs: dict[str, dict] = {}
     try:
         for job in plan.jobs:
@@ -192,10 +185,10 @@ def start_eval(
             handle = launch_job(connector, job.host, argv, cwd=payload_dir(inv_host.workdir),
                                 job_name=f"dfo eval {run.name}", force=plan.request.force, env=_job_env())
             for notice in handle.notices:
-                console.print(f"  [yellow]{escape(notice)}[/]")
+                events.warn(f"  {notice}")
             jobs[job.host] = {"job_id": handle.job_id, "job_dir": handle.job_dir, "shard": list(job.shard),
                               "argv": argv, "state": "running"}
-            console.print(f"  {job.host}: job {handle.job_id} started")
+            events.info(f"  {job.host}: job {handle.job_id} started")
             run.set(jobs=jobs, status="running")
     except DfoError as exc:
         run.set(jobs=jobs, status="failed", error=str(exc))
@@ -220,7 +213,7 @@ def reattach_hint(run: Run) -> str:
            f"`dfo runs pull {run.name}`"
 
 
-def follow_and_collect(connector: Connector, run: Run, *, console: Console) -> Run:
+def follow_and_collect(connector: Connector, run: Run, *, events: Events) -> Run:
     """Follow every job of ``run`` to its end, pull and merge the results, write the report.
 
     Raises Detached on Ctrl-C (jobs keep running), OperationError when a job failed (the run folder is
@@ -230,15 +223,15 @@ def follow_and_collect(connector: Connector, run: Run, *, console: Console) -> R
     if not jobs:
         raise InputError(f"run {run.name} has no remote jobs to follow (status {run.status})")
     run.set(status="running")
-    _step(console, "follow progress" + (" (Ctrl-C detaches; the job keeps running)" if console.is_terminal else ""))
+    events.step("follow progress" + (" (Ctrl-C detaches; the job keeps running)" if events.is_terminal else ""))
     finals: dict[str, JobStatus] = {}
     errors: dict[str, DfoError] = {}
     try:
         if len(jobs) == 1:
             (host, job), = jobs.items()
-            finals[host] = follow_job(connector, host, job["job_id"], console=console)
+            finals[host] = follow_job(connector, host, job["job_id"], events=events)
         else:
-            _follow_many(connector, jobs, console, finals, errors)
+            _follow_many(connector, jobs, events, finals, errors)
     except KeyboardInterrupt:
         run.set(status="detached")
         raise Detached(run) from None
@@ -246,16 +239,16 @@ def follow_and_collect(connector: Connector, run: Run, *, console: Console) -> R
         run.set(status="failed", error="; ".join(str(e) for e in errors.values()))
         raise OperationError("lost track of job(s):\n" + "\n".join(f"  {e}" for e in errors.values()),
                              hint=reattach_hint(run))
-    return collect(connector, run, finals, console=console)
+    return collect(connector, run, finals, events=events)
 
 
-def _follow_many(connector, jobs, console, finals, errors) -> None:
+def _follow_many(connector, jobs, events, finals, errors) -> None:
     # One thread per host with a text view each (one live display per console); the main thread only
     # waits, so Ctrl-C reaches it at once.
     def one(host: str, job_id: str) -> None:
-        view = ProgressView(console, live=False, prefix=f"{host}: ")
+        view = events.job_output(prefix=f"{host}: ", live=False)
         try:
-            finals[host] = follow_job(connector, host, job_id, view=view)
+            finals[host] = follow_job(connector, host, job_id, output=view)
         except DfoError as exc:
             errors[host] = exc
         finally:
@@ -270,7 +263,7 @@ def _follow_many(connector, jobs, console, finals, errors) -> None:
 
 
 def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None = None, *,
-            console: Console) -> Run:
+            events: Events) -> Run:
     """Pull logs and results of finished jobs into the run folder, merge, report."""
     jobs = run.record["jobs"]
     finals = dict(finals or {})
@@ -292,7 +285,7 @@ def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None 
         try:
             connector.session(host).get(posixpath.join(job["job_dir"], "log"), log_path)
         except DfoError as exc:
-            console.print(f"[yellow]{host}: could not fetch the job log: {escape(exc.message)}[/]")
+            events.warn(f"{host}: could not fetch the job log: {exc.message}")
         if not status.ok:
             failures.append((host, status, _payload_error(log_path, status)))
     run.set(jobs=jobs)
@@ -302,12 +295,12 @@ def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None 
                         for h, s, err in failures)
         run.set(status="failed", error=msg)
         raise OperationError(msg, hint=f"log(s) in {run.path / 'logs'}; run folder {run.path} is marked failed")
-    _step(console, "pull results (sha256-verified)")
+    events.step("pull results (sha256-verified)")
     parts = {}
     for host, job in jobs.items():
         dest = run.path / "hosts" / host
         pulled = pull_results(connector, host, job["job_id"], dest, force=True)
-        console.print(f"  {host}: {pulled.files} file(s), {pulled.bytes:,} B {pulled.status}")
+        events.info(f"  {host}: {pulled.files} file(s), {pulled.bytes:,} B {pulled.status}")
         parts[host] = dest
     results, samples = merge_host_results(parts, jobs)
     body = "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in samples)
@@ -336,10 +329,10 @@ def _payload_error(log_path: Path, status: JobStatus) -> str:
     return " | ".join(tail) if tail else "no output"
 
 
-def wait_and_collect(connector: Connector, run: Run, *, console: Console) -> Run:
+def wait_and_collect(connector: Connector, run: Run, *, events: Events) -> Run:
     """`dfo runs pull`: follow what is still running, then collect."""
     statuses = {h: job_status(connector, h, j["job_id"]) for h, j in run.record.get("jobs", {}).items()}
     if all(s.done for s in statuses.values()):
-        return collect(connector, run, statuses, console=console)
-    return follow_and_collect(connector, run, console=console)
+        return collect(connector, run, statuses, events=events)
+    return follow_and_collect(connector, run, events=events)
 

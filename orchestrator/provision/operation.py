@@ -2,7 +2,7 @@
 
 Public API (used by `dfo eval` and the CLI):
 
-    provision(connector, host, *, offline=None, force=False, dry_run=False, console=None,
+    provision(connector, host, *, offline=None, force=False, dry_run=False, events=None,
               lock=None, venv=None) -> ProvisionResult
         Make ``host``'s venv match its lock. ``result.python`` is the venv's interpreter on the host and
         ``result.status`` is "up-to-date" (nothing done), "installed" or "would-install" (dry run).
@@ -41,16 +41,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rich.console import Console
-from rich.markup import escape
-
-from orchestrator.transport import hostcall
 from orchestrator.core.errors import HostError, InputError
+from orchestrator.core.events import Events, QuietEvents
 from orchestrator.core.hashing import sha256_file
 from orchestrator.core.inventory import Host
-from orchestrator.transport import Connector, HostOutcome, for_each_host
+from orchestrator.provision.wheelhouse import (
+    PAYLOAD_DIR,
+    Lock,
+    Target,
+    Wheelhouse,
+    build_wheelhouse,
+    cached_wheelhouse,
+    load_lock,
+)
+from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
 from orchestrator.transport.bulk import FAST_CIPHER, ssh_argv, ssh_binary
-from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Lock, Target, Wheelhouse, build_wheelhouse, cached_wheelhouse, load_lock
 
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")  # sent to the host on stdin, see transport.hostcall
 
@@ -264,17 +269,6 @@ class ProvisionResult:
 # ------------------------------------------------------------------------------------ execute
 
 
-class _Reporter:
-    """Notices on the (stderr) console, prefixed with the host; silent without a console."""
-
-    def __init__(self, host: str, console: Console | None):
-        self.host, self.console = host, console
-
-    def __call__(self, message: str) -> None:
-        if self.console is not None:
-            self.console.print(f"[dim]{escape(self.host)}:[/] {escape(message)}")
-
-
 def _call(session, host: Host, func: str, python: str | None = None, **kwargs):
     return hostcall.call(session, HOST_SCRIPT, func, python=python or host.python, **kwargs)
 
@@ -394,7 +388,7 @@ def provision(
     offline: bool | None = None,
     force: bool = False,
     dry_run: bool = False,
-    console: Console | None = None,
+    events: Events | None = None,
     lock: str | os.PathLike | None = None,
     venv: str | None = None,
     wheelhouse_cache: str | os.PathLike | None = None,
@@ -403,7 +397,7 @@ def provision(
 
     ``lock`` overrides the flavour's lock file (tests, experiments); ``venv`` overrides the inventory's
     venv path; ``wheelhouse_cache`` the controller cache root (default $DFO_CACHE or ~/.cache/dfo).
-    ``console`` receives progress notices (stderr console in the CLI).
+    ``events`` receives progress notices (the CLI renders them on stderr).
     """
     wheelhouse_cache = Path(wheelhouse_cache) if wheelhouse_cache else None
     started = time.monotonic()
@@ -411,7 +405,11 @@ def provision(
         raise InputError(f"unknown host {host!r}", hint=f"known hosts: {', '.join(connector.inventory.hosts)}")
     inv_host = connector.inventory.hosts[host]
     venv = venv or inv_host.venv
-    note = _Reporter(host, console)
+    events = events or QuietEvents()
+
+    def note(message: str) -> None:
+        events.info(f"{host}: {message}")
+
     cuv = controller_uv()
     dfo_uv = posixpath.join(inv_host.workdir, "tools", f"uv-{cuv.version}", "uv")
     session = connector.session(host)

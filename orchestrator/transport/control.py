@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import paramiko
 from fabric import Config, Connection
 
-from orchestrator.core.errors import HostError
+from orchestrator.core.errors import ConnectionLost, HostError
 from orchestrator.core.inventory import ResolvedHost
 
 KEEPALIVE_SECONDS = 15
@@ -139,7 +139,7 @@ class HostSession:
             code = channel.recv_exit_status()
             channel.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostError(self.name, f"connection lost while running `{_short(cmd)}`: {exc}") from None
+            raise ConnectionLost(self.name, f"connection lost while running `{_short(cmd)}`: {exc}") from None
         result = CommandResult(self.name, cmd, code, out, err)
         if check and not result.ok:
             detail = tail(result.err_text) or tail(result.text)
@@ -165,7 +165,7 @@ class HostSession:
                 out.extend(chunk)
         except socket.timeout:
             channel.close()
-            raise HostError(self.name, f"command did not finish within {timeout:.0f}s") from None
+            raise ConnectionLost(self.name, f"command did not finish within {timeout:.0f}s") from None
         reader.join(timeout)
         return bytes(out), bytes(err)
 
@@ -273,17 +273,17 @@ def connect(
         raise HostError(host.name, f"cannot resolve host name {host.hostname!r} ({exc.strerror})",
                         hint="check 'address' in the inventory or the HostName in ssh_config") from None
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
-        raise HostError(host.name, f"connection refused by {host.hostname}:{host.port} (is sshd running?)",
+        raise ConnectionLost(host.name, f"connection refused by {host.hostname}:{host.port} (is sshd running?)",
                         hint=str(exc)) from None
     except (socket.timeout, TimeoutError):
-        raise HostError(host.name, f"no answer from {host.hostname}:{host.port} within {host.connect_timeout:g}s "
+        raise ConnectionLost(host.name, f"no answer from {host.hostname}:{host.port} within {host.connect_timeout:g}s "
                         "(host down or firewalled)") from None
     except OSError as exc:
         reason = {errno.ENETUNREACH: "network unreachable", errno.EHOSTUNREACH: "host unreachable",
                   errno.ECONNREFUSED: "connection refused (is sshd running?)"}.get(exc.errno, str(exc))
-        raise HostError(host.name, f"cannot connect to {host.hostname}:{host.port}: {reason}") from None
+        raise ConnectionLost(host.name, f"cannot connect to {host.hostname}:{host.port}: {reason}") from None
     except paramiko.SSHException as exc:
-        raise HostError(host.name, f"SSH handshake with {host.hostname}:{host.port} failed: {exc}") from None
+        raise ConnectionLost(host.name, f"SSH handshake with {host.hostname}:{host.port} failed: {exc}") from None
     elapsed = time.monotonic() - started
     conn.transport.set_keepalive(KEEPALIVE_SECONDS)
     auth = conn.transport.auth_handler.auth_method if conn.transport.auth_handler else "?"

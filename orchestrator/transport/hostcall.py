@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.core.errors import HostError
+from orchestrator.core.errors import ConnectionLost, HostError
 
 PRELUDE = Path(__file__).with_name("host_prelude.py")
 RESULT_MARKER = "@@dfo-result@@"
@@ -46,6 +46,8 @@ def call(session, script: Path, func: str, python: str = "python3", timeout: flo
         if result.exit_code == 127 or "not found" in detail:
             raise HostError(session.name, f"cannot run the host's Python ({python!r}): {detail}",
                             hint="set 'python:' for this host in the inventory to an interpreter that exists")
+        if result.exit_code == -1:  # the channel closed without an exit status: the link, not the script
+            raise ConnectionLost(session.name, f"{where}: the connection closed before the host answered: {detail}")
         raise HostError(session.name, f"{where} failed on the host (exit {result.exit_code}): {detail}")
     try:
         payload = json.loads(result.text[marker + len(RESULT_MARKER):].strip().splitlines()[0])

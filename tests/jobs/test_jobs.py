@@ -112,6 +112,8 @@ def test_progress_lines_are_rendered_and_text_passes_through(sandbox, connector)
 
     from rich.console import Console
 
+    from orchestrator.ui.console_events import ConsoleEvents
+
     emit = ("import json, time\n"
             "for i in range(1, 6):\n"
             "    print(json.dumps({'dfo': 'progress', 'stage': 'generate', 'done': i, 'total': 5, 'unit': 'prompts'}))\n"
@@ -122,7 +124,8 @@ def test_progress_lines_are_rendered_and_text_passes_through(sandbox, connector)
     handle = launch_job(connector, "kpro6", ["/usr/bin/python3", "-c", emit], lock=None)
     buf = StringIO()
     lines = []
-    st = follow_job(connector, "kpro6", handle.job_id, console=Console(file=buf, width=100), on_line=lines.append,
+    st = follow_job(connector, "kpro6", handle.job_id, events=ConsoleEvents(Console(file=buf, width=100)),
+                    on_line=lines.append,
                     poll_interval=0.1)
     assert st.ok
     out = buf.getvalue()
@@ -315,6 +318,8 @@ def test_follow_reconnects_after_the_link_drops_and_loses_no_line(fresh_sandbox)
 
         from rich.console import Console
 
+        from orchestrator.ui.console_events import ConsoleEvents
+
         seen: list[str] = []
         outcome: dict = {}
         notes = StringIO()
@@ -323,7 +328,7 @@ def test_follow_reconnects_after_the_link_drops_and_loses_no_line(fresh_sandbox)
             try:
                 outcome["status"] = follow_job(conn, "ct129", handle.job_id, on_line=seen.append, poll_interval=0.1,
                                                poll_timeout=2, reconnect_timeout=60,
-                                               console=Console(file=notes, width=200))
+                                               events=ConsoleEvents(Console(file=notes, width=200)))
             except Exception as exc:  # reported by the assertion below
                 outcome["error"] = exc
 
