@@ -27,18 +27,20 @@ _sys.stdout.write("\\n{marker}" + _json.dumps(_result) + "\\n")
 """
 
 
-def program_source(script: Path) -> str:
-    """The prelude and the feature's script, as one self-contained program."""
-    return PRELUDE.read_text(encoding="utf-8") + "\n\n" + script.read_text(encoding="utf-8")
+def program_source(script: Path | tuple[Path, ...]) -> str:
+    """The prelude and the feature's script (or its parts, in order), as one self-contained program."""
+    parts = (script,) if isinstance(script, Path) else script
+    return "\n\n".join(p.read_text(encoding="utf-8") for p in (PRELUDE, *parts))
 
 
-def script_source(script: Path, func: str, kwargs: dict) -> str:
+def script_source(script: Path | tuple[Path, ...], func: str, kwargs: dict) -> str:
     return program_source(script) + _WRAPPER.format(func=func, kwargs=json.dumps(kwargs), marker=RESULT_MARKER)
 
 
-def call(session, script: Path, func: str, python: str = "python3", timeout: float | None = None, **kwargs):
+def call(session, script: Path | tuple[Path, ...], func: str, python: str = "python3", timeout: float | None = None,
+         **kwargs):
     """Run ``func(**kwargs)`` from SCRIPT on the host and return its result (a host error names the feature)."""
-    where = f"{script.parent.name}.{func}"
+    where = f"{(script if isinstance(script, Path) else script[-1]).parent.name}.{func}"
     result = session.python(script_source(script, func, kwargs), python=python, check=False, timeout=timeout)
     marker = result.text.rfind(RESULT_MARKER)
     if marker < 0:
