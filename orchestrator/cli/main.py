@@ -52,7 +52,8 @@ def _register() -> None:
     # Each command group lives in its own module and adds itself to `app`.
     from orchestrator.cli import deploy_cmd, inventory_cmd  # noqa: F401
 
-    for optional in ("relay_cmd", "provision_cmd", "jobs_cmd", "eval_cmd", "runs_cmd", "demo_cmd"):
+    for optional in ("relay_cmd", "provision_cmd", "jobs_cmd", "eval_cmd", "runs_cmd", "demo_cmd",
+                     "watch_cmd", "series_cmd"):
         try:
             __import__(f"{__package__}.{optional}")
         except ModuleNotFoundError as exc:

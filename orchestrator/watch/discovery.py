@@ -14,7 +14,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from ..core.errors import InputError
+from orchestrator.core.errors import InputError
 
 # Files a trainer writes as whole checkpoints (the eval strips their optimizer state on the source host).
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")

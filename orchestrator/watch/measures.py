@@ -9,10 +9,9 @@ prompt id: every checkpoint of a series is evaluated on the same prompts and ref
 
 from __future__ import annotations
 
+from orchestrator.core.errors import InputError
 from remote_payload.metrics.sample_rounds import rounds_from_entry
 from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci, mean
-
-from ..core.errors import InputError
 
 POSITIONS = 4          # p1..p4 in the series
 PLATEAU_WINDOW = 3     # this many "flat" verdicts in a row make a plateau

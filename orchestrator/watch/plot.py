@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .series import done_entries, failures
+from orchestrator.watch.series import done_entries, failures
 
 
 def write_plot(folder: Path, series: dict) -> Path | None:
@@ -27,7 +27,7 @@ def write_plot(folder: Path, series: dict) -> Path | None:
     for key, label, color, marker in (("tau_macro", "τ macro", "tab:blue", "o"),
                                       ("ddtree", f"DDTree-{k}", "tab:orange", "s")):
         stats = [e["measures"][key] for e in done]
-        pts = [(s, st) for s, st in zip(steps, stats) if st.get("value") is not None]
+        pts = [(s, st) for s, st in zip(steps, stats, strict=True) if st.get("value") is not None]
         if not pts:
             continue
         xs = [s for s, _ in pts]
@@ -36,21 +36,11 @@ def write_plot(folder: Path, series: dict) -> Path | None:
         if banded:
             ax.fill_between([s for s, _ in banded], [c[0] for _, c in banded], [c[1] for _, c in banded],
                             color=color, alpha=0.18, linewidth=0, label=f"{label} 95% CI")
-    base = (series.get("baselines") or {}).get("drafters") or {}
-    dashes = ["--", ":", "-.", (0, (5, 1, 1, 1))]
-    for i, (name, m) in enumerate(base.items()):
-        for key, color in (("tau_macro", "tab:blue"), ("ddtree", "tab:orange")):
-            v = (m.get(key) or {}).get("value")
-            if v is None:
-                continue
-            ax.axhline(v, color=color, linestyle=dashes[i % len(dashes)], linewidth=1.2, alpha=0.8)
-            what = "τ" if key == "tau_macro" else f"DDTree-{k}"
-            ax.annotate(f"{name} {what} {v:.2f}", xy=(1.0, v), xycoords=("axes fraction", "data"),
-                        xytext=(4, 0), textcoords="offset points", va="center", fontsize=8, color=color)
+    _baselines(ax, (series.get("baselines") or {}).get("drafters") or {}, k)
     failed = failures(series)
-    if failed:
-        ax.plot([e["step"] for e in failed], [1.0] * len(failed), "x", color="tab:red", markersize=9,
-                label="failed checkpoint")
+    if failed:  # at the foot of the plot: a failed checkpoint has no τ
+        ax.plot([e["step"] for e in failed], [0.04] * len(failed), "x", color="tab:red", markersize=9,
+                transform=ax.get_xaxis_transform(), label="failed checkpoint")
     ax.set_xlabel("training step")
     ax.set_ylabel("tokens per verify round (τ)")
     ax.set_title(f"Series {series['name']}: acceptance over training")
@@ -65,3 +55,25 @@ def write_plot(folder: Path, series: dict) -> Path | None:
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def _baselines(ax, base: dict, k: int) -> None:
+    """Horizontal lines, labelled at the right edge; labels closer than ~4% of the axis are spread apart."""
+    dashes = ["--", ":", "-.", (0, (5, 1, 1, 1))]
+    labels = []
+    for i, (name, m) in enumerate(base.items()):
+        for key, color, what in (("tau_macro", "tab:blue", "τ"), ("ddtree", "tab:orange", f"DDTree-{k}")):
+            v = (m.get(key) or {}).get("value")
+            if v is not None:
+                ax.axhline(v, color=color, linestyle=dashes[i % len(dashes)], linewidth=1.2, alpha=0.8)
+                labels.append((v, f"{name} {what} {v:.2f}", color))
+    if not labels:
+        return
+    lo, hi = ax.get_ylim()
+    gap = 0.045 * (hi - lo)
+    placed: list[float] = []
+    for v, text, color in sorted(labels):
+        y = max(v, placed[-1] + gap) if placed else v
+        placed.append(y)
+        ax.annotate(text, xy=(1.0, v), xycoords=("axes fraction", "data"), xytext=(1.01, y),
+                    textcoords=("axes fraction", "data"), va="center", fontsize=8, color=color)

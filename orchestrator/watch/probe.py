@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from ..core.errors import HostError
-from ..transport import Connector
+from orchestrator.core.errors import HostError
+from orchestrator.transport import Connector
 
 LIST_SCRIPT = r'''
 import json, os, sys, time

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .measures import verdict_text
+from orchestrator.watch.measures import verdict_text
 
 
 def fmt_ci(stat: dict | None, digits: int = 2) -> str:
@@ -35,7 +35,8 @@ def series_markdown(series: dict) -> str:
         for name, m in base.items():
             lines.append(f"| {name} | {fmt_ci(m['tau_macro'])} | {fmt_ci(m['tau_micro'])} | {fmt_ci(m['ddtree'])} |")
         lines.append("")
-    lines += ["## Checkpoints", "", "| step | checkpoint | τ macro | τ micro | DDTree-8 | p1 | p2 | p3 | p4 | verdict | run |",
+    lines += ["## Checkpoints", "",
+              "| step | checkpoint | τ macro | τ micro | DDTree-8 | p1 | p2 | p3 | p4 | verdict | run |",
               "|---:|---|---|---|---|---:|---:|---:|---:|---|---|"]
     for e in sorted(series["checkpoints"].values(), key=lambda e: e["step"]):
         if e["status"] == "done":

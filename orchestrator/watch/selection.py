@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.errors import InputError
-from .discovery import Checkpoint, Listing
+from orchestrator.core.errors import InputError
+from orchestrator.watch.discovery import Checkpoint, Listing
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import json
 import re
 from pathlib import Path
 
-from ..core.errors import InputError
-from ..evaluation.runs import write_json_atomic
-from .discovery import Checkpoint
+from orchestrator.core.errors import InputError
+from orchestrator.evaluation.runs import write_json_atomic
+from orchestrator.watch.discovery import Checkpoint
 
 SCHEMA = "dfo.series/1"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -93,11 +93,12 @@ def entry(series: dict, name: str) -> dict | None:
 
 def begin_attempt(series: dict, ckpt: Checkpoint) -> dict:
     old = series["checkpoints"].get(ckpt.name) or {}
-    e = {"name": ckpt.name, "path": ckpt.path, "step": ckpt.step, "step_source": ckpt.step_source,
-         "status": "relaying", "attempts": int(old.get("attempts", 0)) + 1, "observed": ckpt.observed,
-         "started_utc": _now(), "run": None, "superseded_runs": list(old.get("superseded_runs", []))}
+    superseded = list(old.get("superseded_runs", []))
     if old.get("run") and old.get("status") != "done":
-        e["superseded_runs"].append(old["run"])
+        superseded.append(old["run"])  # an abandoned attempt's run folder: never counted
+    e: dict = {"name": ckpt.name, "path": ckpt.path, "step": ckpt.step, "step_source": ckpt.step_source,
+         "status": "relaying", "attempts": int(old.get("attempts", 0)) + 1, "observed": ckpt.observed,
+         "started_utc": _now(), "run": None, "superseded_runs": superseded}
     if old.get("error"):
         e["previous_error"] = old["error"]
     series["checkpoints"][ckpt.name] = e

@@ -1,0 +1,104 @@
+"""`dfo series …`: the series `dfo watch` keeps under runs/series/: list, show, plot."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
+from orchestrator.core.errors import InputError
+from orchestrator.evaluation.runs import runs_root
+from orchestrator.watch import series as sm
+from orchestrator.watch import supervisor
+from orchestrator.watch.measures import verdict_text
+from orchestrator.watch.plot import write_plot
+from orchestrator.watch.render import fmt_ci, series_markdown
+
+series_app = typer.Typer(help="Series of checkpoint evals kept by `dfo watch` (runs/series/NAME/).",
+                         no_args_is_help=True)
+app.add_typer(series_app, name="series")
+
+RunsDir = typer.Option(None, "--runs-dir", help="Where run folders are (default ./runs or $DFO_RUNS_DIR).")
+
+
+def _load(runs_dir: Optional[str], name: str) -> tuple:
+    folder = sm.series_dir(runs_root(runs_dir), name)
+    found = sm.load_series(folder)
+    if found is None:
+        known = [p.name for p in sorted(sm.series_root(runs_root(runs_dir)).glob("*")) if (p / "series.json").is_file()]
+        raise InputError(f"no series {name!r} in {folder.parent}/",
+                         hint=("known series: " + ", ".join(known)) if known else "start one with `dfo watch`")
+    return folder, found
+
+
+@series_app.command("list")
+def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
+             json_out: bool = typer.Option(False, "--json")) -> None:
+    """Every series with its source, checkpoints evaluated/failed and the latest τ."""
+    app_ctx: AppContext = ctx.obj
+    rows = []
+    for folder in sorted(sm.series_root(runs_root(runs_dir)).glob("*")):
+        doc = sm.load_series(folder) if (folder / "series.json").is_file() else None
+        if doc is None:
+            continue
+        pts = sm.points(doc)
+        rows.append({"series": doc["name"], "source": doc["source"], "eval_host": doc["eval_host"],
+                     "evaluated": len(pts), "failed": len(sm.failures(doc)),
+                     "last_step": pts[-1]["step"] if pts else None,
+                     "last_tau_macro": pts[-1]["tau_macro"]["value"] if pts else None,
+                     "watcher": supervisor.running_pid(folder), "updated_utc": doc["updated_utc"]})
+    if json_out:
+        app_ctx.print_json({"series": rows})
+        return
+    table = Table("series", "source", "eval host", "evaluated", "failed", "last step", "τ macro", "supervisor")
+    for r in rows:
+        tau = "–" if r["last_tau_macro"] is None else f"{r['last_tau_macro']:.2f}"
+        table.add_row(escape(r["series"]), escape(r["source"]), r["eval_host"], str(r["evaluated"]), str(r["failed"]),
+                      str(r["last_step"] or "–"), tau, str(r["watcher"] or "–"))
+    app_ctx.out.print(table)
+
+
+@series_app.command("show")
+def show_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"), runs_dir: Optional[str] = RunsDir,
+             json_out: bool = typer.Option(False, "--json", help="Print series.json.")) -> None:
+    """One series: every checkpoint by step with τ, DDTree-8, CIs and the verdict; baselines; failures."""
+    app_ctx: AppContext = ctx.obj
+    folder, doc = _load(runs_dir, name)
+    if json_out:
+        app_ctx.print_json(doc)
+        return
+    out = app_ctx.out
+    table = Table("step", "checkpoint", "τ macro [95% CI]", "τ micro", "DDTree-8 [95% CI]", "p1", "verdict",
+                  title=f"series {doc['name']}: {doc['source']} on {doc['eval_host']}")
+    for e in sorted(doc["checkpoints"].values(), key=lambda e: e["step"]):
+        if e["status"] == "done":
+            m = e["measures"]
+            p1 = next((p["value"] for p in m["p"] if p["k"] == 1 and p["value"] is not None), None)
+            table.add_row(str(e["step"]), escape(e["name"]), fmt_ci(m["tau_macro"]), fmt_ci(m["tau_micro"]),
+                          fmt_ci(m["ddtree"]), "–" if p1 is None else f"{p1:.2f}", escape(verdict_text(e["verdict"])))
+        else:
+            detail = e.get("error") if e["status"] == "failed" else "in progress"
+            table.add_row(str(e["step"]), escape(e["name"]), e["status"], "", "", "", escape(str(detail)))
+    out.print(table)
+    for bname, m in ((doc.get("baselines") or {}).get("drafters") or {}).items():
+        out.print(f"  baseline {escape(bname)}: τ macro {fmt_ci(m['tau_macro'])}, DDTree-8 {fmt_ci(m['ddtree'])}")
+    pid = supervisor.running_pid(folder)
+    out.print(f"folder: {escape(str(folder))} (series.json, series.md, tau_vs_step.png)"
+              + (f"; supervisor pid {pid}" if pid else ""))
+
+
+@series_app.command("plot")
+def plot_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
+             runs_dir: Optional[str] = RunsDir) -> None:
+    """Redraw tau_vs_step.png and rewrite series.md from series.json."""
+    app_ctx: AppContext = ctx.obj
+    folder, doc = _load(runs_dir, name)
+    (folder / "series.md").write_text(series_markdown(doc), encoding="utf-8")
+    path = write_plot(folder, doc)
+    if path is None:
+        raise InputError(f"series {name!r}: nothing to plot yet (no evaluated checkpoint, or matplotlib missing)")
+    app_ctx.out.print(str(path))

@@ -1,0 +1,190 @@
+"""`dfo watch HOST:DIR`: evaluate each new training checkpoint as it lands; the series is in runs/series/."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
+from orchestrator.core.errors import InputError
+from orchestrator.evaluation.plan import EvalRequest, parse_drafter
+from orchestrator.evaluation.runs import runs_root
+from orchestrator.relay.plan import parse_endpoint
+from orchestrator.watch import series as sm
+from orchestrator.watch import supervisor
+from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, drafter_name, look
+from orchestrator.watch.selection import Options
+
+
+@app.command("watch")
+def watch_cmd(
+    ctx: typer.Context,
+    source: str = typer.Argument(..., metavar="HOST:DIR",
+                                 help="The training run's checkpoint folder on the training host."),
+    host: str = typer.Option(..., "--host", "-H", metavar="HOST", help="Eval host."),
+    target: str = typer.Option(..., "--target", metavar="PATH", help="Target model folder on the eval host."),
+    drafter: list[str] = typer.Option([], "--drafter", "--baseline", "-d", metavar="NAME=[HOST:]PATH",
+                                      help="Fixed baseline (repeatable): evaluated once per target/prompt set and "
+                                      "drawn as a horizontal line."),
+    series: Optional[str] = typer.Option(None, "--series", metavar="NAME",
+                                         help="Series name (default: the folder's name)."),
+    pattern: Optional[str] = typer.Option(None, "--pattern", metavar="GLOB",
+                                          help="Checkpoint names, e.g. 'step_*.pt' (default: *.pt/*.pth/*.ckpt/*.bin/"
+                                          "*.safetensors files and folders holding weights)."),
+    step_from: str = typer.Option("auto", "--step-from", metavar="auto|name|metadata",
+                                  help="Where the training step comes from (auto: the name, else the "
+                                  "folder's metadata)."),
+    every: Optional[int] = typer.Option(None, "--every", metavar="N", help="Only steps that are multiples of N."),
+    newest: bool = typer.Option(False, "--newest", help="Only the newest settled checkpoint."),
+    settle: float = typer.Option(30.0, "--settle", metavar="SECONDS",
+                                 help="Quiet time (size and mtime) before a checkpoint counts as written."),
+    interval: float = typer.Option(60.0, "--interval", metavar="SECONDS", help="Time between looks at the folder."),
+    once: bool = typer.Option(False, "--once", help="Evaluate what is new now, then exit (for cron)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be evaluated; change nothing."),
+    detach: bool = typer.Option(False, "--detach", help="Run the watcher under a supervisor in the background."),
+    keep: bool = typer.Option(False, "--keep", help="Keep relayed checkpoints on the eval host after their eval."),
+    on_result: Optional[str] = typer.Option(None, "--on-result", metavar="CMD",
+                                            help="Run CMD (sh -c) after each checkpoint with the result JSON "
+                                            "on stdin."),
+    prompts: str = typer.Option("builtin", "--prompts", metavar="builtin|FILE",
+                                help="'builtin' or a local JSONL file."),
+    reference: str = typer.Option("target", "--reference", metavar="target|server|URL", help="As for dfo eval."),
+    device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu"),
+    dtype: str = typer.Option("bfloat16", "--dtype", metavar="DTYPE"),
+    enable_thinking: bool = typer.Option(False, "--enable-thinking/--no-enable-thinking"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", metavar="N"),
+    samples: Optional[int] = typer.Option(None, "--samples", metavar="N"),
+    tree_k: Optional[int] = typer.Option(None, "--tree-k", metavar="K"),
+    tree_budget: Optional[int] = typer.Option(None, "--tree-budget", metavar="N"),
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N"),
+    reference_model: Optional[str] = typer.Option(None, "--reference-model", metavar="NAME"),
+    payload_arg: list[str] = typer.Option([], "--payload-arg", metavar="ARG"),
+    json_out: bool = typer.Option(False, "--json", help="With --once/--dry-run: print the outcome as JSON."),
+    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Default ./runs or $DFO_RUNS_DIR."),
+) -> None:
+    """Evaluate every new checkpoint in HOST:DIR on the eval host and keep τ over training steps.
+
+    Example: dfo watch kpro6:/data/checkpoints/run7/ --host ct129 --target /data/models/Qwen3.6-27B
+    --drafter zlab=/data/models/Qwen3.6-27B-DFlash --pattern 'step_*.pt' --samples 64
+    """
+    app_ctx: AppContext = ctx.obj
+    inv = app_ctx.inventory
+    endpoint = parse_endpoint(source, inv, "HOST:DIR")
+    folder = posixpath.normpath(endpoint.path)
+    prompts_file, digest = None, None
+    if prompts != "builtin":
+        prompts_file = Path(prompts).resolve()
+        if not prompts_file.is_file():
+            raise InputError(f"--prompts {prompts!r}: no such local file (or use 'builtin')")
+        digest = hashlib.sha256(prompts_file.read_bytes()).hexdigest()
+    request = EvalRequest(hosts=[host], target=target, drafters=[parse_drafter(d, inv) for d in drafter],
+                          prompts=str(prompts_file or prompts), reference=reference, device=device, dtype=dtype,
+                          enable_thinking=enable_thinking, max_new_tokens=max_new_tokens, samples=samples,
+                          threads=threads, tree_k=tree_k, tree_budget=tree_budget, reference_model=reference_model,
+                          payload_args=payload_arg)
+    cfg = WatchConfig(series=series or posixpath.basename(folder) or "series", source_host=endpoint.host,
+                      folder=folder, request=request, runs_dir=runs_root(runs_dir).resolve(),
+                      options=Options(settle=settle, every=every, newest=newest), pattern=pattern,
+                      step_from=step_from, prompts_file=prompts_file, prompts_digest=digest, keep=keep, once=once,
+                      interval=interval, on_result=on_result)
+    sm.series_dir(cfg.runs_dir, cfg.series)  # validates the name before anything runs
+    if dry_run:
+        _dry_run(app_ctx, cfg, json_out)
+    elif detach:
+        _detach(app_ctx, cfg)
+    else:
+        _foreground(app_ctx, cfg, json_out)
+
+
+def _foreground(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
+    err = app_ctx.err
+
+    def idle(text: str, seconds: float) -> None:
+        import time
+
+        with err.status(escape(text)) if err.is_terminal else _Nothing():
+            if not err.is_terminal:
+                err.print(escape(text))
+            time.sleep(seconds)
+
+    watcher = Watcher(app_ctx.connector, cfg, app_ctx.events, idle=idle)
+    result = watcher.run()
+    done, failed = sm.done_entries(result), sm.failures(result)
+    err.print(f"series {escape(cfg.series)}: {len(done)} evaluated, {len(failed)} failed → "
+              f"{escape(str(watcher.folder))} (series.json, series.md, tau_vs_step.png)")
+    if json_out:
+        failed_rows = [{"name": e["name"], "step": e["step"], "error": e.get("error")} for e in failed]
+        app_ctx.print_json({"series": cfg.series, "path": str(watcher.folder), "steps": sm.points(result),
+                            "failed": failed_rows})
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _dry_run(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
+    """Reads the folder listing and the local series; changes nothing anywhere."""
+    folder = sm.series_dir(cfg.runs_dir, cfg.series)
+    found = sm.load_series(folder)
+    if found is not None:
+        sm.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
+    plan, ignored = look(app_ctx.connector, cfg, (found or {}).get("checkpoints", {}))
+    cached = (sm.series_root(cfg.runs_dir) / ".baselines" / f"{baselines_key(cfg)}.json").is_file()
+    baselines = [d.label() for d in cfg.request.drafters]
+    if json_out:
+        app_ctx.print_json({"dry_run": True, "series": cfg.series, "source": cfg.source, **plan.as_dict(),
+                            "ignored": [{"name": n, "why": w} for n, w in ignored],
+                            "baselines": {"drafters": baselines, "cached": cached}})
+        return
+    out = app_ctx.out
+    out.print(f"[bold]dfo watch {escape(cfg.source)}[/] (dry run: nothing is changed) → series {escape(cfg.series)}")
+    out.print(f"already evaluated: {plan.done}")
+    for e in plan.reattach:
+        out.print(f"reattach to the eval job of {escape(e['name'])} (run {escape(str(e['run']))})")
+    if baselines:
+        out.print("baselines: " + ", ".join(escape(b) for b in baselines)
+                  + (" (cached: reused)" if cached else " (evaluated once before the first checkpoint)"))
+    for c in plan.evaluate:
+        out.print(f"evaluate step {c.step} ({c.step_source}): {escape(c.name)} → drafter {drafter_name(c)}: "
+                  f"strip on {cfg.source_host}, relay to {cfg.eval_host}, eval, pull"
+                  + ("" if cfg.keep else f", remove from {cfg.eval_host}"))
+    for c, why in plan.waiting:
+        out.print(f"wait     step {c.step}: {escape(c.name)}: {escape(why)}")
+    for c, why in plan.skipped:
+        out.print(f"skip     step {c.step}: {escape(c.name)}: {escape(why)}")
+    for name, why in ignored:
+        out.print(f"ignore   {escape(name)}: {escape(why)}")
+    if not (plan.evaluate or plan.waiting or plan.reattach):
+        out.print("nothing new to evaluate")
+
+
+def _detach(app_ctx: AppContext, cfg: WatchConfig) -> None:
+    folder = sm.series_dir(cfg.runs_dir, cfg.series)
+    pid = supervisor.running_pid(folder)
+    if pid is not None:
+        raise InputError(f"series {cfg.series} is already watched by supervisor pid {pid}",
+                         hint=f"stop it with `kill {pid}` first")
+    args = sys.argv[sys.argv.index("watch"):] if "watch" in sys.argv else []
+    if not args:
+        raise InputError("--detach needs the dfo command line (run it from the `dfo` executable)")
+    args = [a for a in args if a != "--detach"]
+    head = ["--inventory", str(app_ctx.inventory_path.resolve()), "--connect-timeout", str(app_ctx.connect_timeout)]
+    if app_ctx.trust_new_host_keys:
+        head.append("--trust-new-host-keys")
+    if "--runs-dir" not in args:
+        args += ["--runs-dir", str(cfg.runs_dir)]
+    pid = supervisor.start(folder, head + args)
+    app_ctx.err.print(f"[green]detached[/]: supervisor pid {pid} watches {escape(cfg.source)}\n"
+                      f"  log {escape(str(folder / 'watch.log'))}; stop with `kill {pid}`; "
+                      f"`dfo series show {escape(cfg.series)}` shows the series")

@@ -1,0 +1,96 @@
+"""A fake trainer for the watch tests and the watch demo: writes step_N.pt checkpoints slowly.
+
+Run on the training host with the payload's venv (torch). From one trained drafter checkpoint (the
+fixtures' ``trained-drafter/checkpoint.pt``) it makes checkpoints of increasing quality: step N gets the
+trained weights plus Gaussian noise whose scale shrinks with N (the last step: the trained weights), in
+the team's training format (model + optimizer state + step + config). Each file is written in chunks
+with pauses, straight to its final name, as trainers do, so a watcher can find it half-written.
+``--corrupt STEP`` writes that step as bytes that are no checkpoint (an injected failure).
+``--wait-for PATH`` holds the next file back until PATH exists (tests sequence the trainer with it).
+The log (one JSON line per event) says when each file started and was complete, with its sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+
+def _log(path: Path, **event) -> None:
+    with path.open("a") as fh:
+        fh.write(json.dumps({"t": time.time(), **event}) + "\n")
+
+
+def noisy_checkpoint(source: Path, step: int, scale: float, spec: dict | None) -> bytes:
+    import torch
+
+    ckpt = torch.load(str(source), map_location="cpu", weights_only=True)
+    gen = torch.Generator().manual_seed(step)
+    model = {}
+    for name, w in ckpt["model"].items():
+        if scale and w.is_floating_point() and w.numel() > 1:
+            w = w + scale * w.float().std() * torch.randn(w.shape, generator=gen, dtype=w.dtype)
+        model[name] = w
+    out = {**ckpt, "model": model, "step": step}
+    if spec is not None:
+        out["config"] = spec
+    buf = io.BytesIO()
+    torch.save(out, buf)
+    return buf.getvalue()
+
+
+def write_slowly(path: Path, data: bytes, chunks: int, delay: float) -> None:
+    size = -(-len(data) // chunks)
+    with path.open("wb") as fh:
+        for i in range(0, len(data), size):
+            fh.write(data[i:i + size])
+            fh.flush()
+            os.fsync(fh.fileno())
+            time.sleep(delay)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", required=True, type=Path, help="a trained drafter checkpoint.pt")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--steps", default="100,200,300", help="comma-separated steps, in writing order")
+    ap.add_argument("--max-noise", type=float, default=1.5, help="noise scale (× weight std) at the first step")
+    ap.add_argument("--corrupt", type=int, action="append", default=[], help="write this step as garbage")
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--chunk-delay", type=float, default=0.5, help="seconds between chunks of one file")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds between files")
+    ap.add_argument("--wait-for", type=Path, action="append", default=[],
+                    help="before file i, wait until the i-th --wait-for path exists")
+    ap.add_argument("--log", type=Path, required=True)
+    args = ap.parse_args()
+    steps = [int(s) for s in args.steps.split(",")]
+    good = [s for s in steps if s not in args.corrupt]
+    spec_file = args.source.parent / "spec.json"
+    spec = json.loads(spec_file.read_text()) if spec_file.exists() else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    for i, step in enumerate(steps):
+        if i < len(args.wait_for):
+            while not args.wait_for[i].exists():
+                time.sleep(0.2)
+        if step in args.corrupt:
+            data = hashlib.sha256(str(step).encode()).digest() * 4096
+        else:
+            rank = good.index(step)
+            scale = args.max_noise * (1 - rank / (len(good) - 1)) if len(good) > 1 else 0.0
+            data = noisy_checkpoint(args.source, step, scale, spec)
+        path = args.out / f"step_{step}.pt"
+        _log(args.log, event="start", name=path.name, step=step, bytes=len(data))
+        write_slowly(path, data, args.chunks, args.chunk_delay)
+        _log(args.log, event="done", name=path.name, step=step, sha256=hashlib.sha256(data).hexdigest(),
+             corrupt=step in args.corrupt)
+        time.sleep(args.gap)
+    _log(args.log, event="finished")
+
+
+if __name__ == "__main__":
+    main()

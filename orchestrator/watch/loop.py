@@ -1,0 +1,338 @@
+"""The watcher: look at the training folder, evaluate what settled, record it in the series, repeat.
+
+Per checkpoint it runs the path `dfo eval` runs (strip on the training host → relay through the
+controller → eval as a detached job on the eval host, which refuses to start while another job holds
+the host's GPU lock → pull → report), then adds the run to the series, judges it against the previous
+best, removes the relayed weights from the eval host (unless --keep) and calls --on-result. The
+baselines are evaluated once per eval host/target/prompt set/settings and reused from a controller-side
+cache; the target's features are reused by the payload's own feature cache on the eval host (the series
+records each run's cache hits).
+
+Restart safety: the series entry is written before each side effect (see ``series``); a restarted
+watcher reattaches to an eval job that was running and redoes an attempt that was still relaying (the
+relay resumes from its verified chunks). One watcher per series (an flock on the series folder).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import posixpath
+import re
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from orchestrator.core.errors import DfoError, InputError
+from orchestrator.core.events import Events
+from orchestrator.evaluation.operation import follow_and_collect, start_eval, wait_and_collect
+from orchestrator.evaluation.plan import DrafterRef, EvalRequest, plan_eval, relay_dir
+from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_atomic
+from orchestrator.jobs.operation import JobRefused
+from orchestrator.transport import Connector
+from orchestrator.watch import series as sm
+from orchestrator.watch.discovery import Checkpoint, parse_listing
+from orchestrator.watch.hooks import run_hook
+from orchestrator.watch.measures import judge, measure, per_sample_tau, verdict_text
+from orchestrator.watch.plot import write_plot
+from orchestrator.watch.probe import list_folder
+from orchestrator.watch.render import series_markdown
+from orchestrator.watch.selection import Options, RoundPlan, plan_round
+
+
+@dataclass
+class WatchConfig:
+    series: str
+    source_host: str
+    folder: str
+    request: EvalRequest           # hosts=[eval host], target and eval options; drafters = the fixed baselines
+    runs_dir: Path
+    options: Options = field(default_factory=Options)
+    pattern: str | None = None
+    step_from: str = "auto"
+    prompts_file: Path | None = None
+    prompts_digest: str | None = None
+    keep: bool = False
+    once: bool = False
+    interval: float = 60.0
+    on_result: str | None = None
+
+    @property
+    def eval_host(self) -> str:
+        return self.request.hosts[0]
+
+    @property
+    def source(self) -> str:
+        return f"{self.source_host}:{self.folder}"
+
+    def settings(self) -> dict:
+        """What makes two checkpoints' numbers comparable; a series keeps it fixed."""
+        r = self.request
+        return {"target": r.target, "prompts": r.prompts, "prompts_sha256": self.prompts_digest,
+                "samples": r.samples, "max_new_tokens": r.max_new_tokens, "dtype": r.dtype, "device": r.device,
+                "enable_thinking": r.enable_thinking, "reference": r.reference, "reference_model": r.reference_model,
+                "seed": r.seed, "tree_k": r.tree_k, "tree_budget": r.tree_budget,
+                "payload_args": list(r.payload_args), "pattern": self.pattern, "step_from": self.step_from}
+
+
+def drafter_name(ckpt: Checkpoint) -> str:
+    stem = re.sub(r"\.(pt|pth|ckpt|bin|safetensors)$", "", ckpt.name)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:64]
+    return name if name[:1].isalnum() else f"c{name}"[:64]
+
+
+def look(connector: Connector, cfg: WatchConfig, entries: dict[str, dict]) -> tuple[RoundPlan, list]:
+    """One look at the folder: the round plan and the names ignored (with why)."""
+    listing = parse_listing(list_folder(connector, cfg.source_host, cfg.folder), pattern=cfg.pattern,
+                            step_from=cfg.step_from)
+    return plan_round(listing, entries, cfg.options), listing.ignored
+
+
+def baselines_key(cfg: WatchConfig) -> str:
+    labels = sorted(d.label() for d in cfg.request.drafters)
+    blob = json.dumps([cfg.eval_host, cfg.settings(), labels], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class SeriesLock:
+    """One watcher per series; the kernel drops the lock when the process dies (SIGKILL included)."""
+
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / ".watch.lock"
+        self.fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.seek(0)
+            holder = self.fh.read().strip() or "?"
+            self.fh.close()
+            raise InputError(f"another `dfo watch` (pid {holder}) is watching series {folder.name}",
+                             hint=f"stop it first, or watch under another --series name ({self.path})") from None
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.fh.write(str(os.getpid()))
+        self.fh.flush()
+
+    def release(self) -> None:
+        self.fh.close()
+
+
+class Watcher:
+    def __init__(self, connector: Connector, cfg: WatchConfig, events: Events,
+                 idle: Callable[[str, float], None] | None = None):
+        """``idle(status_text, seconds)`` waits between looks (the CLI shows the text as a status line)."""
+        self.connector, self.cfg, self.events = connector, cfg, events
+        self.idle = idle or (lambda text, seconds: time.sleep(seconds))
+        self.folder = sm.series_dir(cfg.runs_dir, cfg.series)
+        self.series: dict = {}
+
+    # -- the loop
+
+    def run(self) -> dict:
+        lock = SeriesLock(self.folder)
+        try:
+            self._open()
+            while True:
+                plan, ignored = look(self.connector, self.cfg, self.series["checkpoints"])
+                self._round(plan, ignored)
+                if self.cfg.once:
+                    return self.series
+                self._idle(plan)
+        finally:
+            lock.release()
+
+    def _open(self) -> None:
+        cfg = self.cfg
+        found = sm.load_series(self.folder)
+        if found is None:
+            self.series = sm.new_series(cfg.series, source=cfg.source, eval_host=cfg.eval_host,
+                                        settings=cfg.settings())
+        else:
+            sm.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
+            self.series = found
+        self._publish()
+
+    def _round(self, plan: RoundPlan, ignored: list) -> None:
+        for name, why in ignored:
+            self.events.warn(f"ignored {name}: {why}")
+        for e in plan.reattach:
+            self._reattach(e)
+        for c, why in plan.waiting:
+            self.events.info(f"waiting for {c.name}: {why}")
+        if plan.evaluate and self.cfg.request.drafters:
+            self._baselines()
+        for c in plan.evaluate:
+            self._evaluate(c)
+
+    def _idle(self, plan: RoundPlan) -> None:
+        done, failed = len(sm.done_entries(self.series)), len(sm.failures(self.series))
+        self.idle(f"watching {self.cfg.source}: {done} evaluated, {failed} failed, {len(plan.waiting)} settling; "
+                  f"next look in {self.cfg.interval:g}s", self.cfg.interval)
+
+    def _say(self, text: str) -> None:
+        self.events.step(text, tag="watch")
+
+    # -- baselines
+
+    def _baselines(self) -> None:
+        cfg = self.cfg
+        key = baselines_key(cfg)
+        if (self.series.get("baselines") or {}).get("key") == key:
+            return
+        cache = sm.series_root(cfg.runs_dir) / ".baselines" / f"{key}.json"
+        if cache.is_file():
+            cached = json.loads(cache.read_text(encoding="utf-8"))
+            self._say(f"baselines {', '.join(cached['drafters'])}: reusing run {cached['run']}")
+        else:
+            self._say("evaluating the baselines once: " + ", ".join(d.label() for d in cfg.request.drafters))
+            plan = plan_eval(cfg.request, self.connector.inventory, prompts_digest=cfg.prompts_digest)
+            run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,
+                             prompts_file=cfg.prompts_file)
+            run = follow_and_collect(self.connector, run, events=self.events)
+            results, samples = run.results(), run.samples()
+            cached = {"key": key, "run": run.name, "labels": sorted(d.label() for d in cfg.request.drafters),
+                      "drafters": {d.name: measure(results, samples, d.name) for d in cfg.request.drafters}}
+            write_json_atomic(cache, cached)
+        self.series["baselines"] = cached
+        self._publish()
+
+    # -- one checkpoint
+
+    def _evaluate(self, ckpt: Checkpoint) -> None:
+        cfg = self.cfg
+        orphan = self._orphan_run(ckpt)
+        if orphan is not None:  # killed between the job's launch and the series' record of it
+            self._reattach(sm.mark(self.series, ckpt.name, "evaluating", run=orphan.name))
+            return
+        previous = self.series["checkpoints"].get(ckpt.name)
+        e = sm.begin_attempt(self.series, ckpt)
+        self._publish()
+        self._say(f"{ckpt.name} (step {ckpt.step}, from the {ckpt.step_source}; attempt {e['attempts']})")
+        request = replace(cfg.request, drafters=[DrafterRef(drafter_name(ckpt), cfg.source_host, ckpt.path)])
+        started = time.monotonic()
+        try:
+            plan = plan_eval(request, self.connector.inventory, prompts_digest=cfg.prompts_digest)
+            run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,
+                             prompts_file=cfg.prompts_file)
+        except JobRefused as exc:  # the GPU is busy: not the checkpoint's fault; look again later
+            self.events.warn(f"{exc.message}; will try {ckpt.name} again")
+            if previous is None:
+                del self.series["checkpoints"][ckpt.name]
+            else:
+                self.series["checkpoints"][ckpt.name] = previous
+            self._publish()
+            return
+        except DfoError as exc:
+            self._failed(ckpt.name, f"relay/launch: {exc.message}")
+            return
+        sm.mark(self.series, ckpt.name, "evaluating", run=run.name, digests=_digests(run.record),
+                relayed_to=plan.relays[0].lands_at if plan.relays else None,
+                timings={"relay_launch_s": round(time.monotonic() - started, 1)})
+        self._publish()
+        self._collect(e, lambda: follow_and_collect(self.connector, run, events=self.events), started)
+
+    def _reattach(self, e: dict) -> None:
+        self._say(f"reattaching to {e['name']}'s eval job (run {e['run']})")
+        try:
+            run = load_run(self.cfg.runs_dir / e["run"])
+        except InputError:
+            sm.mark(self.series, e["name"], "relaying")  # its run folder is gone: the attempt is redone
+            self._publish()
+            return
+        self._collect(e, lambda: wait_and_collect(self.connector, run, events=self.events), time.monotonic())
+
+    def _collect(self, e: dict, finish: Callable[[], Run], started: float) -> None:
+        try:
+            run = finish()
+            results, samples = run.results(), run.samples()
+            name = next(iter(results.get("drafters") or {}), "?")
+            measures = measure(results, samples, name)
+        except DfoError as exc:
+            self._failed(e["name"], f"eval: {exc.message}")
+            return
+        best = sm.best_before(self.series, e["step"])
+        best_taus = per_sample_tau(load_run(self.cfg.runs_dir / best["run"]).samples(), best["drafter"]) \
+            if best else None
+        verdict = judge(per_sample_tau(samples, name), best_taus, best_name=best["name"] if best else None,
+                        recent=sm.recent_verdicts(self.series, e["step"]))
+        timings = dict(e.get("timings") or {}, total_s=round(time.monotonic() - started, 1))
+        reuse = {"features_cache_hits": (results.get("extraction") or {}).get("cache_hits"),
+                 "reference_cache_hits": (results.get("reference") or {}).get("cache_hits")}
+        source = results["drafters"][name].get("source") or {}
+        sm.mark(self.series, e["name"], "done", run=run.name, drafter=name, measures=measures, verdict=verdict,
+                timings=timings, reuse=reuse, metadata_step=source.get("step"))
+        removed = self._cleanup(e)
+        self._publish()
+        tree = measures["ddtree"]
+        self.events.success(f"{e['name']} step {e['step']}: τ macro {measures['tau_macro']['value']:.2f}, "
+                            f"DDTree-{tree.get('k')} {tree['value'] or 0:.2f} → {verdict_text(verdict)}"
+                            + (f"; removed {removed}" if removed else ""))
+        self._hook(e)
+
+    def _failed(self, name: str, reason: str) -> None:
+        e = sm.mark(self.series, name, "failed", error=reason)
+        self._publish()
+        self.events.warn(f"{name} failed: {reason} (recorded; the watcher goes on)")
+        self._hook(e)
+
+    def _cleanup(self, e: dict) -> str | None:
+        """Remove the relayed (stripped) weights from the eval host; the series keeps their digests."""
+        path = e.get("relayed_to")
+        root = relay_dir(self.connector.inventory, self.cfg.eval_host, self.cfg.source_host)
+        if self.cfg.keep or not path or not path.startswith(root.rstrip("/") + "/"):
+            return None
+        try:
+            self.connector.session(self.cfg.eval_host).run(["rm", "-rf", "--", path, path + ".dfo-manifest.json"])
+        except DfoError as exc:
+            self.events.warn(f"could not remove {path}: {exc.message}")
+            return None
+        e["removed_from_eval_host"] = True
+        return f"{self.cfg.eval_host}:{path}"
+
+    def _orphan_run(self, ckpt: Checkpoint) -> Run | None:
+        """A run launched for this checkpoint's current attempt that the series never recorded."""
+        e = self.series["checkpoints"].get(ckpt.name)
+        if not e or e["status"] != "relaying":
+            return None
+        for run in reversed(list_runs(self.cfg.runs_dir)):
+            drafters = (run.record.get("request") or {}).get("drafters") or []
+            if run.record.get("created", "") < e["started_utc"] or run.name in e.get("superseded_runs", []):
+                continue
+            if [d.get("path") for d in drafters] == [ckpt.path] and run.record.get("jobs"):
+                return run
+        return None
+
+    def _hook(self, e: dict) -> None:
+        if not self.cfg.on_result:
+            return
+        result = {"series": self.cfg.series, "series_dir": str(self.folder), "source": self.cfg.source,
+                  "checkpoint": e["name"], "step": e["step"], "status": e["status"], "run": e.get("run"),
+                  "measures": e.get("measures"), "verdict": e.get("verdict"), "error": e.get("error"),
+                  "baselines": (self.series.get("baselines") or {}).get("drafters")}
+        outcome = run_hook(self.cfg.on_result, result)
+        e["on_result"] = outcome
+        if not outcome["ok"]:
+            self.events.warn(f"--on-result failed ({outcome['exit_code']}): {outcome['detail']}")
+        self._publish()
+
+    def _publish(self) -> None:
+        sm.save(self.folder, self.series)
+        tmp = self.folder / ".series.md.tmp"
+        tmp.write_text(series_markdown(self.series), encoding="utf-8")
+        tmp.replace(self.folder / "series.md")
+        write_plot(self.folder, self.series)
+
+
+def _digests(record: dict) -> dict | None:
+    """What a rerun needs to fetch the same weights again: the source checkpoint's and the relayed files'."""
+    relays = record.get("relays") or []
+    if not relays:
+        return None
+    r = relays[0]
+    return {"source": r.get("stripped_from") or {"sha256": r.get("sha256")},
+            "relayed": {f.get("rel") or posixpath.basename(f.get("final", "")): f.get("sha256")
+                        for f in r.get("files", [])}}
