@@ -21,9 +21,10 @@ import pytest
 
 from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.inventory import Host, load_inventory
-from orchestrator.provision.operation import (
+from orchestrator.provision.operation import provision
+from orchestrator.provision.plan import (
     ControllerUv, UvChoice, choose_uv, disk_shortfall, lock_path_for, marker_differences, marker_fields,
-    marker_hash, plan_provision, provision, resolve_flavour,
+    marker_hash, plan_provision, resolve_flavour,
 )
 from orchestrator.transport import Connector
 from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Target, load_lock, parse_lock
