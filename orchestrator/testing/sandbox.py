@@ -11,7 +11,9 @@ The sandbox writes, in its root: ``known_hosts``, ``ssh_config`` (usable with ``
 ``inventory.yaml`` (dfo's inventory format). Teardown kills only processes it started (by PID, never by
 name: other sshd run on this machine) and removes the namespaces, veths and routes it created.
 
-Pure stdlib + subprocess: used by tests/conftest.py and by the demo command. Manual use:
+Stdlib + subprocess (plus the inventory's host-name rule): used by tests/conftest.py and by the demo
+command. This module orchestrates; the parts live beside it (host, network, sshd, host_files, processes,
+state, cli). Manual use:
 
     python -m orchestrator.testing.sandbox up ROOT        # start, print paths, wait for Ctrl-C, tear down
     python -m orchestrator.testing.sandbox up ROOT --keep # start and leave running
@@ -20,330 +22,37 @@ Pure stdlib + subprocess: used by tests/conftest.py and by the demo command. Man
 
 from __future__ import annotations
 
-import argparse
 import atexit
-import base64
-import hashlib
-import hmac
-import ipaddress
 import json
 import os
 import pwd
-import re
 import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-SSHD = "/usr/sbin/sshd"
+from orchestrator.testing import host_files, network, sshd
+from orchestrator.testing.errors import SandboxError
+from orchestrator.testing.host import SandboxHost, make_hosts
+from orchestrator.testing.network import ROUTE_METRIC
+from orchestrator.testing.processes import kill_pids, pids_with_env
+from orchestrator.testing.sshd import SSHD
+from orchestrator.testing.state import STATE_FILE, holds_running_sandbox, manual_cleanup, state_of, teardown_state
+
+__all__ = ["HOST_PYTHON", "ROUTE_METRIC", "SSHD", "STATE_FILE", "Sandbox", "SandboxError", "SandboxHost",
+           "teardown_state"]
+
 HOST_PYTHON = "/usr/bin/python3"  # Debian's interpreter; sshd sessions have a minimal PATH
-DEFAULT_HOSTS: dict[str, list[str]] = {"kpro6": ["train"], "ct129": ["eval"]}
-NETNS_BASE_PORT = 2222  # inside a fresh namespace every port is free; not 22, so dfo must honour `port`
-# Our subnets get an "unreachable" route with this metric: it reserves the /24 atomically (a second
-# `ip route add` of the same route fails) and, while a veth is down, keeps packets for the sandbox
-# addresses from leaking out of the default route to the real network.
-ROUTE_METRIC = 4242
-SUBNET_SECOND_OCTETS = range(200, 251)  # 10.200-250.x.0/24
-STATE_FILE = "sandbox.json"
-HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,30}$")
 
+# ------------------------------------------------------------------------------------- exit hooks
 
-class SandboxError(RuntimeError):
-    """A sandbox step failed. The message says what, the command, and the sshd log tail where relevant."""
-
-
-# ------------------------------------------------------------------------------------- helpers
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join("    " + line for line in text.splitlines()[-lines:]) or "    (empty)"
-
-
-def _run(argv: Sequence[str], what: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run a short local command; a failure becomes a SandboxError naming the step and the command."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise SandboxError(f"{what}: command not found: {argv[0]}") from None
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"{what}: timed out after {timeout}s: {shlex.join(argv)}") from None
-    if proc.returncode != 0:
-        out = (proc.stderr or proc.stdout).strip()
-        raise SandboxError(f"{what} failed (exit {proc.returncode}): {shlex.join(argv)}\n    {out}")
-    return proc
-
-
-def _keygen(paths: Iterable[Path], comment: str) -> None:
-    """Generate ed25519 keys, all at once (ssh-keygen is the slowest part of starting)."""
-    procs = []
-    for path in paths:
-        for p in (path, path.with_name(path.name + ".pub")):
-            p.unlink(missing_ok=True)  # ssh-keygen would ask before overwriting
-        argv = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)]
-        try:
-            procs.append((argv, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT, text=True)))
-        except FileNotFoundError:
-            raise SandboxError("ssh-keygen not found: install openssh-client") from None
-    for argv, proc in procs:
-        out, _ = proc.communicate(timeout=30)
-        if proc.returncode != 0:
-            raise SandboxError(f"key generation failed: {shlex.join(argv)}\n    {out.strip()}")
-        os.chmod(argv[-1], 0o600)  # ssh refuses a private key readable by others
-
-
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def _quote_conf(value: object) -> str:
-    """A value for sshd_config / ssh_config: quoted only when it contains whitespace."""
-    s = str(value)
-    return f'"{s}"' if re.search(r'\s', s) else s
-
-
-_YAML_PLAIN = re.compile(r"^[A-Za-z0-9/_][A-Za-z0-9/_.+@-]*$")
-_YAML_RESERVED = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
-
-
-def _yaml_str(value: str) -> str:
-    """A YAML scalar for a string: plain when unambiguous, else a JSON string (valid YAML)."""
-    try:
-        float(value)
-        numeric = True
-    except ValueError:
-        numeric = False
-    if _YAML_PLAIN.match(value) and value.lower() not in _YAML_RESERVED and not numeric:
-        return value
-    return json.dumps(value)
-
-
-def _proc_state(pid: int) -> str | None:
-    """The process state letter from /proc, or None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[0]
-
-
-def _alive(pid: int) -> bool:
-    return _proc_state(pid) not in (None, "Z")  # a zombie is dead, just not yet reaped
-
-
-def _descendants(pid: int) -> list[int]:
-    """All processes below pid (e.g. an sshd's per-connection processes and their commands)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _pids_with_env(entry: bytes) -> list[int]:
-    """Processes (that we may inspect) whose environment holds `entry`, e.g. b"DFO_SANDBOX_RUN=ab12cd"."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if entry in env.split(b"\0"):
-            found.append(int(pid))
-    return found
-
-
-def _kill_pids(pids: Iterable[int], grace: float = 2.0) -> list[int]:
-    """SIGTERM, wait up to `grace`, then SIGKILL. Returns the PIDs still alive afterwards."""
-    pids = [p for p in pids if _alive(p)]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    for pid in pids:
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 2.0
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return [p for p in pids if _alive(p)]
-
-
-def _netns_pids(netns: str) -> list[int]:
-    proc = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
-    return [int(x) for x in proc.stdout.split() if x.isdigit()] if proc.returncode == 0 else []
-
-
-def _sshd_version(sshd: str) -> tuple[int, int]:
-    proc = subprocess.run([sshd, "-V"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    m = re.search(r"OpenSSH_(\d+)\.(\d+)", proc.stdout + proc.stderr)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
-def _ssh_banner(address: str, port: int) -> bool:
-    """True when address:port answers with an SSH banner (our sshd is listening)."""
-    try:
-        with socket.create_connection((address, port), timeout=0.5) as sock:
-            sock.settimeout(1.0)
-            return sock.recv(64).startswith(b"SSH-")
-    except OSError:
-        return False
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
-
-
-def _used_networks() -> list[ipaddress.IPv4Network]:
-    """IPv4 networks already in use on this machine: interface addresses and routes."""
-    addrs = _run(["ip", "-j", "-4", "addr"], "listing addresses").stdout
-    routes = _run(["ip", "-j", "-4", "route", "show", "table", "all"], "listing routes").stdout
-    nets = []
-    try:
-        for link in json.loads(addrs or "[]"):
-            for a in link.get("addr_info", []):
-                nets.append(ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network)
-        for r in json.loads(routes or "[]"):
-            if r.get("dst", "default") != "default":
-                nets.append(ipaddress.ip_network(r["dst"], strict=False))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SandboxError(f"cannot read `ip -j` output (iproute2 too old?): {exc}") from None
-    return nets
-
-
-def _known_hosts_matches(line: str, pattern: str) -> bool:
-    """Does a known_hosts line name `pattern` (plain, comma list, or hashed |1|salt|hash)?"""
-    fields = line.split()
-    if not fields or fields[0].startswith(("#", "@")):
-        return False
-    for name in fields[0].split(","):
-        if name == pattern:
-            return True
-        if name.startswith("|1|"):
-            try:
-                _, _, salt, digest = name.split("|")
-                mac = hmac.new(base64.b64decode(salt), pattern.encode(), hashlib.sha1).digest()
-            except ValueError:
-                continue
-            if hmac.compare_digest(mac, base64.b64decode(digest)):
-                return True
-    return False
-
-
-# ------------------------------------------------------------------------------------- hosts
-
-
-@dataclass
-class SandboxHost:
-    """One fake host. Paths are on this machine's filesystem, which the hosts share."""
-
-    name: str
-    roles: list[str]
-    root_dir: Path
-    address: str = ""
-    port: int = 0
-    netns: str | None = None  # network namespace (None when not isolated)
-    veth: str | None = None  # host-side veth (None when not isolated)
-    subnet: str | None = None  # e.g. "10.213.7.0/24"; the host is .2, this machine's side .1
-    gateway: str | None = None  # this machine's address on the host's link (.1)
-    proc: subprocess.Popen | None = field(default=None, repr=False)
-    last_argv: list[str] = field(default_factory=list, repr=False)  # how sshd was last started
-
-    @property
-    def workdir(self) -> Path:
-        return self.root_dir / "dfo"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root_dir / "checkpoints"
-
-    @property
-    def models(self) -> Path:
-        return self.root_dir / "models"
-
-    @property
-    def home(self) -> Path:
-        """HOME of the host's sessions with own_home=True."""
-        return self.root_dir / "home"
-
-    @property
-    def host_key(self) -> Path:
-        return self.root_dir / "host_key"
-
-    @property
-    def host_key_pub(self) -> Path:
-        return self.root_dir / "host_key.pub"
-
-    @property
-    def sshd_config(self) -> Path:
-        return self.root_dir / "sshd_config"
-
-    @property
-    def authorized_keys(self) -> Path:
-        return self.root_dir / "authorized_keys"
-
-    @property
-    def log_path(self) -> Path:
-        return self.root_dir / "sshd.log"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.root_dir / "sshd.pid"
-
-    @property
-    def pid(self) -> int | None:
-        """The sshd listener's PID while it runs."""
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
-
-    @property
-    def running(self) -> bool:
-        return self.pid is not None
-
-    @property
-    def known_hosts_name(self) -> str:
-        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
-
-
-# ------------------------------------------------------------------------------------- sandbox
-
-_live: set["Sandbox"] = set()  # started and not torn down; cleaned at exit / on SIGTERM
+_live: set[Sandbox] = set()  # started and not torn down; cleaned at exit / on SIGTERM
 _hooks_installed = False
 
 
@@ -375,6 +84,9 @@ def _install_hooks() -> None:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) == signal.SIG_DFL:  # never replace someone else's handler
                 signal.signal(sig, _on_signal)
+
+
+# ------------------------------------------------------------------------------------- sandbox
 
 
 class Sandbox:
@@ -416,25 +128,7 @@ class Sandbox:
         self.known_hosts_path = self.root / "known_hosts"
         self.client_key = self.root / "client_key"
         self.state_path = self.root / STATE_FILE
-
-        if isinstance(hosts, Mapping):
-            roles = {name: list(r) for name, r in hosts.items()}
-        else:
-            names = list(hosts)
-            roles = {
-                name: DEFAULT_HOSTS.get(name, ["train"] if i == 0 else ["eval"]) for i, name in enumerate(names)
-            }
-            if len(set(names)) != len(names):
-                raise SandboxError(f"duplicate host names: {names}")
-        if not roles:
-            raise SandboxError("a sandbox needs at least one host")
-        for name in roles:
-            if not HOST_NAME_RE.match(name):
-                raise SandboxError(f"bad host name {name!r}: use letters, digits and '-' (at most 31)")
-        self.hosts: dict[str, SandboxHost] = {
-            name: SandboxHost(name=name, roles=list(r), root_dir=self.root / "hosts" / name)
-            for name, r in roles.items()
-        }
+        self.hosts: dict[str, SandboxHost] = make_hosts(hosts, self.root / "hosts")
 
         if netns is None:
             env = os.environ.get("DFO_SANDBOX_NETNS", "1").strip().lower()
@@ -446,13 +140,14 @@ class Sandbox:
         self.isolated = False
         self.reason = "not started"
         self.own_hostname = False  # each host has its own hostname (UTS namespace)
-        self._cleanups: list[tuple[str, Callable[[], None]]] = []
+        self._penalties_option = False  # set at start: the sshd knows PerSourcePenalties
+        self._cleanups: list[tuple[str, Callable[[], object]]] = []
         self._started = False
         self._owner_pid = os.getpid()
 
     # ------------------------------------------------------------------------- lifecycle
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -464,12 +159,16 @@ class Sandbox:
             # Do not hide the error that ended the block; report the teardown trouble beside it.
             print(f"orchestrator.testing.sandbox: {err}", file=sys.stderr)
 
-    def start(self) -> "Sandbox":
+    def start(self) -> Sandbox:
         if self._started:
             return self
         if not os.path.isfile(self.sshd) or not os.access(self.sshd, os.X_OK):
             raise SandboxError(f"{self.sshd} not found: install openssh-server (apt-get install -y openssh-server)")
-        self._refuse_live_state()
+        if holds_running_sandbox(self.state_path):  # a previous sandbox left with keep=True
+            raise SandboxError(
+                f"{self.root} holds a sandbox that is still running; "
+                f"tear it down first: python -m orchestrator.testing.sandbox down {self.root}"
+            )
         _install_hooks()
         self._owner_pid = os.getpid()
         _live.add(self)
@@ -485,44 +184,51 @@ class Sandbox:
         return self
 
     def _start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        for host in self.hosts.values():
-            for d in (host.root_dir, host.workdir, host.checkpoints, host.models):
-                d.mkdir(parents=True, exist_ok=True)
-            if self.own_home:
-                host.home.mkdir(exist_ok=True)
-        _keygen([self.client_key, *(h.host_key for h in self.hosts.values())], f"dfo-sandbox-{self.run_id}")
-        pub = self.client_key.with_name(self.client_key.name + ".pub").read_text()
-        for host in self.hosts.values():
-            _write_atomic(host.authorized_keys, pub, 0o600)
-
+        self._make_dirs_and_keys()
         self.isolated, self.reason = self._netns_available()
         # An own UTS namespace (so `hostname` says kpro6/ct129) needs root; without it hosts share ours.
         self.own_hostname = (os.geteuid() == 0 and shutil.which("unshare") is not None
                              and subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0)
         if self.isolated:
             for index, host in enumerate(self.hosts.values()):
-                self._setup_network(host, index)
+                network.setup_host_network(host, self.run_id, index, self._push)
         else:
             # No namespace to empty at teardown: find detached remote jobs by the run marker in
             # their environment (set by sshd's SetEnv) instead.
             marker = f"DFO_SANDBOX_RUN={self.run_id}".encode()
-            self._push("stop leftover remote processes", lambda: _kill_pids(_pids_with_env(marker)))
+            self._push("stop leftover remote processes", lambda: kill_pids(pids_with_env(marker)))
             for index, host in enumerate(self.hosts.values()):
                 host.address = f"127.0.0.{index + 2}"
-                host.port = _free_port(host.address)
+                host.port = network.free_port(host.address)
 
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
-        self._penalties_option = _sshd_version(self.sshd) >= (9, 8)
+        self._penalties_option = sshd.sshd_version(self.sshd) >= (9, 8)
         for host in self.hosts.values():
             self._write_sshd_config(host)
-        self._check_configs(self.hosts.values())
+        sshd.check_configs(self.sshd, self.hosts.values())
         self._boot(list(self.hosts.values()))
         self._write_known_hosts()
-        self._write_ssh_config()
-        self._write_inventory()
+        host_files.write_atomic(self.ssh_config_path, host_files.ssh_config_text(self))
+        host_files.write_atomic(self.inventory_path, host_files.inventory_text(self))
         self._write_state()
+
+    def _make_dirs_and_keys(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for host in self.hosts.values():
+            for d in (host.root_dir, host.workdir, host.checkpoints, host.models):
+                d.mkdir(parents=True, exist_ok=True)
+            if self.own_home:
+                host.home.mkdir(exist_ok=True)
+        host_files.keygen([self.client_key, *(h.host_key for h in self.hosts.values())], f"dfo-sandbox-{self.run_id}")
+        pub = self.client_key.with_name(self.client_key.name + ".pub").read_text()
+        for host in self.hosts.values():
+            host_files.write_atomic(host.authorized_keys, pub, 0o600)
+
+    def _netns_available(self) -> tuple[bool, str]:
+        if not self._want_netns:
+            return False, self._no_netns_reason
+        return network.netns_available(f"dfo-{self.run_id}-probe")
 
     def stop(self) -> None:
         """Tear everything down (or, with keep=True, leave it running and say how to clean up)."""
@@ -538,7 +244,7 @@ class Sandbox:
         errors = []
         for host in self.hosts.values():
             try:
-                self._kill_sshd(host)
+                sshd.kill_sshd(host)
             except Exception as exc:
                 errors.append(f"stop sshd of {host.name}: {exc}")
         while self._cleanups:
@@ -553,7 +259,7 @@ class Sandbox:
         if errors:
             raise SandboxError("sandbox teardown incomplete:\n  " + "\n  ".join(errors))
 
-    def _push(self, what: str, fn: Callable[[], None]) -> None:
+    def _push(self, what: str, fn: Callable[[], object]) -> None:
         """Register the undo of a resource right after creating it, so any later failure removes it."""
         self._cleanups.append((what, fn))
 
@@ -562,179 +268,25 @@ class Sandbox:
         for h in self.hosts.values():
             lines.append(f"  ssh -F {self.ssh_config_path} {h.name}    # {h.address}:{h.port}, sshd pid {h.pid}")
         lines.append(f"Clean up with: {shlex.quote(sys.executable)} -m orchestrator.testing.sandbox down {self.root}")
-        lines.append("  (by hand: " + "; ".join(_manual_cleanup(self._state())) + ")")
+        lines.append("  (by hand: " + "; ".join(manual_cleanup(state_of(self))) + ")")
         return "\n".join(lines)
 
-    def _refuse_live_state(self) -> None:
-        """Refuse a root whose previous sandbox (left with keep=True) still runs."""
-        if not self.state_path.exists():
-            return
-        try:
-            state = json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return
-        if any(_state_pid_alive(h) for h in state.get("hosts", {}).values()):
-            raise SandboxError(
-                f"{self.root} holds a sandbox that is still running; "
-                f"tear it down first: python -m orchestrator.testing.sandbox down {self.root}"
-            )
-
-    # ------------------------------------------------------------------------- network
-
-    def _netns_available(self) -> tuple[bool, str]:
-        if not self._want_netns:
-            return False, self._no_netns_reason
-        if os.geteuid() != 0:
-            return False, f"not root (uid {os.geteuid()}): network namespaces need CAP_NET_ADMIN"
-        if shutil.which("ip") is None:
-            return False, "iproute2 ('ip') is not installed"
-        probe = f"dfo-{self.run_id}-probe"
-        proc = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-        if proc.returncode != 0:
-            return False, f"`ip netns add` failed: {proc.stderr.strip() or proc.returncode}"
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-        return True, ""
-
-    def _claim_subnet(self) -> ipaddress.IPv4Network:
-        """A random 10.200-250.x.0/24 that nothing on this machine uses, reserved by our route."""
-        used = _used_networks()
-        for _ in range(100):
-            net = ipaddress.ip_network(
-                f"10.{SUBNET_SECOND_OCTETS[secrets.randbelow(len(SUBNET_SECOND_OCTETS))]}.{secrets.randbelow(256)}.0/24"
-            )
-            if any(net.overlaps(u) for u in used):
-                continue
-            argv = ["ip", "route", "add", "unreachable", str(net), "metric", str(ROUTE_METRIC)]
-            proc = subprocess.run(argv, capture_output=True, text=True)
-            if proc.returncode == 0:
-                self._push(f"delete route {net}", lambda: _ip_quiet("route", "del", "unreachable", str(net),
-                                                                    "metric", str(ROUTE_METRIC)))
-                return net
-            if "File exists" not in proc.stderr:
-                raise SandboxError(f"reserving a subnet failed: {shlex.join(argv)}\n    {proc.stderr.strip()}")
-            used.append(net)  # another sandbox claimed it a moment ago
-        raise SandboxError("no free /24 in 10.200-250.x.0 after 100 tries")
-
-    def _setup_network(self, host: SandboxHost, index: int) -> None:
-        ns = f"dfo-{self.run_id}-{host.name}"
-        veth = f"dfo-{self.run_id}-{index}"  # interface names are at most 15 characters
-        net = self._claim_subnet()
-        host.subnet, host.gateway, host.address = str(net), str(net[1]), str(net[2])
-        host.port = NETNS_BASE_PORT + index
-
-        _run(["ip", "netns", "add", ns], f"creating network namespace for {host.name}")
-        host.netns = ns
-        self._push(f"delete network namespace {ns}", lambda: _delete_netns(ns))
-        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns],
-             f"creating veth pair for {host.name}")
-        host.veth = veth
-        self._push(f"delete veth {veth}", lambda: _ip_quiet("link", "del", veth))
-        for argv in (
-            ["ip", "addr", "add", f"{host.gateway}/24", "dev", veth],
-            ["ip", "link", "set", veth, "up"],
-            ["ip", "-n", ns, "addr", "add", f"{host.address}/24", "dev", "eth0"],
-            ["ip", "-n", ns, "link", "set", "lo", "up"],
-            ["ip", "-n", ns, "link", "set", "eth0", "up"],
-        ):
-            _run(argv, f"configuring the network of {host.name}")
-
-    def link_down(self, name: str, *, drop: bool = False) -> None:
-        """Cut a host's link. Default: this machine's side goes down, connects fail at once
-        ("No route to host"). drop=True: the host's side goes down instead, packets are silently
-        dropped and connects time out (like a dead host behind a switch)."""
-        host = self._isolated_host(name, "link_down")
-        if drop:
-            _run(["ip", "-n", host.netns, "link", "set", "eth0", "down"], f"link down for {name}")
-        else:
-            _run(["ip", "link", "set", host.veth, "down"], f"link down for {name}")
-
-    def link_up(self, name: str) -> None:
-        """Restore a host's link; returns once its sshd (if running) answers again."""
-        host = self._isolated_host(name, "link_up")
-        _run(["ip", "link", "set", host.veth, "up"], f"link up for {name}")
-        _run(["ip", "-n", host.netns, "link", "set", "eth0", "up"], f"link up for {name}")
-        # The kernel reports carrier a few hundred ms later; wait so callers do not race it.
-        if host.running:
-            error = self._wait_ready(host, time.monotonic() + self.start_timeout)
-            if error:
-                raise SandboxError(f"after link_up: {error}\n  log {host.log_path}:\n{_tail(host.log_path)}")
-
-    def _isolated_host(self, name: str, what: str) -> SandboxHost:
-        host = self.host(name)
-        if not self.isolated:
-            raise SandboxError(f"{what} needs network namespaces, which this sandbox does not have: {self.reason}")
-        return host
+    def _write_state(self) -> None:
+        if self._started:
+            host_files.write_atomic(self.state_path, json.dumps(state_of(self), indent=2) + "\n")
 
     # ------------------------------------------------------------------------- sshd
 
     def _write_sshd_config(self, host: SandboxHost) -> None:
-        opts = [
-            ("Port", host.port),
-            ("ListenAddress", host.address),
-            ("HostKey", host.host_key),
-            ("PidFile", host.pidfile),
-            ("AuthorizedKeysFile", host.authorized_keys),
-            ("StrictModes", "no"),  # temp dirs fail sshd's ownership checks
-            ("UsePAM", "no"),  # mandatory when not root; no PAM stack needed for keys
-            ("PasswordAuthentication", "no"),
-            ("KbdInteractiveAuthentication", "no"),
-            ("PubkeyAuthentication", "yes"),
-            ("PermitRootLogin", "prohibit-password"),  # CI runs as root
-            ("Subsystem", "sftp internal-sftp"),
-            ("MaxSessions", 64),  # parallel channels/streams in the relay tests
-            ("MaxStartups", 64),
-            ("LogLevel", "VERBOSE"),
-            ("PrintMotd", "no"),
-            ("PrintLastLog", "no"),
-            # Which fake host a session is on; the run marker finds detached jobs at teardown.
-            ("SetEnv", " ".join(_quote_conf(v) for v in (
-                f"DFO_SANDBOX_HOST={host.name}", f"DFO_SANDBOX_RUN={self.run_id}",
-                *([f"HOME={host.home}"] if self.own_home else [])))),
-        ]
-        if self._penalties_option:
-            # OpenSSH >= 9.8 would lock out 127.0.0.1 after the auth failures tests provoke on purpose.
-            opts.append(("PerSourcePenalties", "no"))
-        text = f"# Generated by orchestrator.sandbox for test host {host.name}; throw-away keys.\n"
-        text += "".join(f"{k} {v if k in ('Subsystem', 'SetEnv') else _quote_conf(v)}\n" for k, v in opts)
-        _write_atomic(host.sshd_config, text)
-
-    def _check_configs(self, hosts: Iterable[SandboxHost]) -> None:
-        procs = [(h, [self.sshd, "-t", "-f", str(h.sshd_config)]) for h in hosts]
-        running = [(h, argv, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True)) for h, argv in procs]
-        for host, argv, proc in running:
-            out, _ = proc.communicate(timeout=30)
-            if proc.returncode != 0:
-                raise SandboxError(
-                    f"sshd rejected the config of {host.name}: {shlex.join(argv)}\n    {out.strip()}"
-                )
+        text = host_files.sshd_config_text(host, self.run_id, own_home=self.own_home,
+                                           penalties_option=self._penalties_option)
+        host_files.write_atomic(host.sshd_config, text)
 
     def _launch(self, host: SandboxHost) -> None:
-        argv = [self.sshd, "-D", "-e", "-f", str(host.sshd_config)]
-        # Every wrapper execs the next program, so the Popen PID is sshd's PID.
-        if self.own_hostname:
-            argv = ["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$0" && exec "$@"', host.name, *argv]
-        if host.netns:
-            argv = ["ip", "netns", "exec", host.netns, *argv]
-        host.last_argv = argv
-        with open(host.log_path, "ab") as log:
-            log.write(f"--- orchestrator.sandbox {time.strftime('%H:%M:%S')}: {shlex.join(argv)}\n".encode())
-            log.flush()
-            # Own session: Ctrl-C in the terminal reaches us, not sshd; we stop it ourselves.
-            host.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+        sshd.launch(self.sshd, host, own_hostname=self.own_hostname)
 
     def _wait_ready(self, host: SandboxHost, deadline: float) -> str | None:
-        """None once host answers with an SSH banner, else why not."""
-        while True:
-            if host.proc.poll() is not None:
-                return f"sshd for {host.name} exited with status {host.proc.returncode} before accepting connections"
-            if _ssh_banner(host.address, host.port):
-                return None
-            if time.monotonic() > deadline:
-                return (f"sshd for {host.name} did not accept connections on {host.address}:{host.port} "
-                        f"within {self.start_timeout}s")
-            time.sleep(0.005)
+        return sshd.wait_ready(host, deadline, self.start_timeout)
 
     def _boot(self, hosts: list[SandboxHost]) -> None:
         for host in hosts:
@@ -745,41 +297,20 @@ class Sandbox:
                 error = self._wait_ready(host, deadline)
                 if error is None:
                     break
-                port_taken = "Address already in use" in _tail(host.log_path, 5)
+                port_taken = "Address already in use" in sshd.tail(host.log_path, 5)
                 if self.isolated or not port_taken or attempt == 4:
-                    self._kill_sshd(host)
+                    sshd.kill_sshd(host)
                     raise SandboxError(f"{error}\n  command: {shlex.join(host.last_argv)}\n"
-                                       f"  log {host.log_path}:\n{_tail(host.log_path)}")
+                                       f"  log {host.log_path}:\n{sshd.tail(host.log_path)}")
                 # 127.0.0.x: someone took the free port between our check and sshd's bind.
-                self._kill_sshd(host)
-                host.port = _free_port(host.address)
+                sshd.kill_sshd(host)
+                host.port = network.free_port(host.address)
                 self._write_sshd_config(host)
                 self._launch(host)
 
-    def _kill_sshd(self, host: SandboxHost) -> None:
-        """Stop the listener and its connections (by PID: never by name)."""
-        proc = host.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            victims = _descendants(proc.pid)
-            proc.terminate()
-            try:
-                proc.wait(2)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(2)
-            left = _kill_pids(victims)
-            if left:
-                raise SandboxError(f"processes of {host.name}'s sshd survived SIGKILL: {left}")
-        else:
-            proc.wait()
-        host.proc = None
-        host.pidfile.unlink(missing_ok=True)
-
     def stop_host(self, name: str) -> None:
         """Stop a host's sshd (and its sessions): connections are then refused."""
-        self._kill_sshd(self.host(name))
+        sshd.kill_sshd(self.host(name))
         self._write_state()
 
     def start_host(self, name: str) -> None:
@@ -790,8 +321,8 @@ class Sandbox:
         self._launch(host)
         error = self._wait_ready(host, time.monotonic() + self.start_timeout)
         if error:
-            self._kill_sshd(host)
-            raise SandboxError(f"{error}\n  log {host.log_path}:\n{_tail(host.log_path)}")
+            sshd.kill_sshd(host)
+            raise SandboxError(f"{error}\n  log {host.log_path}:\n{sshd.tail(host.log_path)}")
         self._write_state()
 
     def regenerate_host_key(self, name: str) -> str:
@@ -799,11 +330,36 @@ class Sandbox:
         Returns the new public key line."""
         host = self.host(name)
         was_running = host.running
-        self._kill_sshd(host)
-        _keygen([host.host_key], f"dfo-sandbox-{self.run_id}-{name}")
+        sshd.kill_sshd(host)
+        host_files.keygen([host.host_key], f"dfo-sandbox-{self.run_id}-{name}")
         if was_running:
             self.start_host(name)
         return host.host_key_pub.read_text().strip()
+
+    # ------------------------------------------------------------------------- network faults
+
+    def link_down(self, name: str, *, drop: bool = False) -> None:
+        """Cut a host's link. Default: this machine's side goes down, connects fail at once
+        ("No route to host"). drop=True: the host's side goes down instead, packets are silently
+        dropped and connects time out (like a dead host behind a switch)."""
+        network.set_link(self._isolated_host(name, "link_down"), False, host_side=drop)
+
+    def link_up(self, name: str) -> None:
+        """Restore a host's link; returns once its sshd (if running) answers again."""
+        host = self._isolated_host(name, "link_up")
+        network.set_link(host, True, host_side=False)
+        network.set_link(host, True, host_side=True)
+        # The kernel reports carrier a few hundred ms later; wait so callers do not race it.
+        if host.running:
+            error = self._wait_ready(host, time.monotonic() + self.start_timeout)
+            if error:
+                raise SandboxError(f"after link_up: {error}\n  log {host.log_path}:\n{sshd.tail(host.log_path)}")
+
+    def _isolated_host(self, name: str, what: str) -> SandboxHost:
+        host = self.host(name)
+        if not self.isolated:
+            raise SandboxError(f"{what} needs network namespaces, which this sandbox does not have: {self.reason}")
+        return host
 
     # ------------------------------------------------------------------------- client side
 
@@ -814,80 +370,23 @@ class Sandbox:
             raise SandboxError(f"no sandbox host {name!r}; hosts: {', '.join(self.hosts)}") from None
 
     def known_hosts_line(self, name: str) -> str:
-        host = self.host(name)
-        key_type, key = host.host_key_pub.read_text().split()[:2]
-        return f"{host.known_hosts_name} {key_type} {key}"
+        return host_files.known_hosts_line(self.host(name))
 
     def _write_known_hosts(self) -> None:
-        _write_atomic(self.known_hosts_path, "".join(self.known_hosts_line(n) + "\n" for n in self.hosts))
+        host_files.write_atomic(self.known_hosts_path, "".join(self.known_hosts_line(n) + "\n" for n in self.hosts))
 
     def forget_host_key(self, name: str) -> None:
         """Remove the host's lines from known_hosts (its key becomes unknown)."""
         pattern = self.host(name).known_hosts_name
-        lines = self.known_hosts_path.read_text().splitlines(keepends=True) if self.known_hosts_path.exists() else []
-        _write_atomic(self.known_hosts_path, "".join(l for l in lines if not _known_hosts_matches(l, pattern)))
+        path = self.known_hosts_path
+        lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+        host_files.write_atomic(path, "".join(ln for ln in lines if not host_files.known_hosts_matches(ln, pattern)))
 
     def trust_host_key(self, name: str) -> None:
         """Record the host's current key in known_hosts (replacing any older line for it)."""
         self.forget_host_key(name)
         with open(self.known_hosts_path, "a") as f:
             f.write(self.known_hosts_line(name) + "\n")
-
-    def _write_ssh_config(self) -> None:
-        text = (f"# Generated by orchestrator.sandbox (run {self.run_id}) for throw-away test hosts.\n"
-                f"# Use: ssh -F {self.ssh_config_path} HOST\n")
-        for h in self.hosts.values():
-            text += f"\nHost {h.name}\n" + "".join(
-                f"    {k} {_quote_conf(v)}\n"
-                for k, v in (
-                    ("HostName", h.address),
-                    ("Port", h.port),
-                    ("User", self.user),
-                    ("IdentityFile", self.client_key),
-                    ("IdentitiesOnly", "yes"),
-                    ("UserKnownHostsFile", self.known_hosts_path),
-                    ("GlobalKnownHostsFile", "/dev/null"),  # only the sandbox's keys count
-                    ("StrictHostKeyChecking", "yes"),
-                    ("BatchMode", "yes"),
-                    ("ConnectTimeout", 5),
-                )
-            )
-        _write_atomic(self.ssh_config_path, text)
-
-    def _write_inventory(self) -> None:
-        if self.isolated:
-            mode = ("# Each host runs in its own network namespace with no route to the others: the hosts cannot\n"
-                    "# reach each other; the controller reaches all of them.\n")
-        else:
-            mode = (f"# NOT isolated ({self.reason}): the hosts run on 127.0.0.x and can reach each other.\n")
-        out = [
-            f"# Generated by orchestrator.sandbox (run {self.run_id}) for throw-away test hosts; do not edit:\n",
-            "# it is rewritten on every start, and its hosts exist only while the sandbox runs.\n",
-            mode,
-            f"ssh_config: {_yaml_str(str(self.ssh_config_path))}\n",
-            "hosts:\n",
-        ]
-        for h in self.hosts.values():
-            kind = "training" if h.roles == ["train"] else "eval" if h.roles == ["eval"] else "test"
-            where = f"network namespace {h.netns}" if h.netns else f"sshd on {h.address}, not isolated"
-            out += [
-                f"  {_yaml_str(h.name)}:\n",
-                f"    description: {_yaml_str(f'sandbox {kind} host ({where})')}\n",
-                f"    address: {_yaml_str(h.address)}\n",
-                f"    port: {h.port}\n",
-                f"    user: {_yaml_str(self.user)}\n",
-                f"    identity_file: {_yaml_str(str(self.client_key))}\n",
-                f"    known_hosts: {_yaml_str(str(self.known_hosts_path))}\n",
-                f"    workdir: {_yaml_str(str(h.workdir))}\n",
-                f"    python: {_yaml_str(self.python)}\n",
-                "    gpu: false\n",
-                f"    roles: [{', '.join(_yaml_str(r) for r in h.roles)}]\n",
-                "    paths:\n",
-                f"      checkpoints: {_yaml_str(str(h.checkpoints))}\n",
-                f"      models: {_yaml_str(str(h.models))}\n",
-                "    reaches: []  # none: everything relays through the controller\n",
-            ]
-        _write_atomic(self.inventory_path, "".join(out))
 
     def ssh_argv(self, name: str, *remote: str) -> list[str]:
         """argv for the system ssh to a host through the generated ssh_config (for pipes)."""
@@ -919,133 +418,8 @@ class Sandbox:
                   f"  known_hosts  {self.known_hosts_path}", f"  client key   {self.client_key}"]
         return "\n".join(lines)
 
-    # ------------------------------------------------------------------------- state (for `down`)
 
-    def _state(self) -> dict:
-        return {
-            "created_by": "orchestrator.testing.sandbox",
-            "run_id": self.run_id,
-            "controller_pid": os.getpid(),
-            "isolated": self.isolated,
-            "hosts": {
-                h.name: {"sshd_pid": h.pid, "sshd_config": str(h.sshd_config), "netns": h.netns,
-                         "veth": h.veth, "subnet": h.subnet}
-                for h in self.hosts.values()
-            },
-        }
+if __name__ == "__main__":  # `python -m orchestrator.testing.sandbox up|down ROOT`, as README and messages say
+    from orchestrator.testing.cli import main
 
-    def _write_state(self) -> None:
-        if self._started:
-            _write_atomic(self.state_path, json.dumps(self._state(), indent=2) + "\n")
-
-
-def _ip_quiet(*args: str) -> None:
-    """`ip ARGS`, ignoring 'already gone' (teardown must be idempotent)."""
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
-    err = proc.stderr.strip()
-    if proc.returncode != 0 and not re.search(r"Cannot find device|No such (file|process)|does not exist", err):
-        raise SandboxError(f"ip {' '.join(args)}: {err}")
-
-
-def _delete_netns(ns: str) -> None:
-    # Everything still inside is ours (detached remote jobs, sessions); without killing it the
-    # namespace would outlive `ip netns del`.
-    left = _kill_pids(_netns_pids(ns), grace=0.5)
-    if left:
-        raise SandboxError(f"processes in {ns} survived SIGKILL: {left}")
-    _ip_quiet("netns", "del", ns)
-
-
-def _state_pid_alive(h: dict) -> bool:
-    """Is the state file's sshd PID still our sshd (same config on its command line)?"""
-    pid = h.get("sshd_pid")
-    if not pid:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -e -f CONF [listener] ..."): match words.
-    words = b" " + cmdline.replace(b"\0", b" ") + b" "
-    return b" " + h.get("sshd_config", "").encode() + b" " in words and _alive(pid)
-
-
-def _manual_cleanup(state: dict) -> list[str]:
-    steps = []
-    for h in state.get("hosts", {}).values():
-        if h.get("sshd_pid"):
-            steps.append(f"kill {h['sshd_pid']}")
-        if h.get("netns"):
-            steps.append(f"ip netns del {h['netns']}")
-        if h.get("subnet"):
-            steps.append(f"ip route del unreachable {h['subnet']} metric {ROUTE_METRIC}")
-    return steps
-
-
-def teardown_state(root: str | os.PathLike) -> list[str]:
-    """Tear down a sandbox left running (keep=True) from ROOT/sandbox.json. Returns what was done."""
-    path = Path(root) / STATE_FILE
-    try:
-        state = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SandboxError(f"no running sandbox in {root} ({STATE_FILE} not found)") from None
-    except ValueError as exc:
-        raise SandboxError(f"{path} is not valid JSON: {exc}") from None
-    done = []
-    for name, h in state.get("hosts", {}).items():
-        if _state_pid_alive(h):
-            pid = h["sshd_pid"]
-            left = _kill_pids([*_descendants(pid), pid])
-            done.append(f"{name}: stopped sshd {pid}" + (f" (survivors: {left})" if left else ""))
-        if h.get("veth"):
-            _ip_quiet("link", "del", h["veth"])
-        if h.get("netns"):
-            _delete_netns(h["netns"])
-            done.append(f"{name}: deleted namespace {h['netns']}")
-        if h.get("subnet"):
-            _ip_quiet("route", "del", "unreachable", h["subnet"], "metric", str(ROUTE_METRIC))
-    path.unlink()
-    return done
-
-
-# ------------------------------------------------------------------------------------- CLI
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.testing.sandbox", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="start test hosts, print paths, wait for Ctrl-C, tear down")
-    up.add_argument("root")
-    up.add_argument("--hosts", default="kpro6,ct129", help="comma-separated host names (default: kpro6,ct129)")
-    up.add_argument("--no-netns", action="store_true", help="use 127.0.0.x instead of network namespaces")
-    up.add_argument("--keep", action="store_true", help="leave the hosts running and exit")
-    down = sub.add_parser("down", help="tear down a sandbox left running with --keep")
-    down.add_argument("root")
-    args = parser.parse_args(argv)
-    try:
-        if args.cmd == "down":
-            for line in teardown_state(args.root):
-                print(line)
-            return 0
-        box = Sandbox(args.root, [n for n in args.hosts.split(",") if n], netns=False if args.no_netns else None,
-                      keep=args.keep)
-        t0 = time.monotonic()
-        with box:
-            print(box.summary())
-            print(f"started in {time.monotonic() - t0:.2f}s; try: ssh -F {box.ssh_config_path} "
-                  f"{next(iter(box.hosts))} hostname")
-            if not args.keep:
-                print("Ctrl-C to stop and tear down.")
-                try:
-                    while True:
-                        time.sleep(3600)
-                except KeyboardInterrupt:
-                    print("\ntearing down")
-        return 0
-    except SandboxError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
     sys.exit(main())

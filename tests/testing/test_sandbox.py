@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from sshd_support import require_sshd
-from orchestrator.testing.sandbox import ROUTE_METRIC, Sandbox, SandboxError, _alive, _descendants, teardown_state
+
+from orchestrator.testing.processes import alive, descendants
+from orchestrator.testing.sandbox import ROUTE_METRIC, Sandbox, SandboxError, teardown_state
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(120)]
 
@@ -53,7 +54,7 @@ def link_names() -> set[str]:
 def sleeping_below(pid: int) -> list[int]:
     """`sleep` processes below pid (a remote command started through that sshd)."""
     found = []
-    for child in _descendants(pid):
+    for child in descendants(pid):
         try:
             if Path(f"/proc/{child}/comm").read_text().strip() == "sleep":
                 found.append(child)
@@ -302,15 +303,15 @@ def test_teardown_leaves_no_process_namespace_veth_or_route(tmp_path, netns):
         deadline = time.monotonic() + 10
         while not (remote_sleep := sleeping_below(box.hosts["kpro6"].pid)) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert remote_sleep and _alive(job)
+        assert remote_sleep and alive(job)
         sshd_pids = [h.pid for h in box.hosts.values()]
-        pids = [job, *sshd_pids, *(p for pid in sshd_pids for p in _descendants(pid) if _alive(p))]
+        pids = [job, *sshd_pids, *(p for pid in sshd_pids for p in descendants(pid) if alive(p))]
         names = {h.netns for h in box.hosts.values()} - {None}
         veths = {h.veth for h in box.hosts.values()} - {None}
         subnets = [h.subnet for h in box.hosts.values() if h.subnet]
     finally:
         box.stop()
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if alive(p)] == []
     assert not names & netns_names()
     assert not veths & link_names()
     assert not any(f"{s} metric {ROUTE_METRIC}" in routes() for s in subnets)
@@ -369,7 +370,7 @@ def _up_keep_then_down(root: Path) -> None:
     assert "inventory" in out and "down" in err  # the cleanup hint
     state = json.loads((root / "sandbox.json").read_text())
     pids = [h["sshd_pid"] for h in state["hosts"].values()]
-    assert all(_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
     ssh = subprocess.run(["ssh", "-F", str(root / "ssh_config"), "kpro6", "true"], capture_output=True, timeout=60)
     assert ssh.returncode == 0, ssh.stderr
     # A second sandbox must not take over a root that is still running.
@@ -378,7 +379,7 @@ def _up_keep_then_down(root: Path) -> None:
     down = _cli("down", str(root))
     out, err = down.communicate(timeout=60)
     assert down.returncode == 0, err
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     names = {h["netns"] for h in state["hosts"].values()} - {None}
     assert not names & netns_names()
 
@@ -396,7 +397,7 @@ def test_cli_up_tears_down_on_signal(tmp_path, sig):
     pids = [h["sshd_pid"] for h in state["hosts"].values()]
     up.send_signal(sig)
     up.communicate(timeout=30)
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     names = {h["netns"] for h in state["hosts"].values()} - {None}
     assert not names & netns_names()
     assert not (root / "sandbox.json").exists()
