@@ -10,7 +10,7 @@ import getpass
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +25,11 @@ from orchestrator.core.errors import InputError
 
 DEFAULT_INVENTORY = "inventory.yaml"
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# What may reach ssh as a destination, a HostName or a user: never a leading '-' (it would be read as an
+# option: `-oProxyCommand=…` runs a local command), no spaces, quotes or shell characters.
+ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\[?[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]?)$")
+USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _port(value: Any) -> Any:
@@ -46,8 +51,39 @@ def _remote_path(value: Any) -> Any:
     return posixpath.normpath(value)
 
 
+def _address(value: Any) -> Any:
+    if isinstance(value, str) and not ADDRESS_RE.match(value):
+        raise PydanticCustomError("address", "expected a host name, IP address or ssh_config alias "
+                                  "(letters, digits, '.', '_', '-', ':'; not starting with '-')")
+    return value
+
+
+def _user(value: Any) -> Any:
+    if isinstance(value, str) and not USER_RE.match(value):
+        raise PydanticCustomError("user", "expected a user name (letters, digits, '.', '_', '-'; "
+                                  "not starting with '-')")
+    return value
+
+
+def _env(value: Any) -> Any:
+    # Keys become environment variable names on the host: shell identifiers only (a key `A;id;B` would run
+    # `id`). Values travel in a file or on stdin, never in a command line; a NUL cannot be in an environment.
+    if not isinstance(value, dict):
+        return value
+    for key, val in value.items():
+        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+            raise PydanticCustomError("env", f"env key {str(key)[:40]!r} is not a shell identifier "
+                                      "([A-Za-z_][A-Za-z0-9_]*)")
+        if isinstance(val, str) and ("\x00" in val or "\n" in val):
+            raise PydanticCustomError("env", f"env value of {key} contains a NUL or a newline")
+    return value
+
+
 Port = Annotated[int, BeforeValidator(_port)]
 RemotePath = Annotated[str, BeforeValidator(_remote_path)]
+Address = Annotated[str, BeforeValidator(_address)]
+User = Annotated[str, BeforeValidator(_user)]
+Env = Annotated[dict[str, str], BeforeValidator(_env)]
 
 
 class _Strict(BaseModel):
@@ -64,10 +100,11 @@ class HostPaths(_Strict):
 
 class Host(_Strict):
     description: str | None = None
-    address: str | None = Field(None, description="hostname, IP address or ssh_config alias")
-    ssh_alias: str | None = Field(None, description="take HostName/User/Port/IdentityFile/ProxyJump from ssh_config")
+    address: Address | None = Field(None, description="hostname, IP address or ssh_config alias")
+    ssh_alias: Address | None = Field(None,
+                                      description="take HostName/User/Port/IdentityFile/ProxyJump from ssh_config")
     port: Port | None = None
-    user: str | None = None
+    user: User | None = None
     identity_file: str | None = None
     known_hosts: str | None = None
     proxy_jump: str | None = None
@@ -79,7 +116,7 @@ class Host(_Strict):
     roles: list[Literal["train", "eval"]] = []
     paths: HostPaths = HostPaths()
     reaches: list[str] = Field(default_factory=list, description="hosts this one can reach directly")
-    env: dict[str, str] = Field(default_factory=dict, description="environment for remote jobs")
+    env: Env = Field(default_factory=dict, description="environment for remote jobs (values never printed)")
     serve_url: str | None = Field(None, description="OpenAI-compatible endpoint serving the target")
 
     @model_validator(mode="after")
@@ -239,6 +276,8 @@ def _format_validation_error(exc: ValidationError, root: Node | None, path: Path
             msg = "missing required field"
         elif kind == "literal_error":
             msg = f"expected one of {err['ctx']['expected']}, got {err['input']!r}"
+        elif "env" in loc[:3]:  # env values may be secrets: never echo them
+            msg = _EXPECTED.get(kind, err["msg"])
         else:
             expected = _EXPECTED.get(kind, err["msg"])
             msg = f"{expected}, got {err['input']!r}" if not isinstance(err["input"], dict) else expected
@@ -309,6 +348,7 @@ class ResolvedHost:
     proxy_jump: "ResolvedHost | None" = None
     connect_timeout: float = 10.0
     extra: dict = field(default_factory=dict, compare=False)
+    alias: str = ""  # the name ssh_config was looked up with (the system ssh must look up the same one)
 
     @property
     def label(self) -> str:
@@ -354,20 +394,50 @@ def resolve_host(inv: Inventory, name: str, connect_timeout: float = 10.0, _seen
     )
     known = host.known_hosts or (cfg.get("userknownhostsfile", "").split() or ["~/.ssh/known_hosts"])[0]
     jump_spec = host.proxy_jump or cfg.get("proxyjump")
-    jump = None
-    if jump_spec and jump_spec.lower() != "none":
-        jump = _resolve_jump(inv, jump_spec.split(",")[0].strip(), connect_timeout, _seen + (name,))
-    return ResolvedHost(
+    jump = _jump_chain(inv, jump_spec, connect_timeout, _seen + (name,))
+    return _checked(ResolvedHost(
         name=name,
         hostname=cfg.get("hostname", host.address or host.ssh_alias),
-        port=host.port or int(cfg.get("port", 22)),
+        port=host.port or _cfg_port(cfg, cfg_path),
         user=host.user or cfg.get("user") or getpass.getuser(),
         identity_files=identity,
         known_hosts=_local_path(known, base),
         ssh_config=cfg_path,
         proxy_jump=jump,
         connect_timeout=connect_timeout,
-    )
+        alias=host.ssh_alias or host.address or name,
+    ))
+
+
+def _cfg_port(cfg, cfg_path: str | None) -> int:
+    try:
+        return _port(cfg.get("port", 22))
+    except PydanticCustomError:
+        raise InputError(f"{cfg_path}: Port {cfg.get('port')!r}: expected an integer 1-65535") from None
+
+
+def _checked(host: ResolvedHost) -> ResolvedHost:
+    """Values that came from ssh_config reach the system ssh's argv too: same rules as the inventory's."""
+    for what, value, pattern in (("HostName", host.hostname, ADDRESS_RE), ("User", host.user, USER_RE),
+                                 ("host", host.alias, ADDRESS_RE)):
+        if not pattern.match(value or ""):
+            raise InputError(f"{host.name}: {what} {value!r} (from {host.ssh_config or 'the inventory'}) is not a "
+                             "plain host or user name", hint="a value starting with '-' would be read as an ssh option")
+    return host
+
+
+def _jump_chain(inv: Inventory, spec: str | None, timeout: float, seen: tuple) -> ResolvedHost | None:
+    """``ProxyJump a,b``: reach ``a``, through it ``b``, through that the host; the last hop is returned,
+    each hop's ``proxy_jump`` is the one before it (an inventory hop keeps its own jump when first)."""
+    if not spec or spec.strip().lower() == "none":
+        return None
+    previous: ResolvedHost | None = None
+    for part in spec.split(","):
+        hop = _resolve_jump(inv, part.strip(), timeout, seen)
+        if previous is not None:
+            hop = replace(hop, proxy_jump=previous)
+        previous = hop
+    return previous
 
 
 def _resolve_jump(inv: Inventory, spec: str, timeout: float, seen: tuple) -> ResolvedHost:
@@ -380,16 +450,19 @@ def _resolve_jump(inv: Inventory, spec: str, timeout: float, seen: tuple) -> Res
     if not m:
         raise InputError(f"cannot parse proxy jump {spec!r}", hint="use an inventory host name or [user@]host[:port]")
     cfg_path = ssh_config_path(inv)
-    cfg = _read_ssh_config(cfg_path).lookup(m["host"].strip("[]"))
-    return ResolvedHost(
+    alias = m["host"].strip("[]")
+    cfg = _read_ssh_config(cfg_path).lookup(alias)
+    return _checked(ResolvedHost(
         name=spec,
-        hostname=cfg.get("hostname", m["host"].strip("[]")),
-        port=int(m["port"] or cfg.get("port", 22)),
+        hostname=cfg.get("hostname", alias),
+        port=int(m["port"]) if m["port"] else _cfg_port(cfg, cfg_path),
         user=m["user"] or cfg.get("user") or getpass.getuser(),
         identity_files=tuple(os.path.expanduser(p) for p in cfg.get("identityfile", [])),
         known_hosts=_local_path(
             (cfg.get("userknownhostsfile", "").split() or ["~/.ssh/known_hosts"])[0], inv.source.parent
         ),
         ssh_config=cfg_path,
+        proxy_jump=_jump_chain(inv, cfg.get("proxyjump"), timeout, seen + (spec,)),
         connect_timeout=timeout,
-    )
+        alias=alias,
+    ))
