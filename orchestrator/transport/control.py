@@ -23,8 +23,8 @@ from typing import Callable, Sequence
 import paramiko
 from fabric import Config, Connection
 
-from orchestrator.core.errors import ConnectionLost, HostError
-from orchestrator.core.inventory import ResolvedHost
+from orchestrator.core.errors import ConnectionLost, HostError, InputError
+from orchestrator.core.inventory import ENV_KEY_RE, ResolvedHost
 
 KEEPALIVE_SECONDS = 15
 _KNOWN_HOSTS_LOCK = threading.Lock()
@@ -92,6 +92,21 @@ def command_line(command: str | Sequence[str]) -> str:
     return command if isinstance(command, str) else shlex.join(str(part) for part in command)
 
 
+def env_prologue(env: dict[str, str]) -> tuple[str, bytes]:
+    """(shell prologue, first stdin line) that export ``env`` on the host without putting a value in argv.
+
+    The shell's `read` takes exactly one line from stdin (it reads a pipe byte by byte), so what follows
+    is the command's own input. Keys are shell identifiers; values are quoted for the ``eval``."""
+    for key, value in env.items():
+        if not ENV_KEY_RE.match(key):
+            raise InputError(f"environment variable name {key[:40]!r} is not a shell identifier")
+        if "\n" in value or "\x00" in value:
+            raise InputError(f"environment variable {key}: the value contains a newline or a NUL")
+    line = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + "\n"
+    prologue = 'IFS= read -r _dfo_env || exit 97; eval "export $_dfo_env"; unset _dfo_env; '
+    return prologue, line.encode()
+
+
 def tail(text: str, lines: int = 12) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -125,10 +140,15 @@ class HostSession:
         timeout: float | None = None,
         env: dict[str, str] | None = None,
     ) -> CommandResult:
-        """Run a command; stdin is sent whole, stdout/stderr are collected concurrently (no deadlock)."""
+        """Run a command; stdin is sent whole, stdout/stderr are collected concurrently (no deadlock).
+
+        ``env`` is exported for the whole command (every process it starts), its values sent on stdin
+        ahead of the command's own input: never in the command line (``ps`` on the host shows that) nor
+        in an error message."""
         cmd = command_line(command)
         if env:
-            cmd = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + cmd
+            prologue, line = env_prologue(env)
+            cmd, stdin = prologue + cmd, line + (stdin or b"")
         try:
             channel = self.transport.open_session(timeout=self.host.connect_timeout)
             channel.exec_command(cmd)
