@@ -8,11 +8,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.core.errors import InputError
-from orchestrator.core.inventory_edit import add_host, parse_cli_value, remove_host, set_field, write_inventory
-from orchestrator.transport.facts import gather_facts
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
+from orchestrator.core.errors import InputError
+from orchestrator.core.inventory_edit import add_host, parse_cli_value, remove_host, set_field, write_inventory
+from orchestrator.core.units import human_bytes
+from orchestrator.transport.facts import gather_facts
 
 inventory_app = typer.Typer(help="Validate, inspect and edit inventory.yaml (comments and order are kept).",
                             no_args_is_help=True)
@@ -66,11 +67,7 @@ def _disk_summary(host, free: dict[str, int | None]) -> str:
     """Free space per role path, one line each (same filesystem or not: each path's own figure)."""
     labels = {host.workdir: "workdir", host.venv: "venv", host.paths.checkpoints: "checkpoints",
               host.paths.models: "models"}
-    return "\n".join(f"{labels.get(p, p)}: {_gib(b)}" for p, b in free.items())
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+    return "\n".join(f"{labels.get(p, p)}: {human_bytes(b)}" for p, b in free.items())
 
 
 @inventory_app.command("show")
@@ -136,7 +133,7 @@ def add_host_cmd(
 ) -> None:
     """Add a host at the end of `hosts:`."""
     app_ctx: AppContext = ctx.obj
-    app_ctx.inventory  # validate the current file first: never edit a broken inventory blindly
+    _ = app_ctx.inventory  # validate the current file first: never edit a broken inventory blindly
     path = app_ctx.inventory_path
     fields = {"address": address, "user": user, "port": port, "identity_file": identity_file,
               "workdir": workdir, "roles": role or None}

@@ -8,9 +8,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.provision.operation import provision_hosts
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
+from orchestrator.core.units import human_bytes
+from orchestrator.provision.operation import provision_hosts
 
 
 @app.command("provision")
@@ -58,7 +59,7 @@ def provision_cmd(
                 plans.append((n, r))
             elif r.status == "installed":
                 detail = (f"{mode}; uv {r.uv_version} ({r.uv_source}); pushed {r.pushed_files} files "
-                          f"({r.pushed_bytes / 2**20:.1f} MiB); {r.seconds:.1f}s")
+                          f"({human_bytes(r.pushed_bytes)}); {r.seconds:.1f}s")
             else:
                 detail = f"{r.lock} {r.lock_sha256[:12]}; uv {r.uv_version}"
             flavour = r.flavour + (f" ({r.torch_backend})" if r.torch_backend and r.torch_backend != r.flavour else "")

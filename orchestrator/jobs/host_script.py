@@ -16,7 +16,6 @@
 # `setsid nohup ... >log 2>&1 </dev/null &` so it leads its own session and process group (cancel kills
 # the group) and the SSH call that launched it returns at once.
 import base64
-import hashlib
 import json
 import os
 import shutil
@@ -27,7 +26,6 @@ import threading
 import time
 import uuid
 
-FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
 START_GRACE_S = 30.0  # a job with no pid file yet is "starting" this long, then "lost"
 
 

@@ -42,6 +42,7 @@ from typing import Callable
 from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.events import Events, QuietEvents
 from orchestrator.core.inventory import Host
+from orchestrator.core.units import human_bytes
 from orchestrator.provision.plan import (
     FORBIDDEN,
     MIN_HOST_UV,
@@ -312,7 +313,7 @@ def _dry_run_steps(hp: _HostProvision, use_offline: bool, target: Target | None)
             listing = hp.call("pool_listing", pool=hp.pool)
             missing = {n: m for n, m in cached.files.items() if listing.get(n) != m["size"]}
             steps.insert(-2, f"push {len(missing)} of {len(cached.files)} wheels "
-                         f"({sum(m['size'] for m in missing.values()) / 2**20:.1f} MiB) to {hp.pool}")
+                         f"({human_bytes(sum(m['size'] for m in missing.values()))}) to {hp.pool}")
     return steps
 
 
@@ -339,10 +340,11 @@ def _check_room(hp: _HostProvision, use_offline: bool, target: Target | None) ->
     else:
         short = disk_shortfall(hp.facts.get("free_bytes"), uv_bytes, 0)
     if short:
-        wheels = f"; wheels {_mib(wh.total_bytes)}, unpacked ~{UNPACK_FACTOR}x" if wh is not None else ""
+        wheels = f"; wheels {human_bytes(wh.total_bytes)}, unpacked ~{UNPACK_FACTOR}x" if wh is not None else ""
+        uv_part = f", uv {human_bytes(uv_bytes)}" if uv_bytes else ""
         raise HostError(
-            hp.host, f"not enough disk space under {hp.inv_host.workdir}: about {_mib(short)} more needed "
-            f"({_mib(hp.facts['free_bytes'])} free{', uv ' + _mib(uv_bytes) if uv_bytes else ''}{wheels})",
+            hp.host, f"not enough disk space under {hp.inv_host.workdir}: about {human_bytes(short)} more needed "
+            f"({human_bytes(hp.facts['free_bytes'])} free{uv_part}{wheels})",
             hint="free disk space on the host, or point workdir / paths.venv at a larger filesystem",
         )
     return wh
@@ -383,7 +385,7 @@ def _push_wheels(hp: _HostProvision, wh: Wheelhouse | None, venv_facts: dict,
         hp.note(f"all {len(wh.files)} wheels already on the host")
         return 0, 0, wh
     push_bytes = sum(wh.files[n]["size"] for n in need)
-    hp.note(f"pushing {len(need)} of {len(wh.files)} wheels ({_mib(push_bytes)}) to {hp.pool}")
+    hp.note(f"pushing {len(need)} of {len(wh.files)} wheels ({human_bytes(push_bytes)}) to {hp.pool}")
     sent = push_files(hp.connector, hp.host, {n: (wh.path / n, wh.files[n]["sha256"]) for n in need}, hp.pool,
                       python=hp.probe_python)
     return len(need), sent, wh
@@ -401,12 +403,6 @@ def _sync(hp: _HostProvision, fields: dict, use_offline: bool) -> dict:
         raise _failure(hp.host, hp.venv, res)
     hp.note(f"venv ready: {posixpath.join(hp.venv, 'bin', 'python')} ({res['seconds']:.1f}s in uv pip sync)")
     return res["packages"]
-
-
-def _mib(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def provision_hosts(connector: Connector, hosts: list[str], **options) -> dict[str, HostOutcome[ProvisionResult]]:

@@ -1,0 +1,14 @@
+"""Byte sizes for people: the one formatter every command uses (binary units, as du -h and ls -lh)."""
+
+from __future__ import annotations
+
+
+def human_bytes(n: float | None) -> str:
+    """1536 -> '1.5 KiB'; None (unknown) -> '?'."""
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
