@@ -23,12 +23,16 @@ def demo_cmd(
     max_new_tokens: int = typer.Option(96, "--max-new-tokens"),
     runs_dir: Optional[str] = typer.Option(None, "--runs-dir", help="Where the run folder goes (default ./runs)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
+    watch: bool = typer.Option(False, "--watch", help="Instead: a fake training run on kpro6 followed by `dfo watch` "
+                               "(τ over training steps, runs/series/run7/)."),
 ) -> None:
     """Start sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), build a tiny target and
     drafters on them, and run `dfo eval --host ct129` with a checkpoint relayed from kpro6."""
     from orchestrator.demo.operation import run_demo
 
     app_ctx: AppContext = ctx.obj
+    if watch:
+        return _watch_demo(app_ctx, root, keep, samples, max_new_tokens, runs_dir)
     try:
         outcome = run_demo(events=app_ctx.events, runs_dir=runs_root(runs_dir), root=root, keep=keep,
                            samples=samples, max_new_tokens=max_new_tokens)
@@ -41,3 +45,14 @@ def demo_cmd(
     app_ctx.err.print(f"\n[bold green]demo finished[/] in {outcome.seconds:.0f}s"
                       + (f"; sandbox kept in {outcome.sandbox_root}" if outcome.kept else "; sandbox hosts stopped"))
     render_run(app_ctx, outcome.run, json_out)
+
+
+def _watch_demo(app_ctx: AppContext, root, keep, samples, max_new_tokens, runs_dir) -> None:
+    from orchestrator.cli.series_cmd import render_series
+    from orchestrator.demo.watch import run_watch_demo
+
+    outcome = run_watch_demo(events=app_ctx.events, runs_dir=runs_root(runs_dir).resolve(), root=root, keep=keep,
+                             samples=samples, max_new_tokens=max_new_tokens)
+    app_ctx.err.print(f"\n[bold green]demo finished[/] in {outcome.seconds:.0f}s"
+                      + (f"; sandbox kept in {outcome.sandbox_root}" if outcome.kept else "; sandbox hosts stopped"))
+    render_series(app_ctx, outcome.folder, outcome.series)

@@ -71,6 +71,11 @@ def show_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME")
     if json_out:
         app_ctx.print_json(doc)
         return
+    render_series(app_ctx, folder, doc)
+
+
+def render_series(app_ctx: AppContext, folder, doc: dict) -> None:
+    """The series table (one row per checkpoint by step), the baselines and where the files are."""
     out = app_ctx.out
     table = Table("step", "checkpoint", "τ macro [95% CI]", "τ micro", "DDTree-8 [95% CI]", "p1", "verdict",
                   title=f"series {doc['name']}: {doc['source']} on {doc['eval_host']}")

@@ -6,7 +6,8 @@ trained weights plus Gaussian noise whose scale shrinks with N (the last step: t
 the team's training format (model + optimizer state + step + config). Each file is written in chunks
 with pauses, straight to its final name, as trainers do, so a watcher can find it half-written.
 ``--corrupt STEP`` writes that step as bytes that are no checkpoint (an injected failure).
-``--wait-for PATH`` holds the next file back until PATH exists (tests sequence the trainer with it).
+``--wait-for PATH`` (repeatable) holds the second, third, … file back until the first, second, … PATH
+exists (tests sequence the trainer with it).
 The log (one JSON line per event) says when each file started and was complete, with its sha256.
 """
 
@@ -65,7 +66,7 @@ def main() -> None:
     ap.add_argument("--chunk-delay", type=float, default=0.5, help="seconds between chunks of one file")
     ap.add_argument("--gap", type=float, default=0.0, help="seconds between files")
     ap.add_argument("--wait-for", type=Path, action="append", default=[],
-                    help="before file i, wait until the i-th --wait-for path exists")
+                    help="before file i + 1, wait until the i-th --wait-for path exists")
     ap.add_argument("--log", type=Path, required=True)
     args = ap.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
@@ -74,8 +75,8 @@ def main() -> None:
     spec = json.loads(spec_file.read_text()) if spec_file.exists() else None
     args.out.mkdir(parents=True, exist_ok=True)
     for i, step in enumerate(steps):
-        if i < len(args.wait_for):
-            while not args.wait_for[i].exists():
+        if 0 < i <= len(args.wait_for):
+            while not args.wait_for[i - 1].exists():
                 time.sleep(0.2)
         if step in args.corrupt:
             data = hashlib.sha256(str(step).encode()).digest() * 4096

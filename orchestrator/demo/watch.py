@@ -1,0 +1,97 @@
+"""`dfo demo --watch`: a fake training run on kpro6 and `dfo watch` following it to the τ-over-steps plot.
+
+The sandbox hosts, payload, venvs and fixtures are set up as for `dfo demo`; then a fake trainer on kpro6
+(orchestrator/testing/fake_trainer.py, run as a detached job) writes step_100.pt … step_400.pt into
+``checkpoints/run7/``, each file slowly and each a less noisy copy of the trained fixture drafter, and
+the watcher evaluates each one as it settles, with z-lab's and a random drafter as fixed baselines.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.core.events import Events
+from orchestrator.core.inventory import load_inventory
+from orchestrator.demo.operation import FIXTURES_ON, _build_fixtures
+from orchestrator.deploy.manifest import default_payload_root
+from orchestrator.deploy.operation import deploy
+from orchestrator.evaluation.operation import raise_failures
+from orchestrator.evaluation.plan import DrafterRef, EvalRequest
+from orchestrator.jobs.operation import cancel_job, launch_job
+from orchestrator.provision.operation import provision_hosts
+from orchestrator.testing.sandbox import Sandbox
+from orchestrator.transport import Connector
+from orchestrator.watch import series as sm
+from orchestrator.watch.loop import WatchConfig, Watcher
+from orchestrator.watch.selection import Options
+
+TRAINER = Path(__file__).resolve().parents[1] / "testing" / "fake_trainer.py"
+STEPS = (100, 200, 300, 400)
+
+
+@dataclass
+class WatchDemoOutcome:
+    series: dict
+    folder: Path
+    sandbox_root: Path
+    seconds: float
+    kept: bool
+
+
+def _start_trainer(connector: Connector, box: Sandbox, python: str, folder: str) -> str:
+    kpro6 = box.hosts["kpro6"]
+    script = posixpath.join(str(kpro6.workdir), "fake_trainer.py")
+    connector.session("kpro6").put(TRAINER, script)
+    source = posixpath.join(str(kpro6.checkpoints), "trained-drafter", "checkpoint.pt")
+    argv = [python, script, "--source", source, "--out", folder, "--steps", ",".join(map(str, STEPS)),
+            "--chunks", "4", "--chunk-delay", "0.5", "--gap", "5", "--log", posixpath.join(folder, "trainer.log")]
+    return launch_job(connector, "kpro6", argv, lock=None, job_name="demo fake trainer").job_id
+
+
+def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
+                   samples: int | None = 6, max_new_tokens: int = 96) -> WatchDemoOutcome:
+    started = time.monotonic()
+    root = root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
+    events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
+    box = Sandbox(root, keep=keep)
+    box.start()
+    try:
+        with Connector(load_inventory(box.inventory_path)) as connector:
+            events.step(tag="demo", text="deploy and provision both hosts; build the fixtures")
+            raise_failures("deploy", deploy(connector, ["kpro6", "ct129"], root=default_payload_root(),
+                                            events=events))
+            prov = provision_hosts(connector, ["kpro6", "ct129"], events=events)
+            raise_failures("provision", prov)
+            pythons = {h: o.value.python for h, o in prov.items()}
+            models, ckpts = str(box.hosts["ct129"].models), str(box.hosts["kpro6"].checkpoints)
+            for host, out in (("ct129", models), ("kpro6", ckpts)):
+                _build_fixtures(connector, host, pythons[host], out, FIXTURES_ON[host], events)
+            folder = posixpath.join(ckpts, "run7")
+            events.step(tag="demo", text=f"start a fake trainer on kpro6 writing step_100.pt … step_400.pt "
+                        f"into {folder}")
+            trainer = _start_trainer(connector, box, pythons["kpro6"], folder)
+            events.step(tag="demo", text=f"dfo watch kpro6:{folder}/ --host ct129 --target …/target "
+                        "--drafter zlab=…/zlab-drafter --drafter random=…/random-drafter --pattern 'step_*.pt'")
+            request = EvalRequest(hosts=["ct129"], target=posixpath.join(models, "target"),
+                                  drafters=[DrafterRef("zlab", None, posixpath.join(models, "zlab-drafter")),
+                                            DrafterRef("random", None, posixpath.join(models, "random-drafter"))],
+                                  samples=samples, max_new_tokens=max_new_tokens, dtype="float32", threads=1)
+            cfg = WatchConfig(series="run7", source_host="kpro6", folder=folder, request=request, runs_dir=runs_dir,
+                              options=Options(settle=2), pattern="step_*.pt", once=True)
+            watcher = Watcher(connector, cfg, events)
+            try:
+                while True:  # --once rounds, as cron would run them, until the trainer is through
+                    series = watcher.run()
+                    if len(sm.done_entries(series)) + len(sm.failures(series)) >= len(STEPS):
+                        break
+                    time.sleep(2)
+            finally:
+                cancel_job(connector, "kpro6", trainer)
+    finally:
+        box.stop()
+    return WatchDemoOutcome(series=watcher.series, folder=watcher.folder, sandbox_root=root,
+                            seconds=time.monotonic() - started, kept=keep)
