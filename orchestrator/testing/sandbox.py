@@ -102,6 +102,7 @@ class Sandbox:
              so the sshd default PATH); off by default: without it all hosts share this user's home.
     """
 
+    # Ten parameters, but all after `hosts` are keyword-only options with defaults (the public API).
     def __init__(
         self,
         root: str | os.PathLike,
