@@ -46,7 +46,8 @@ def payload_files(root: Path) -> list[Path]:
         raise InputError(f"payload directory not found: {base}")
     out = []
     for path in sorted(base.rglob("*")):
-        if path.is_file() and not (set(path.relative_to(root).parts) & _SKIP_DIRS) and path.suffix not in _SKIP_SUFFIXES:
+        skipped = set(path.relative_to(root).parts) & _SKIP_DIRS or path.suffix in _SKIP_SUFFIXES
+        if path.is_file() and not skipped:
             out.append(path)
     return out
 

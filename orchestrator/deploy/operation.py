@@ -14,6 +14,7 @@ from pathlib import Path
 
 from orchestrator.core.events import Events, QuietEvents
 from orchestrator.deploy.manifest import Manifest, build_manifest, check_compiles
+from orchestrator.deploy.protocol import ReleaseState, Staged, Switched
 from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
 
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")  # sent to the host on stdin, see transport.hostcall
@@ -50,13 +51,13 @@ class DeployResult:
         return d
 
 
-def plan_host(host: str, manifest: Manifest, host_state: dict) -> DeployPlan:
+def plan_host(host: str, manifest: Manifest, host_state: ReleaseState) -> DeployPlan:
     """What a deploy would change on one host, from the host's own hashes of its current release."""
-    remote = host_state.get("files", {})
+    remote = host_state.files
     changed = [p for p, f in sorted(manifest.files.items()) if remote.get(p) != f["sha256"]]
     removed = sorted(set(remote) - set(manifest.files))
     return DeployPlan(
-        host=host, release=manifest.release_id, current=host_state.get("current"), changed=changed,
+        host=host, release=manifest.release_id, current=host_state.current, changed=changed,
         removed=removed, upload_bytes=sum(manifest.files[p]["size"] for p in changed),
     )
 
@@ -85,25 +86,26 @@ def _deploy_host(connector, host, root, manifest, dry_run, events: Events) -> De
     inv_host = connector.inventory.hosts[host]
     session = connector.session(host)
     call = lambda func, **kw: hostcall.call(session, HOST_SCRIPT, func, python=inv_host.python, **kw)  # noqa: E731
-    plan = plan_host(host, manifest, call("state", workdir=inv_host.workdir))
+    plan = plan_host(host, manifest, ReleaseState.from_host(host, call("state", workdir=inv_host.workdir)))
     if plan.up_to_date:
         return DeployResult(host, "up-to-date", manifest.release_id, plan=plan, seconds=time.monotonic() - started)
     if dry_run:
         return DeployResult(host, "would-deploy", manifest.release_id, plan=plan, seconds=time.monotonic() - started)
-    staged = call("prepare", workdir=inv_host.workdir, release=manifest.release_id, files=manifest.files)
-    need = staged["need"]
+    staged = Staged.from_host(host, call("prepare", workdir=inv_host.workdir, release=manifest.release_id,
+                                         files=manifest.files), manifest.files)
+    need = staged.need
     total = sum(manifest.files[p]["size"] for p in need)
     with events.transfer(f"{host}: uploading", total) as advance:
         sent = 0
         for rel in need:
             base = sent
-            session.put(root / rel, posixpath.join(staged["staging"], rel),
+            session.put(root / rel, posixpath.join(staged.staging, rel),
                         progress=lambda done, _total, base=base: advance(base + done))
             sent += manifest.files[rel]["size"]
-    done = call("commit", workdir=inv_host.workdir, release=manifest.release_id, files=manifest.files,
-                staging=staged["staging"])
+    done = Switched.from_host(host, call("commit", workdir=inv_host.workdir, release=manifest.release_id,
+                                         files=manifest.files, staging=staged.staging))
     return DeployResult(
-        host, "deployed", manifest.release_id, previous=done["previous"], uploaded_files=len(need),
+        host, "deployed", manifest.release_id, previous=done.previous, uploaded_files=len(need),
         uploaded_bytes=total, plan=plan, seconds=time.monotonic() - started,
     )
 
@@ -113,9 +115,11 @@ def rollback(connector: Connector, hosts: list[str], *, dry_run: bool = False) -
         inv_host = connector.inventory.hosts[host]
         session = connector.session(host)
         if dry_run:
-            st = hostcall.call(session, HOST_SCRIPT, "state", python=inv_host.python, workdir=inv_host.workdir)
-            return DeployResult(host, "would-roll-back", st["previous"] or "-", previous=st["current"])
-        done = hostcall.call(session, HOST_SCRIPT, "rollback", python=inv_host.python, workdir=inv_host.workdir)
-        return DeployResult(host, "rolled-back", done["release"], previous=done["previous"])
+            st = ReleaseState.from_host(host, hostcall.call(session, HOST_SCRIPT, "state", python=inv_host.python,
+                                                            workdir=inv_host.workdir))
+            return DeployResult(host, "would-roll-back", st.previous or "-", previous=st.current)
+        done = Switched.from_host(host, hostcall.call(session, HOST_SCRIPT, "rollback", python=inv_host.python,
+                                                      workdir=inv_host.workdir))
+        return DeployResult(host, "rolled-back", done.release, previous=done.previous)
 
     return for_each_host(hosts, one)
