@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Run dfo's test suite (sets up what it needs first: sshd, iproute2, .venv). Extra args go to pytest.
+# Run dfo's checks and test suite (sets up what it needs first: sshd, iproute2, .venv). Extra args go to
+# pytest; with arguments the lint/type checks are skipped (a narrowed run is for iterating).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+if [ $# -eq 0 ]; then
+  echo "test: ruff (lint + import order)" >&2
+  .venv/bin/ruff check orchestrator remote_payload tests benchmarks
+  echo "test: mypy" >&2
+  .venv/bin/mypy orchestrator remote_payload
+fi
 # pytest exits 5 when no test ran: that is a failure here too.
 exec .venv/bin/python -m pytest "$@"

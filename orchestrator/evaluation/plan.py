@@ -157,6 +157,22 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
     if req.prompts != "builtin" and not prompts_digest:
         raise InputError("a prompts file needs its digest to be planned")
     hosts = list(dict.fromkeys(req.hosts))
+    relays, checks, per_host_paths = _place_drafters(req, inventory, hosts)
+    jobs = []
+    for i, h in enumerate(hosts):
+        prompts_remote = None
+        if req.prompts != "builtin":
+            prompts_remote = posixpath.join(inventory.hosts[h].workdir, "inputs",
+                                            f"prompts-{(prompts_digest or '')[:16]}.jsonl")
+        args = _payload_args(req, inventory, h, per_host_paths[h], prompts_remote or req.prompts, (i, len(hosts)))
+        args += list(req.payload_args) + list(payload_args_extra or [])
+        jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote))
+    # A relay with stripping deploys the payload to its source host itself.
+    return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks)
+
+
+def _place_drafters(req: EvalRequest, inventory: Inventory, hosts: list[str]):
+    """Where each drafter is read on each eval host, the relays that put it there, the paths to check."""
     relays: list[RelayStep] = []
     checks: dict[str, list[str]] = {h: [req.target] for h in hosts}
     per_host_paths: dict[str, dict[str, str]] = {h: {} for h in hosts}
@@ -177,45 +193,41 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
             lands = posixpath.join(dest_dir, strip_dir_name(name) if strip else name)
             relays.append(RelayStep(d.name, f"{d.host}:{d.path}", f"{h}:{dest_dir}/", strip, lands))
             per_host_paths[h][d.name] = lands
-    jobs = []
-    for i, h in enumerate(hosts):
-        prompts_remote = None
-        prompts_arg = req.prompts
-        if req.prompts != "builtin":
-            prompts_remote = posixpath.join(inventory.hosts[h].workdir, "inputs", f"prompts-{prompts_digest[:16]}.jsonl")
-            prompts_arg = prompts_remote
-        args = ["eval", "--target", req.target]
-        for name, path in per_host_paths[h].items():
-            args += ["--drafter", f"{name}={path}"]
-        args += ["--prompts", prompts_arg, "--max-new-tokens", str(req.max_new_tokens),
-                 "--device", req.device, "--dtype", req.dtype,
-                 "--enable-thinking" if req.enable_thinking else "--no-enable-thinking",
-                 "--seed", str(req.seed), "--out", "{results}"]
-        if req.samples is not None:
-            args += ["--samples", str(req.samples)]
-        if len(hosts) > 1:
-            args += ["--shard", f"{i}/{len(hosts)}"]
-        if req.reference == "server":
-            args += ["--reference", inventory.hosts[h].serve_url]
-        elif req.reference != "target":
-            args += ["--reference", req.reference]
-        if req.threads:
-            args += ["--threads", str(req.threads)]
-        if req.diagnose:
-            args += ["--diagnose"]
-        if req.diagnose_samples is not None:
-            args += ["--diagnose-samples", str(req.diagnose_samples)]
-        for expect in req.expect_p1:
-            args += ["--expect-p1", expect]
-        if req.tree_k is not None:
-            args += ["--tree-k", str(req.tree_k)]
-        if req.tree_budget is not None:
-            args += ["--tree-budget", str(req.tree_budget)]
-        if req.reference_model and req.reference != "target":
-            args += ["--reference-model", req.reference_model]
-        if req.online_check:
-            args += ["--online-check"]
-        args += list(req.payload_args) + list(payload_args_extra or [])
-        jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote))
-    # A relay with stripping deploys the payload to its source host itself.
-    return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks)
+    return relays, checks, per_host_paths
+
+
+def _payload_args(req: EvalRequest, inventory: Inventory, host: str, drafters: dict[str, str], prompts: str,
+                  shard: tuple[int, int]) -> list[str]:
+    """`python -m remote_payload eval …` for one host."""
+    args = ["eval", "--target", req.target]
+    for name, path in drafters.items():
+        args += ["--drafter", f"{name}={path}"]
+    args += ["--prompts", prompts, "--max-new-tokens", str(req.max_new_tokens),
+             "--device", req.device, "--dtype", req.dtype,
+             "--enable-thinking" if req.enable_thinking else "--no-enable-thinking",
+             "--seed", str(req.seed), "--out", "{results}"]
+    if req.samples is not None:
+        args += ["--samples", str(req.samples)]
+    if shard[1] > 1:
+        args += ["--shard", f"{shard[0]}/{shard[1]}"]
+    if req.reference == "server":
+        args += ["--reference", inventory.hosts[host].serve_url]
+    elif req.reference != "target":
+        args += ["--reference", req.reference]
+    if req.threads:
+        args += ["--threads", str(req.threads)]
+    if req.diagnose:
+        args += ["--diagnose"]
+    if req.diagnose_samples is not None:
+        args += ["--diagnose-samples", str(req.diagnose_samples)]
+    for expect in req.expect_p1:
+        args += ["--expect-p1", expect]
+    if req.tree_k is not None:
+        args += ["--tree-k", str(req.tree_k)]
+    if req.tree_budget is not None:
+        args += ["--tree-budget", str(req.tree_budget)]
+    if req.reference_model and req.reference != "target":
+        args += ["--reference-model", req.reference_model]
+    if req.online_check:
+        args += ["--online-check"]
+    return args
