@@ -19,6 +19,7 @@ from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
 
 
+# One parameter per option (typer's style): a long signature, a short body.
 @app.command("eval")
 def eval_cmd(
     ctx: typer.Context,

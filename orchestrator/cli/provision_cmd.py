@@ -14,6 +14,7 @@ from orchestrator.core.units import human_bytes
 from orchestrator.provision.operation import provision_hosts
 
 
+# One parameter per option (typer's style): a long signature, a short body.
 @app.command("provision")
 def provision_cmd(
     ctx: typer.Context,
