@@ -1,0 +1,147 @@
+"""Server lifecycle and metrics parsing without vLLM: real processes standing in for the engine's python.
+
+The stand-in "python" is an executable script given the exact argv vLLM would get. It either dies at once
+(as vLLM does on a broken venv), never becomes healthy, or serves /health with a child process of its own
+(as vLLM's engine core is), so stop() must end the whole process group. No engine venv needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from remote_payload.engines import vllm_server as vs
+from remote_payload.engines.spec_metrics import SpecCounters, parse_prometheus, read_counters
+
+FAKE_SERVER = """
+import http.server, os, subprocess, sys, time
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(os.environ["FAKE_CHILD_PID_FILE"], "w").write(str(child.pid))
+print("engine core started", child.pid, flush=True)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _fake_python(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text(body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+
+
+def test_engine_that_dies_at_start_gives_the_log_tail(tmp_path):
+    py = _fake_python(tmp_path, "#!/bin/sh\necho 'RuntimeError: operator torchvision::nms does not exist'\nexit 3\n")
+    srv = vs.VllmServer(vs.ServerConfig(python=py, target=str(tmp_path)), tmp_path / "log" / "vllm.log")
+    with pytest.raises(vs.EngineError) as err:
+        srv.start(timeout_s=60)
+    msg = str(err.value)
+    assert "exited with status 3 before it was healthy" in msg and "torchvision::nms" in msg
+    assert str(tmp_path / "log" / "vllm.log") in msg
+    assert "--enforce-eager" in (tmp_path / "log" / "vllm.log").read_text()  # the command line is logged
+
+
+def test_engine_never_healthy_times_out_and_is_stopped(tmp_path):
+    py = _fake_python(tmp_path, "#!/bin/sh\necho loading weights\nexec sleep 600\n")
+    srv = vs.VllmServer(vs.ServerConfig(python=py, target=str(tmp_path)), tmp_path / "vllm.log")
+    started = time.monotonic()
+    with pytest.raises(vs.EngineError, match=r"(?s)not healthy on 127\.0\.0\.1:\d+ within 2 s.*loading weights"):
+        srv.start(timeout_s=2)
+    assert time.monotonic() - started < 30
+    assert srv.proc.poll() is not None  # not left running
+
+
+def test_stop_ends_the_server_and_its_engine_core(tmp_path, monkeypatch):
+    py = _fake_python(tmp_path, f"#!{sys.executable}\n{FAKE_SERVER}")
+    pid_file = tmp_path / "child.pid"
+    cfg = vs.ServerConfig(python=py, target=str(tmp_path), extra_env={"FAKE_CHILD_PID_FILE": str(pid_file)})
+    with vs.VllmServer(cfg, tmp_path / "vllm.log") as srv:
+        assert srv.start_seconds is not None and srv.url == f"http://127.0.0.1:{srv.port}/v1"
+        child = int(pid_file.read_text())
+        assert _alive(child)
+    assert srv.proc.returncode is not None
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def test_missing_engine_python(tmp_path):
+    srv = vs.VllmServer(vs.ServerConfig(python=str(tmp_path / "nope" / "python"), target=str(tmp_path)),
+                        tmp_path / "vllm.log")
+    with pytest.raises(vs.EngineError, match="engine python .* not found"):
+        srv.start()
+
+
+def test_server_argv_and_env(tmp_path):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 16}}))
+    cfg = vs.ServerConfig(python="py", target="/t", drafter=str(drafter), threads=1)
+    argv = vs.server_argv(cfg, 1234)
+    assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-enable-prefix-caching" in argv
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}
+    (drafter / "config.json").write_text(json.dumps({"block_size": 8}))  # older z-lab configs: top level
+    assert vs.speculative_config(cfg)["num_speculative_tokens"] == 7
+    (drafter / "config.json").write_text(json.dumps({"dflash_config": {}}))
+    with pytest.raises(vs.EngineError, match=r"config\.json: block_size .* found None"):
+        vs.server_argv(cfg, 1)
+    env = vs.server_env(cfg)
+    assert env["VLLM_HOST_IP"] == "127.0.0.1" and "PYTHONPATH" not in env
+    assert "--speculative-config" not in vs.server_argv(vs.ServerConfig(python="py", target="/t"), 1)
+
+
+PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 3.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 105.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 30.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 14.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 7.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 47.0
+vllm:generation_tokens_total{engine="0",model_name="other"} 1000.0
+vllm:spec_decode_num_drafts_created 1.7e9
+"""
+
+
+def test_read_counters_sums_engines_and_filters_the_model():
+    c = read_counters(PAGE, "m")
+    assert (c.drafts, c.draft_tokens, c.accepted, c.generated) == (15, 105, 30, 47)
+    assert c.per_position == [14, 9, 7] and c.spec_enabled
+    assert read_counters(PAGE).generated == 1047
+    assert not read_counters("vllm:generation_tokens_total 5\n").spec_enabled
+    assert parse_prometheus('x{a="q\\"uote"} 1 1700000000\nbad line\n') == [("x", {"a": 'q\\"uote'}, 1.0)]
+
+
+def test_counter_differences_and_vllm_summary():
+    before = SpecCounters(10, 70, 20, [8, 7, 5], 40, True)
+    after = SpecCounters(14, 98, 29, [12, 9, 6, 2], 53, True)
+    d = after - before
+    assert (d.drafts, d.draft_tokens, d.accepted, d.per_position, d.generated) == (4, 28, 9, [4, 2, 1, 2], 13)
+    s = (d + SpecCounters(1, 7, 0, [], 1, True)).summary()
+    assert s["tau_micro"] == 1 + 9 / 5 and s["rounds"] == 5
+    assert [p["p"] for p in s["per_position"]] == [4 / 5, 2 / 5, 1 / 5, 2 / 5]
+    assert SpecCounters().summary()["tau_micro"] is None
