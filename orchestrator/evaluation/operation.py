@@ -8,6 +8,7 @@ remote job keeps running and `dfo runs pull RUN` picks it up later.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,10 +25,21 @@ from orchestrator.evaluation.merge import merge_host_results
 from orchestrator.evaluation.plan import EvalPlan
 from orchestrator.evaluation.report import write_report
 from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
-from orchestrator.jobs.operation import FINAL_STATES, JobStatus, follow_job, job_status, launch_job, pull_results
+from orchestrator.jobs.operation import (
+    DEFAULT_LOCK,
+    FINAL_STATES,
+    JobRefused,
+    JobStatus,
+    follow_job,
+    job_status,
+    launch_job,
+    lock_status,
+    pull_results,
+)
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.relay.operation import RelayOptions, relay
 from orchestrator.transport import Connector, for_each_host
+from orchestrator.transport.hostlock import host_lock
 
 MIN_FREE_BYTES = 2 * 2**30  # results are small, but the feature cache of a real target is not
 _CHECK_SCRIPT = 'for p in "$@"; do if [ -e "$p" ]; then echo "OK $p"; else echo "MISSING $p"; fi; done'
@@ -167,6 +179,27 @@ def start_eval(
     """Everything up to and including the launch of the remote jobs; returns the run (status running)."""
     events.step("check inputs on the hosts")
     preflight(connector, plan)
+    with contextlib.ExitStack() as held:
+        # Each host's lock for the whole start (deploy, provision, launch), and a GPU lock that a running
+        # job holds refuses the run before the payload or the venv changes under that job.
+        for host in sorted(set(plan.deploy_hosts) | set(plan.provision_hosts)):
+            for notice in held.enter_context(host_lock(connector, host, "start an eval")):
+                events.warn(notice)
+        _refuse_busy_hosts(connector, plan)
+        return _start_locked(connector, plan, runs_dir=runs_dir, events=events, prompts_file=prompts_file)
+
+
+def _refuse_busy_hosts(connector: Connector, plan: EvalPlan) -> None:
+    if plan.request.force:
+        return
+    for job in plan.jobs:
+        status = lock_status(connector, job.host, DEFAULT_LOCK)
+        if status.get("holder") and status.get("state") in ("starting", "running"):
+            raise JobRefused(job.host, dict(status["holder"], state=status["state"]), DEFAULT_LOCK)
+
+
+def _start_locked(connector: Connector, plan: EvalPlan, *, runs_dir: Path, events: Events,
+                  prompts_file: Path | None) -> Run:
     pythons = _prepare_hosts(connector, plan, events)
     relays = _relay_drafters(connector, plan, events)
     if prompts_file is not None:

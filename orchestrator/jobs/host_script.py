@@ -16,7 +16,6 @@
 # `setsid nohup ... >log 2>&1 </dev/null &` so it leads its own session and process group (cancel kills
 # the group) and the SSH call that launched it returns at once.
 import base64
-import json
 import os
 import shutil
 import signal
@@ -24,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 START_GRACE_S = 30.0  # a job with no pid file yet is "starting" this long, then "lost"
 
@@ -146,63 +144,58 @@ def job_state(job_dir, tail=0):
 # ----------------------------------------------------------------------------------- locks
 
 
-def _lock_path(workdir, name):
-    return os.path.join(workdir, "locks", "%s.lock" % name)
-
-
 def _lock_holder(workdir, name):
-    """(holder record, holder's state) or (None, None)."""
-    holder = _read_json(_lock_path(workdir, name))
-    if holder is None:
+    """(holder record, holder's state) or (None, None). A lock file that is not a dfo job's lock (no job
+    id, or a job_dir other than WORKDIR/jobs/<id>) is reported, never treated as stale: clearing it
+    could delete someone else's file."""
+    path = _lock_path(workdir, name)
+    if not os.path.lexists(path):
         return None, None
-    state = job_state(holder.get("job_dir", ""))
+    holder = _read_json(path)
+    job_id = holder.get("job_id") if isinstance(holder, dict) else None
+    if (not isinstance(job_id, str) or "/" in job_id or job_id.startswith(".")
+            or holder.get("job_dir") != os.path.join(workdir, "jobs", job_id)):
+        raise RuntimeError("%s is not a dfo job lock; refusing to use or clear it (remove it by hand if it is "
+                           "yours)" % path)
+    state = job_state(holder["job_dir"])
     return holder, (state or {}).get("state")
 
 
 def _take_lock(workdir, name, job_id, job_dir, force):
-    """Acquire lock ``name`` for the job. Returns (ok, notices, holder)."""
+    """Acquire lock ``name`` for the job. Returns (ok, notices, holder).
+
+    Examining, clearing and taking happen under the locks guard, so two launchers that both find a stale
+    lock cannot both clear it and both run."""
     notices = []
     path = _lock_path(workdir, name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     record = {"job_id": job_id, "job_dir": job_dir, "since": _now(), "taken_by_pid": os.getpid()}
-    for _ in range(5):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            holder, state = _lock_holder(workdir, name)
-            if holder is None:
-                continue  # released meanwhile
-            if state in ("starting", "running"):
-                if not force:
-                    return False, notices, dict(holder, state=state)
-                notices.append("--force: running although lock %r is held by job %s (%s)"
-                               % (name, holder.get("job_id"), state))
-                _write_json(path, record)
-                return True, notices, None
-            # Stale: the holder is finished, lost or gone (its supervisor's pid is not running).
-            stale = "%s.stale-%s" % (path, uuid.uuid4().hex[:8])
-            try:
-                os.rename(path, stale)
-                os.unlink(stale)
-            except OSError:
-                continue
+    with _Guard(workdir):
+        holder, state = _lock_holder(workdir, name)
+        if holder is not None and state in ("starting", "running"):
+            if not force:
+                return False, notices, dict(holder, state=state)
+            notices.append("--force: running although lock %r is held by job %s (%s)"
+                           % (name, holder.get("job_id"), state))
+            _write_json(path, record)
+            return True, notices, None
+        if holder is not None:  # stale: finished, lost or gone (its supervisor is not running)
+            os.unlink(path)
             notices.append("cleared stale lock %r held by job %s (%s; its supervisor is not running)"
                            % (name, holder.get("job_id"), state or "job directory missing"))
-            continue
-        with os.fdopen(fd, "w") as fh:
-            json.dump(record, fh)
-        return True, notices, None
-    return False, notices, {"job_id": "?", "state": "contended"}
+        if not _create_lock(path, record):
+            return False, notices, {"job_id": "?", "state": "contended"}
+    return True, notices, None
 
 
 def _release_lock(workdir, name, job_id):
     path = _lock_path(workdir, name)
-    holder = _read_json(path)
-    if holder and holder.get("job_id") == job_id:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    with _Guard(workdir):
+        holder = _read_json(path)
+        if isinstance(holder, dict) and holder.get("job_id") == job_id:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def lock_status(workdir, lock):
@@ -225,7 +218,10 @@ def launch(workdir, job_id, argv, env, cwd, job_name, lock, force, supervisor_so
             return {"ok": False, "refused": dict(holder, state=state), "notices": notices}
     os.makedirs(os.path.join(job_dir, "results"))
     cwd = cwd or workdir
-    spec = {"job_id": job_id, "name": job_name, "argv": argv, "cwd": cwd, "lock": lock, "created": _now(),
+    # The real folder the job runs in (`payload` is a symlink that a deploy may switch): a release that
+    # a running job uses is never pruned (deploy's host script reads this).
+    spec = {"job_id": job_id, "name": job_name, "argv": argv, "cwd": cwd, "cwd_real": os.path.realpath(cwd),
+            "lock": lock, "created": _now(),
             "env_keys": sorted(env), "heartbeat_s": heartbeat_s, "workdir": workdir}
     _write_json(os.path.join(job_dir, "env.json"), env, mode=0o600)
     _write_json(os.path.join(job_dir, "job.json"), spec)

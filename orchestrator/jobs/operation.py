@@ -50,6 +50,7 @@ from orchestrator.core.errors import ConnectionLost, HostError, InputError, Oper
 from orchestrator.core.events import Events, OutputSink, QuietEvents
 from orchestrator.core.hashing import sha256_file
 from orchestrator.transport import Connector, for_each_host, hostcall
+from orchestrator.transport.hostlock import host_lock
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
 DEFAULT_LOCK = "gpu"
@@ -167,6 +168,15 @@ def parse_job_ref(ref: str, host: str | None = None) -> tuple[str | None, str]:
     return host, ref
 
 
+LOCK_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_lock_name(lock: str | None) -> None:
+    """A lock name becomes a file name on the host (locks/<name>.lock): one plain component."""
+    if lock is not None and (not LOCK_NAME_RE.match(lock) or ".." in lock):
+        raise InputError(f"--lock {lock!r}: expected a name of letters, digits, '.', '_' or '-' (e.g. gpu)")
+
+
 def substitute(argv: Sequence[str], values: dict[str, str]) -> list[str]:
     """Replace ``{results}``/``{job_dir}``/``{job_id}`` inside arguments (other braces are left alone)."""
     out = []
@@ -216,6 +226,7 @@ def launch_job(
 ) -> JobHandle:
     if not argv:
         raise InputError("no command to run")
+    check_lock_name(lock)
     inv_host = _host(connector, host)
     job_id = job_id or new_job_id()
     job_dir = posixpath.join(inv_host.workdir, "jobs", job_id)
@@ -223,13 +234,14 @@ def launch_job(
     values = {"results": results, "job_dir": job_dir, "job_id": job_id}
     full_env = {**inv_host.env, **(env or {}), "DFO_RESULTS_DIR": results, "DFO_JOB_ID": job_id,
                 "DFO_JOB_DIR": job_dir, "PYTHONUNBUFFERED": "1"}
-    res = _call(connector, host, "launch", workdir=inv_host.workdir, job_id=job_id, argv=substitute(argv, values),
-                env=full_env, cwd=cwd, job_name=job_name, lock=lock, force=force,
-                supervisor_source=hostcall.program_source(HOST_SCRIPT), heartbeat_s=heartbeat_s)
+    with host_lock(connector, host, "launch a job") as lock_notices:  # not while another dfo deploys/provisions
+        res = _call(connector, host, "launch", workdir=inv_host.workdir, job_id=job_id,
+                    argv=substitute(argv, values), env=full_env, cwd=cwd, job_name=job_name, lock=lock, force=force,
+                    supervisor_source=hostcall.program_source(HOST_SCRIPT), heartbeat_s=heartbeat_s)
     if not res["ok"]:
         raise JobRefused(host, res.get("refused") or {}, lock or "")
     status = JobStatus.from_host(host, res["job"])
-    return JobHandle(host, job_id, job_dir, job_name, notices=res.get("notices", []), status=status)
+    return JobHandle(host, job_id, job_dir, job_name, notices=lock_notices + res.get("notices", []), status=status)
 
 
 # ------------------------------------------------------------------------------ inspection
@@ -356,6 +368,7 @@ def cancel_job(connector: Connector, host: str, job_id: str, *, grace: float = 5
 
 
 def lock_status(connector: Connector, host: str, lock: str = DEFAULT_LOCK) -> dict:
+    check_lock_name(lock)
     return _call(connector, host, "lock_status", workdir=_host(connector, host).workdir, lock=lock)
 
 

@@ -70,6 +70,7 @@ from orchestrator.provision.wheelhouse import (
 )
 from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
 from orchestrator.transport.bulk import FAST_CIPHER, ssh_argv, ssh_binary
+from orchestrator.transport.hostlock import host_lock
 
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")  # sent to the host on stdin, see transport.hostcall
 
@@ -260,6 +261,13 @@ def provision(
     if dry_run:
         hp.plan.steps = _dry_run_steps(hp, use_offline, target)
         return hp.result("would-install", offline=use_offline)
+    with host_lock(connector, host, "provision") as notices:  # no other dfo changes this host meanwhile
+        for notice in notices:
+            hp.events.warn(notice)
+        return _install(hp, force, use_offline, target)
+
+
+def _install(hp: _HostProvision, force: bool, use_offline: bool, target: Target | None) -> ProvisionResult:
     # Decided before anything on the host changes: what must travel, and whether it fits.
     wh = _check_room(hp, use_offline, target)
     uv_source = _push_uv(hp)

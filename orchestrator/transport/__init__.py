@@ -36,6 +36,7 @@ class Connector:
         self._sessions: dict[str, HostSession] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self.host_locks: dict[str, int] = {}  # host lock depth per host (transport.hostlock)
 
     def resolved(self, name: str) -> ResolvedHost:
         return resolve_host(self.inventory, name, connect_timeout=self.connect_timeout)

@@ -50,3 +50,77 @@ def _confine(root, rel):
     if target != base and not target.startswith(base.rstrip("/") + "/"):
         raise RuntimeError("refused name %r: it resolves outside %s" % (rel, base))
     return target
+
+
+# ----------------------------------------------------------------------------------- locks
+# Lock files live in WORKDIR/locks/<name>.lock, are created with O_EXCL, and are examined, taken and
+# cleared only while holding flock(WORKDIR/locks/.guard): two processes can never both decide that the
+# same lock is stale and both take it (the kernel drops a flock when its holder dies, so the guard
+# itself cannot go stale).
+
+LOCK_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+def _lock_path(workdir, name):
+    import re
+    if not isinstance(name, str) or not re.match(LOCK_NAME_RE, name) or ".." in name:
+        raise RuntimeError("bad lock name %r: expected letters, digits, '.', '_' or '-'" % (name,))
+    return os.path.join(workdir, "locks", "%s.lock" % name)
+
+
+class _Guard(object):
+    def __init__(self, workdir):
+        self.path = os.path.join(workdir, "locks", ".guard")
+
+    def __enter__(self):
+        import fcntl
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # releases the flock
+
+
+def _create_lock(path, record):
+    """Create PATH with O_EXCL holding RECORD; False when it exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        json.dump(record, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return True
+
+
+def _proc_start(pid):
+    """The kernel's start time of PID (field 22 of /proc/PID/stat), or None: with the pid it names one process."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else fields[19]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_alive(pid, start=None):
+    """Is PID running (and, when START is given, still the process that recorded it)?"""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return True  # no /proc: trust kill(0)
+    if fields[0] == "Z":  # a zombie waiting for its reaper is dead for our purposes
+        return False
+    return start is None or fields[19] == start
