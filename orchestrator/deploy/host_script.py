@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 
 
@@ -22,7 +23,7 @@ def _release_of(link):
 def _verify(directory, files):
     bad = []
     for rel, meta in files.items():
-        path = os.path.join(directory, rel)
+        path = _confine(directory, rel)  # names from the controller: confined here too
         if not os.path.isfile(path) or _sha256(path) != meta["sha256"]:
             bad.append(rel)
     return bad
@@ -65,7 +66,7 @@ def prepare(workdir, release, files):
             sources.append(os.path.join(releases, rel))
     need = []
     for rel, meta in sorted(files.items()):
-        dest = os.path.join(staging, rel)
+        dest = _confine(staging, rel)
         for src_root in sources:
             src = os.path.join(src_root, rel)
             if os.path.isfile(src) and _sha256(src) == meta["sha256"]:
@@ -91,7 +92,9 @@ def commit(workdir, release, files, staging):
             fh.flush()
             os.fsync(fh.fileno())
         if os.path.isdir(final):
-            shutil.rmtree(final)
+            # Never delete a release in place: it may be what `payload` points at or what a running job
+            # imports from. Set it aside (pruned once no job runs) and publish the verified one.
+            os.rename(final, os.path.join(releases, ".replaced-%s-%s" % (release, uuid.uuid4().hex[:8])))
         os.rename(staging, final)
     link = os.path.join(workdir, "payload")
     old = _release_of(link)
@@ -120,9 +123,36 @@ def _switch(link, target):
     os.replace(tmp, link)  # rename(2) over the old link: readers see the old or the new, never nothing
 
 
+def _releases_in_use(workdir):
+    """(release names that running jobs run in or refer to, whether any job runs at all)."""
+    releases = os.path.realpath(os.path.join(workdir, "releases"))
+    jobs = os.path.join(workdir, "jobs")
+    used, running = set(), False
+    for job_id in os.listdir(jobs) if os.path.isdir(jobs) else []:
+        job_dir = os.path.join(jobs, job_id)
+        spec = _read_json(os.path.join(job_dir, "job.json"))
+        if not isinstance(spec, dict) or os.path.exists(os.path.join(job_dir, "exit.json")):
+            continue
+        pid = (_read_json(os.path.join(job_dir, "pid.json")) or {}).get("pid")
+        if not (_pid_alive(pid) if pid else time.time() - (spec.get("created") or 0) < 60):
+            continue
+        running = True
+        for ref in [spec.get("cwd_real") or spec.get("cwd") or ""] + list(spec.get("argv") or []):
+            real = os.path.realpath(str(ref))
+            if real.startswith(releases + os.sep):
+                used.add(real[len(releases) + 1:].split(os.sep)[0])
+    return used, running
+
+
 def _prune(workdir):
+    """Remove releases nothing needs: never `payload`, `payload.previous`, a release a running job uses, or
+    a replaced release while any job runs."""
     releases = os.path.join(workdir, "releases")
     keep = {_release_of(os.path.join(workdir, "payload")), _release_of(os.path.join(workdir, "payload.previous"))}
+    used, running = _releases_in_use(workdir)
     for name in os.listdir(releases):
-        if name not in keep and not name.startswith(".staging-"):
-            shutil.rmtree(os.path.join(releases, name), ignore_errors=True)
+        if name in keep or name in used or name.startswith(".staging-"):
+            continue
+        if name.startswith(".replaced-") and running:
+            continue
+        shutil.rmtree(os.path.join(releases, name), ignore_errors=True)

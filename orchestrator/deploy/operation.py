@@ -16,6 +16,7 @@ from orchestrator.core.events import Events, QuietEvents
 from orchestrator.deploy.manifest import Manifest, build_manifest, check_compiles
 from orchestrator.deploy.protocol import ReleaseState, Staged, Switched
 from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
+from orchestrator.transport.hostlock import host_lock
 
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")  # sent to the host on stdin, see transport.hostcall
 
@@ -82,6 +83,15 @@ def deploy(
 
 
 def _deploy_host(connector, host, root, manifest, dry_run, events: Events) -> DeployResult:
+    if dry_run:
+        return _deploy_locked(connector, host, root, manifest, dry_run, events)
+    with host_lock(connector, host, "deploy") as notices:  # no other dfo changes this host meanwhile
+        for notice in notices:
+            events.warn(notice)
+        return _deploy_locked(connector, host, root, manifest, dry_run, events)
+
+
+def _deploy_locked(connector, host, root, manifest, dry_run, events: Events) -> DeployResult:
     started = time.monotonic()
     inv_host = connector.inventory.hosts[host]
     session = connector.session(host)
@@ -112,6 +122,12 @@ def _deploy_host(connector, host, root, manifest, dry_run, events: Events) -> De
 
 def rollback(connector: Connector, hosts: list[str], *, dry_run: bool = False) -> dict[str, HostOutcome[DeployResult]]:
     def one(host: str) -> DeployResult:
+        if dry_run:
+            return one_locked(host)
+        with host_lock(connector, host, "roll back"):
+            return one_locked(host)
+
+    def one_locked(host: str) -> DeployResult:
         inv_host = connector.inventory.hosts[host]
         session = connector.session(host)
         if dry_run:
