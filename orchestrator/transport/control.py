@@ -221,6 +221,16 @@ class HostSession:
         except (OSError, paramiko.SSHException) as exc:
             raise HostError(self.name, f"download of {remote} failed: {exc}") from None
 
+    def raise_rekey_limits(self) -> None:
+        """Let the OpenSSH server drive rekeying on this session only (for dfo's own bulk streams).
+
+        paramiko's client-side rekey every 512 MiB can deadlock a busy stream; OpenSSH servers rekey on
+        their own schedule, which paramiko answers. Set on this transport's packetizer (an instance
+        attribute), never on the class: other paramiko connections in the process keep their limits."""
+        big = 1 << 62
+        packetizer = self.transport.packetizer
+        packetizer.REKEY_BYTES = packetizer.REKEY_PACKETS = big
+
     def close(self) -> None:
         try:
             if self._sftp is not None:

@@ -44,3 +44,16 @@ def test_env_values_are_not_echoed_in_inventory_errors(tmp_path):
     with pytest.raises(InputError) as info:
         parse_inventory("hosts:\n  h: {address: h, workdir: /w, env: {TOKEN: [9173625]}}\n", tmp_path / "i.yaml")
     assert "hosts.h.env.TOKEN" in str(info.value) and "9173625" not in str(info.value)
+
+
+@pytest.mark.sshd
+def test_rekey_limits_are_raised_on_one_session_only(sandbox):
+    import paramiko
+
+    default = paramiko.packet.Packetizer.REKEY_BYTES
+    with Connector(load_inventory(sandbox.inventory_path)) as conn:
+        bulk, other = conn.session("ct129"), conn.session("kpro6")
+        bulk.raise_rekey_limits()
+        assert bulk.transport.packetizer.REKEY_BYTES > 1 << 60
+        assert other.transport.packetizer.REKEY_BYTES == default == paramiko.packet.Packetizer.REKEY_BYTES
+        assert bulk.run("echo ok").text.strip() == "ok"
