@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import dfo
 
 from orchestrator.core.inventory import load_inventory
 from orchestrator.deploy.operation import deploy
 from orchestrator.jobs.operation import cancel_job, launch_job
 from orchestrator.transport import Connector
 from orchestrator.transport.hostlock import HostLocked, host_lock
-from cli_runner import dfo
 
 pytestmark = pytest.mark.sshd
 HOST = "ct129"
