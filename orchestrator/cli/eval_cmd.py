@@ -10,13 +10,13 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from orchestrator.core.errors import InputError
-from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
-from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
-from orchestrator.evaluation.runs import runs_root
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
+from orchestrator.core.errors import InputError
+from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
+from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
+from orchestrator.evaluation.runs import runs_root
 
 
 # One parameter per option (typer's style): a long signature, a short body.
@@ -48,6 +48,9 @@ def eval_cmd(
     reference_model: Optional[str] = typer.Option(None, "--reference-model", metavar="NAME",
                                                   help="Model name at the endpoint (default: the one it serves). "
                                                   "An API key is read from $DFO_REFERENCE_API_KEY."),
+    allow_insecure_reference: bool = typer.Option(
+        False, "--allow-insecure-reference",
+        help="Allow an http:// reference endpoint that is not on the eval host itself (key sent in clear text)."),
     diagnose_samples: Optional[int] = typer.Option(None, "--diagnose-samples", metavar="N",
                                                    help="Samples whose first rounds --diagnose decodes and probes."),
     expect_p1: list[str] = typer.Option([], "--expect-p1", metavar="[NAME=]P",
@@ -86,7 +89,7 @@ def eval_cmd(
         max_new_tokens=max_new_tokens, samples=samples, diagnose=diagnose, online_check=online_check,
         strip_optimizer=strip_optimizer, force=force, threads=threads, tree_k=tree_k, tree_budget=tree_budget,
         diagnose_samples=diagnose_samples, expect_p1=expect_p1, reference_model=reference_model,
-        payload_args=payload_arg,
+        allow_insecure_reference=allow_insecure_reference, payload_args=payload_arg,
     )
     plan = plan_eval(request, inv, prompts_digest=digest)
     if dry_run:

@@ -7,9 +7,11 @@ payload command each eval host runs on its shard of the prompts.
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import re
 from dataclasses import asdict, dataclass, field
+from urllib.parse import urlsplit
 
 from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import Inventory
@@ -77,6 +79,7 @@ class EvalRequest:
     diagnose_samples: int | None = None
     expect_p1: list[str] = field(default_factory=list)   # "P" or "NAME=P": position-1 acceptance expected
     reference_model: str | None = None
+    allow_insecure_reference: bool = False  # http:// to a non-loopback endpoint (the API key in clear text)
     payload_args: list[str] = field(default_factory=list)  # passed verbatim to `remote_payload eval`
 
 
@@ -148,6 +151,27 @@ def validate_request(req: EvalRequest, inventory: Inventory) -> None:
         if missing:
             raise InputError(f"--reference server: no serve_url in the inventory for {', '.join(missing)}",
                              hint="set it (dfo inventory set HOST.serve_url http://127.0.0.1:30000/v1) or give the URL")
+    urls = [inventory.hosts[h].serve_url or "" for h in req.hosts] if req.reference == "server" else [req.reference]
+    for url in urls:
+        if not req.allow_insecure_reference and insecure_url(url):
+            raise InputError(f"--reference {url!r}: plain http to a host that is not the eval host itself; the "
+                             "API key ($DFO_REFERENCE_API_KEY) and every prompt would cross the network in clear "
+                             "text",
+                             hint="use https://, a loopback address (an SSH tunnel), or pass --allow-insecure-reference")
+
+
+def insecure_url(url: str) -> bool:
+    """http:// to anything but loopback (as seen from the eval host, where the request is made)."""
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return False
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | None = None,
