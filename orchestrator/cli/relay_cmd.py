@@ -8,10 +8,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.relay.operation import RelayOptions, RelayResult, relay
-from orchestrator.relay.plan import human_bytes, parse_rate
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
+from orchestrator.relay.operation import RelayOptions, RelayResult, relay
+from orchestrator.relay.plan import human_bytes, parse_rate
 
 
 @app.command("relay-checkpoint")

@@ -1,36 +1,29 @@
-# Host side of `dfo relay-checkpoint` (stdlib only; any python3 >= 3.6 on the host).
+# Host side of `dfo relay-checkpoint` (stdlib only; any python3 >= 3.6 on the host): one-shot functions.
 #
+# Sent as one program: transport/host_prelude.py + relay/protocol.py + this file + relay/host_streams.py.
 # Two ways in:
-#  * one-shot functions, run through remote_scripts.call (control plane): source_facts, dest_facts,
-#    prepare_file, hash_ranges, hash_file, journal_drop, finalize_file, write_json, remove_paths;
-#  * long-running stream processes, started by the controller as `python3 -c BOOT` over a bulk ssh
-#    stream, reading this source plus a call line from stdin and then speaking a small binary protocol
-#    (see _stream_reader, _stream_writer, _follow_hash, _hash_source at the bottom).
+#  * one-shot functions, run through transport.hostcall (control plane): source_facts, dest_facts,
+#    hash_ranges, hash_file, journal_drop, write_json, remove_paths, python_for;
+#  * long-running stream processes (host_streams.py), started as `python3 -c BOOT` over bulk ssh, which
+#    use prepare_file and finalize_file from here.
 #
 # Destination layout for a file FINAL:
-#   FINAL.dfo-partial         preallocated to the full size, chunks written at their offsets
+#   FINAL.dfo-partial         preallocated to the full size, chunks written at their offsets; created with
+#                             O_EXCL|O_NOFOLLOW (a planted symlink is never written through)
 #   FINAL.dfo-partial.state   journal: line 1 a JSON header (source identity, size, chunk size),
 #                             then one "done IDX SHA256|-" line per chunk written (appended, O_APPEND)
-# The partial is renamed to FINAL (finalize_file, run by the first writer when the controller sends
-# "P") only after fsync and a whole-file sha256 that matches the source.
+# The partial is renamed to FINAL (finalize_file) only after fsync and a whole-file sha256 that matches
+# the source's. Its mode is 0644 or 0755 (protocol.safe_mode), never the source's bits as such.
+#
+# Symlinks in a source directory: a link to a file inside the source tree is followed (Hugging Face
+# snapshot folders link into blobs/ that way when the whole cache is relayed); a link that leaves the tree
+# is reported ("escapes") and the controller refuses the relay naming it; links to directories are not
+# followed. At the destination nothing is written through a link: names are confined under the root.
 import errno
 import fcntl
-import hashlib
-import json
 import os
-import select
 import stat
-import struct
-import sys
 import time
-
-BUF = 1 << 20
-PARTIAL_SUFFIX = ".dfo-partial"
-JOURNAL_SUFFIX = ".dfo-partial.state"
-JOURNAL_VERSION = 1
-EXIT_NOSPACE = 28
-EXIT_ABORTED = 3
-
 
 # ----------------------------------------------------------------------------------- helpers
 
@@ -100,9 +93,12 @@ def _free_space(path):
 
 
 def _write_atomic(path, text):
-    tmp = "%s.tmp-%d" % (path, os.getpid())
+    """Write TEXT to PATH atomically, through a fresh unpredictable temporary name (O_EXCL|O_NOFOLLOW:
+    a name planted in a shared folder is never written through)."""
+    tmp = "%s.tmp-%s" % (path, os.urandom(8).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
-        with open(tmp, "w") as fh:
+        with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -114,6 +110,15 @@ def _write_atomic(path, text):
             pass
         raise
     _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _final(root, rel):
+    """Where the file REL of a relay rooted at ROOT lands: ROOT itself for a single file, else ROOT/REL
+    confined under ROOT (the controller checked the name too; this host checks again itself)."""
+    if not rel:
+        return root
+    _confine(root, rel)
+    return os.path.join(root, rel)
 
 
 def _read_journal(path):
@@ -139,7 +144,10 @@ def _read_journal(path):
 # ----------------------------------------------------------------------------------- source side
 
 def _walk(root):
-    files, skipped = [], []
+    """(files, skipped, escapes): regular files under ROOT with their identities; what is left out and
+    why; file symlinks that lead out of the tree (never followed: the controller refuses the relay)."""
+    files, skipped, escapes = [], [], []
+    real_root = os.path.realpath(root)
     for base, dirs, names in os.walk(root, followlinks=False):
         dirs.sort()
         for name in sorted(names):
@@ -148,8 +156,11 @@ def _walk(root):
             if name.endswith(PARTIAL_SUFFIX) or name.endswith(JOURNAL_SUFFIX):
                 skipped.append({"rel": rel, "why": "an unfinished dfo relay file"})
                 continue
+            if os.path.islink(full) and not _inside(os.path.realpath(full), real_root):
+                escapes.append({"rel": rel, "target": os.readlink(full)})
+                continue
             try:
-                st = os.stat(full)  # follows symlinks: HF snapshot folders link into blobs/
+                st = os.stat(full)  # follows a link that stays inside the tree
             except OSError as exc:
                 skipped.append({"rel": rel, "why": "unreadable (%s)" % exc.strerror})
                 continue
@@ -162,7 +173,11 @@ def _walk(root):
         for d in list(dirs):
             if os.path.islink(os.path.join(base, d)):
                 skipped.append({"rel": os.path.relpath(os.path.join(base, d), root), "why": "symlinked directory"})
-    return files, skipped
+    return files, skipped, escapes
+
+
+def _inside(path, real_root):
+    return path == real_root or path.startswith(real_root.rstrip("/") + "/")
 
 
 def _snapshot(path):
@@ -175,9 +190,9 @@ def _snapshot(path):
         out.update(_ident(st))
         return out
     if stat.S_ISDIR(st.st_mode):
-        files, skipped = _walk(path)
+        files, skipped, escapes = _walk(path)
         return {"kind": "dir", "path": path, "realpath": os.path.realpath(path), "files": files,
-                "skipped": skipped, "size": sum(f["size"] for f in files)}
+                "skipped": skipped, "escapes": escapes, "size": sum(f["size"] for f in files)}
     return {"kind": "other", "path": path}
 
 
@@ -222,7 +237,7 @@ def dest_facts(path, rels):
     free, measured_at = _free_space(path)
     files = []
     for rel in rels:
-        final = os.path.join(path, rel) if rel else path
+        final = _final(path, rel)
         entry = {"rel": rel, "final": None, "partial": None, "journal": None}
         try:
             fst = os.stat(final)
@@ -233,8 +248,9 @@ def dest_facts(path, rels):
         except OSError:
             pass
         try:
-            pst = os.stat(final + PARTIAL_SUFFIX)
-            entry["partial"] = {"size": pst.st_size, "allocated": pst.st_blocks * 512}
+            pst = os.lstat(final + PARTIAL_SUFFIX)  # a symlink there is not our partial
+            if stat.S_ISREG(pst.st_mode):
+                entry["partial"] = {"size": pst.st_size, "allocated": pst.st_blocks * 512}
         except OSError:
             pass
         header, done = _read_journal(final + JOURNAL_SUFFIX)
@@ -249,15 +265,15 @@ def dest_facts(path, rels):
             "writable": os.access(writable_at, os.W_OK | os.X_OK), "writable_checked_at": writable_at}
 
 
-def prepare_file(final, size, header, reset, preallocate=True, remove=(), lock_wait=20.0):
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def prepare_file(final, size, header, reset, preallocate=True, remove_manifest=False, lock_wait=20.0):
     """Create (or keep, when resuming) FINAL.dfo-partial at full size and its journal header.
-    `remove`: paths to delete first (a stale manifest that must not vouch for a file being replaced)."""
+    `remove_manifest`: delete FINAL's sidecar manifest first (it must not vouch for a file being replaced)."""
     partial, journal = final + PARTIAL_SUFFIX, final + JOURNAL_SUFFIX
-    for p in remove:
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
+    if remove_manifest:
+        _unlink(final.rstrip("/") + MANIFEST_SUFFIX)
     parent = os.path.dirname(final) or "."
     try:
         os.makedirs(parent, exist_ok=True)
@@ -265,15 +281,18 @@ def prepare_file(final, size, header, reset, preallocate=True, remove=(), lock_w
         return {"error": "mkdir", "detail": "cannot create directory %s: %s" % (parent, exc.strerror)}
     if os.path.isdir(final):
         return {"error": "isdir", "detail": "%s is a directory" % final}
-    if reset:
-        for p in (partial, journal):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-    existed = os.path.exists(partial)
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o600)
+        existed = stat.S_ISREG(os.lstat(partial).st_mode) and not reset
+    except OSError:
+        existed = False
+    if not existed:  # start over: whatever sits at these names (a planted symlink too) goes
+        _unlink(partial)
+        _unlink(journal)
+    try:
+        if existed:
+            fd = os.open(partial, os.O_WRONLY | _NOFOLLOW)
+        else:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
     except OSError as exc:
         return {"error": "open", "detail": "cannot create %s: %s" % (partial, exc.strerror)}
     try:
@@ -296,15 +315,15 @@ def prepare_file(final, size, header, reset, preallocate=True, remove=(), lock_w
                     if not existed:
                         os.unlink(partial)
                     free, where = _free_space(parent)
-                    return {"error": "nospace", "detail": "no space to preallocate %d bytes for %s (%d bytes free at %s)"
-                            % (size, partial, free, where), "free_bytes": free}
+                    return {"error": "nospace", "free_bytes": free, "detail": "no space to preallocate %d bytes for %s "
+                            "(%d bytes free at %s)" % (size, partial, free, where)}
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     return {"error": "open", "detail": "cannot allocate %s: %s" % (partial, exc.strerror)}
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
     finally:
         os.close(fd)
-    if reset or not os.path.exists(journal):
+    if not existed or not os.path.lexists(journal):
         _write_atomic(journal, json.dumps(header, sort_keys=True) + "\n")
     return {"partial": partial, "journal": journal, "resumed": existed and not reset}
 
@@ -320,7 +339,7 @@ def _reserve(fd, size):
         fallocate = libc.fallocate
         fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
     except (ImportError, OSError, AttributeError):
-        raise OSError(errno.EOPNOTSUPP, "fallocate unavailable")
+        raise OSError(errno.EOPNOTSUPP, "fallocate unavailable") from None
     if fallocate(fd, 0, 0, size) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -374,43 +393,36 @@ def journal_drop(final, indices):
     return {"dropped": len(drop & set(done))}
 
 
-def finalize_file(final, size, mode, manifest_path=None, manifest=None):
-    """fsync the partial, check its size, publish it under its final name, fsync the directory;
-    then write the sidecar manifest when given."""
+def finalize_file(final, size, mode):
+    """fsync the partial, check its size, publish it under its final name (mode 0644/0755), fsync the
+    directory."""
     partial, journal = final + PARTIAL_SUFFIX, final + JOURNAL_SUFFIX
-    fd = os.open(partial, os.O_RDONLY)
+    fd = os.open(partial, os.O_RDONLY | _NOFOLLOW)
     try:
         actual = os.fstat(fd).st_size
         if actual != size:
             return {"error": "size", "detail": "%s holds %d bytes, expected %d" % (partial, actual, size)}
         os.fsync(fd)
+        os.fchmod(fd, safe_mode(mode))
     finally:
         os.close(fd)
-    if mode is not None:
-        os.chmod(partial, mode)
     os.replace(partial, final)
     _fsync_dir(os.path.dirname(final) or ".")
+    _unlink(journal)
+    return {"final": final}
+
+
+def _unlink(path):
     try:
-        os.unlink(journal)
+        os.unlink(path)
     except FileNotFoundError:
         pass
-    if manifest_path:
-        _write_atomic(manifest_path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return {"final": final}
 
 
 def write_json(path, obj):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     _write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
     return {"path": path}
-
-
-def read_json(path):
-    try:
-        with open(path) as fh:
-            return {"data": json.load(fh)}
-    except (OSError, ValueError):
-        return {"data": None}
 
 
 def remove_paths(paths, trees=()):
@@ -435,386 +447,3 @@ def python_for(venv, fallback):
     return {"python": candidate if os.access(candidate, os.X_OK) else fallback}
 
 
-# ----------------------------------------------------------------------------------- stream processes
-#
-# Reader (source host), controller -> reader:   b"S" u32 len JSON{source_facts kwargs}           facts (K reply)
-#                                               b"O" u32 len JSON{path,size,mtime_ns,ino,hash}   open a file
-#                                               b"R" u64 offset u64 length                         send a range
-#                                               b"F"                                               finish the file
-#                       reader -> controller:   b"K" u32 len JSON   (answer to O and F)
-#                                               b"D" u64 n, then n bytes   (answer to R)
-#                                               b"E" u32 len message       (cannot serve R; the file changed)
-# Writer (destination), controller -> writer:   b"Q" u32 len JSON{dest_facts kwargs}       "facts JSON" reply
-#                                               b"O" u32 len JSON{final,size,hash,prepare?}   open (first prepare)
-#                                               b"W" u64 idx u64 offset u64 length, then the bytes
-#                                               b"F"                           fsync and close the file
-#                                               b"P" u32 len JSON{final?,size,mode,manifest_path,manifest}
-#                                                                              publish (rename) and/or manifest
-#                       writer -> controller:   text lines "hello JSON", "opened JSON", "ack IDX SHA|-",
-#                                               "end SHA|-", "published JSON", "facts JSON", "error KIND MSG"
-# Both announce themselves first (reader: a K frame with "hello"), which proves the stream is up.
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-class _In(object):
-    """Exact reads from fd 0 with no read-ahead, so chunk bodies can be spliced straight from the pipe."""
-
-    def __init__(self):
-        self.fd = 0
-
-    def read_exact(self, n, eof_ok=False):
-        out = bytearray(n)
-        view = memoryview(out)
-        got = 0
-        while got < n:
-            k = os.readv(self.fd, [view[got:]])
-            if k == 0:
-                if eof_ok and got == 0:
-                    return b""
-                raise EOFError
-            got += k
-        return bytes(out)
-
-    def readinto(self, view):
-        return os.readv(self.fd, [view])
-
-
-def _big_pipes():
-    # sshd's pipes to us are 64 KiB; 1 MiB ones mean fewer wake-ups per byte on both sides.
-    setsz = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-    for fd in (0, 1):
-        try:
-            fcntl.fcntl(fd, setsz, 1 << 20)
-        except OSError:
-            pass
-
-
-def _send_json(tag, obj):
-    body = json.dumps(obj).encode()
-    _write_all(1, tag + struct.pack(">I", len(body)) + body)
-
-
-def _hello():
-    return {"hello": True, "python": "%d.%d.%d" % sys.version_info[:3], "pid": os.getpid()}
-
-
-def _read_frame_json(inp):
-    return json.loads(inp.read_exact(struct.unpack(">I", inp.read_exact(4))[0]).decode())
-
-
-def _stream_reader():
-    _big_pipes()
-    _send_json(b"K", _hello())
-    inp = _In()
-    buf = bytearray(BUF)
-    view = memoryview(buf)
-    fd, spec, h, hashed_to = None, None, None, 0
-    use_sendfile = hasattr(os, "sendfile")
-    while True:
-        tag = inp.read_exact(1, eof_ok=True)
-        if not tag:
-            return 0
-        if tag == b"S":
-            _send_json(b"K", source_facts(**_read_frame_json(inp)))
-        elif tag == b"O":
-            spec = _read_frame_json(inp)
-            try:
-                fd = os.open(spec["path"], os.O_RDONLY)
-            except OSError as exc:
-                _send_json(b"K", {"error": "open", "detail": "cannot open %s: %s" % (spec["path"], exc.strerror)})
-                fd = None
-                continue
-            why = _changed(os.fstat(fd), spec)
-            h, hashed_to = (hashlib.sha256() if spec.get("hash") else None), 0
-            _send_json(b"K", {"error": "changed", "detail": why} if why else {"ok": True})
-        elif tag == b"R":
-            offset, length = struct.unpack(">QQ", inp.read_exact(16))
-            why = "no file open" if fd is None else _changed(os.fstat(fd), spec)
-            if why:
-                body = why.encode()
-                _write_all(1, b"E" + struct.pack(">I", len(body)) + body)
-                continue
-            _write_all(1, b"D" + struct.pack(">Q", length))
-            if h is not None and offset != hashed_to:
-                h = None  # not sequential any more: no whole-file digest from this reader
-            done = 0
-            while done < length:
-                want = min(BUF, length - done)
-                if h is not None:
-                    # Hash from our buffer, send from the page cache: sendfile spares the copy to the pipe.
-                    n = _pread_into(fd, view[:want], offset + done)
-                    if n:
-                        h.update(view[:n])
-                else:
-                    n = want
-                if n and use_sendfile:
-                    try:
-                        sent = 0
-                        while sent < n:
-                            k = os.sendfile(1, fd, offset + done + sent, n - sent)
-                            if k == 0:
-                                break
-                            sent += k
-                        n = sent
-                    except OSError as exc:
-                        if exc.errno not in (errno.EINVAL, errno.ENOSYS) or sent:
-                            raise
-                        use_sendfile = False
-                if n and not use_sendfile:
-                    if h is None:
-                        n = _pread_into(fd, view[:want], offset + done)
-                    _write_all(1, view[:n])
-                if n == 0:
-                    sys.stderr.write("dfo-relay: %s ended at offset %d while %d bytes were expected "
-                                     "(the file shrank during the relay)\n" % (spec["path"], offset + done, spec["size"]))
-                    return EXIT_ABORTED
-                done += n
-            if h is not None:
-                hashed_to = offset + length
-        elif tag == b"F":
-            if fd is None:
-                _send_json(b"K", {"error": "open", "detail": "no file open"})
-                continue
-            why = _changed(os.fstat(fd), spec, check_ino=False)
-            if not why:
-                try:
-                    why = _changed(os.stat(spec["path"]), spec)
-                except OSError as exc:
-                    why = "it disappeared (%s)" % exc.strerror
-            os.close(fd)
-            fd = None
-            digest = h.hexdigest() if (h is not None and hashed_to == spec["size"]) else None
-            _send_json(b"K", {"error": "changed", "detail": why} if why else {"ok": True, "sha256": digest})
-        else:
-            sys.stderr.write("dfo-relay: protocol error (reader got %r)\n" % tag)
-            return 2
-
-
-def _say(line):
-    _write_all(1, (line + "\n").encode())
-
-
-class _Partial(object):
-    """The destination partial, open for writing at offsets. Bytes go from our stdin pipe into the file
-    with splice(2) when the system has it (no copy through this process), and are hashed from a
-    read-only mapping of what was just written, so the digest is of the file's content."""
-
-    def __init__(self, path):
-        self.fd = os.open(path, os.O_RDWR)
-        self.size = os.fstat(self.fd).st_size
-        self.map = None
-        self.view = None
-        self.splice = hasattr(os, "splice")
-        if self.size:
-            try:
-                import mmap
-                self.map = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
-                self.view = memoryview(self.map)
-            except (OSError, ValueError, ImportError):
-                self.map = None
-
-    def hash_range(self, hashers, offset, n):
-        if self.view is not None:
-            piece = self.view[offset:offset + n]
-            for h in hashers:
-                h.update(piece)
-            piece.release()
-            return
-        data = os.pread(self.fd, n, offset)
-        for h in hashers:
-            h.update(data)
-
-    def close(self):
-        if self.view is not None:
-            self.view.release()
-            self.map.close()
-        os.close(self.fd)
-
-
-def _stream_writer():
-    _big_pipes()
-    _say("hello " + json.dumps(_hello()))
-    inp = _In()
-    buf = bytearray(BUF)
-    view = memoryview(buf)
-    part = jfd = None
-    spec, whole, whole_to = None, None, 0
-    while True:
-        tag = inp.read_exact(1, eof_ok=True)
-        if not tag:
-            return 0
-        if tag == b"Q":
-            _say("facts " + json.dumps(dest_facts(**_read_frame_json(inp))))
-        elif tag == b"O":
-            spec = _read_frame_json(inp)
-            spec["partial"], spec["journal"] = spec["final"] + PARTIAL_SUFFIX, spec["final"] + JOURNAL_SUFFIX
-            prepared = {}
-            if spec.get("prepare"):
-                try:
-                    prepared = prepare_file(spec["final"], spec["size"], **spec["prepare"])
-                except OSError as exc:
-                    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                    free, where = _free_space(spec["final"])
-                    prepared = {"error": "nospace" if full else "open",
-                                "detail": "cannot prepare %s: %s (%d bytes free at %s)"
-                                % (spec["partial"], exc.strerror, free, where)}
-                if "error" in prepared:
-                    _say("error %s %s" % (prepared["error"], prepared["detail"]))
-                    continue
-            try:
-                part = _Partial(spec["partial"])
-                jfd = os.open(spec["journal"], os.O_WRONLY | os.O_APPEND)
-            except OSError as exc:
-                _say("error open cannot open %s: %s" % (spec["partial"], exc.strerror))
-                return 1
-            fcntl.flock(part.fd, fcntl.LOCK_SH)  # tells a concurrent prepare_file that we are still writing
-            whole, whole_to = (hashlib.sha256() if spec["hash"] == "file" else None), 0
-            _say("opened " + json.dumps(prepared))
-        elif tag == b"W":
-            idx, offset, length = struct.unpack(">QQQ", inp.read_exact(24))
-            h = hashlib.sha256() if spec["hash"] == "chunk" else None
-            if whole is not None and offset != whole_to:
-                whole = None
-            hashers = [x for x in (h, whole) if x is not None]
-            done = 0
-            try:
-                while done < length:
-                    at = offset + done
-                    if part.splice:
-                        try:
-                            n = os.splice(0, part.fd, min(BUF, length - done), offset_dst=at)
-                        except OSError as exc:
-                            if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-                                raise
-                            part.splice = False
-                            continue
-                        if not n:
-                            return EXIT_ABORTED  # the controller went away mid-chunk: not journaled
-                    else:
-                        n = inp.readinto(view[:min(BUF, length - done)])
-                        if not n:
-                            return EXIT_ABORTED
-                        written = 0
-                        while written < n:
-                            written += os.pwrite(part.fd, view[written:n], at + written)
-                    part.hash_range(hashers, at, n)
-                    done += n
-            except OSError as exc:
-                where = offset + done
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    free, measured = _free_space(spec["partial"])
-                    _say("error nospace no space left on device writing %s at offset %d (%d bytes free at %s)"
-                         % (spec["partial"], where, free, measured))
-                    return EXIT_NOSPACE
-                _say("error io writing %s at offset %d: %s" % (spec["partial"], where, exc.strerror))
-                return 1
-            if whole is not None:
-                whole_to = offset + length
-            digest = h.hexdigest() if h is not None else "-"
-            os.write(jfd, ("done %d %s\n" % (idx, digest)).encode())
-            _say("ack %d %s" % (idx, digest))
-        elif tag == b"F":
-            os.fsync(part.fd)
-            part.close()
-            os.close(jfd)
-            part = jfd = None
-            ok = whole is not None and whole_to == spec["size"]
-            _say("end %s" % (whole.hexdigest() if ok else "-"))
-        elif tag == b"P":
-            req = _read_frame_json(inp)
-            if req.get("final"):
-                done = finalize_file(req["final"], req["size"], req.get("mode"), req.get("manifest_path"),
-                                     req.get("manifest"))
-            else:
-                done = write_json(req["manifest_path"], req["manifest"])
-            if "error" in done:
-                _say("error %s %s" % (done["error"], done["detail"]))
-            else:
-                _say("published " + json.dumps(done))
-        else:
-            _say("error protocol writer got %r" % tag)
-            return 2
-
-
-def _follow_hash(partial, size):
-    """Whole-file sha256 of the partial, hashed as the controller reports the contiguous done prefix
-    ("OFFSET" lines); "end" means every chunk is written and fsynced by its writer."""
-    inp = os.fdopen(0, "rb")  # nothing else reads our stdin: buffered line reads are fine here
-    buf = bytearray(BUF)
-    view = memoryview(buf)
-    h, pos = hashlib.sha256(), 0
-    with open(partial, "rb", buffering=0) as fh:
-        while True:
-            line = inp.readline()
-            if not line:
-                return EXIT_ABORTED
-            line = line.strip()
-            target = size if line == b"end" else int(line)
-            fh.seek(pos)
-            while pos < target:
-                n = fh.readinto(view[:min(BUF, target - pos)])
-                if not n:
-                    sys.stderr.write("dfo-relay: %s is shorter than %d bytes\n" % (partial, target))
-                    return 1
-                h.update(view[:n])
-                pos += n
-            if line == b"end":
-                os.fsync(fh.fileno())
-                _say(json.dumps({"sha256": h.hexdigest(), "size": pos}))
-                return 0
-
-
-def _stdin_closed():
-    ready, _, _ = select.select([0], [], [], 0)
-    return bool(ready) and not os.read(0, 1)
-
-
-def _hash_source(path, expect):
-    """Whole-file sha256 of the source, beside the transfer; gives up when the controller goes away."""
-    buf = bytearray(BUF)
-    view = memoryview(buf)
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
-        why = _changed(os.fstat(fh.fileno()), expect)
-        if why:
-            _say(json.dumps({"error": "changed", "detail": why}))
-            return 0
-        pos, next_check = 0, 64 * BUF
-        while True:
-            n = fh.readinto(view)
-            if not n:
-                break
-            h.update(view[:n])
-            pos += n
-            if pos >= next_check:
-                next_check += 64 * BUF
-                if _stdin_closed():
-                    return EXIT_ABORTED
-        why = _changed(os.fstat(fh.fileno()), expect, check_ino=False) or _changed(os.stat(path), expect)
-    _say(json.dumps({"error": "changed", "detail": why} if why else {"sha256": h.hexdigest(), "size": pos}))
-    return 0
-
-
-def _dfo_stream(kind, kwargs):
-    try:
-        import faulthandler
-        faulthandler.enable()  # a SIGBUS or crash still says something on stderr
-    except Exception:
-        pass
-    funcs = {"reader": _stream_reader, "writer": _stream_writer, "follow": _follow_hash, "hash": _hash_source}
-    try:
-        code = funcs[kind](**kwargs)
-    except EOFError:
-        code = EXIT_ABORTED
-    except BrokenPipeError:
-        code = EXIT_ABORTED
-    except Exception as exc:
-        sys.stderr.write("dfo-relay %s: %s: %s\n" % (kind, type(exc).__name__, exc))
-        code = 1
-    sys.stdout.flush()
-    os._exit(code)

@@ -14,16 +14,13 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-from orchestrator.core.errors import InputError
+from orchestrator.core.confine import check_name
+from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.inventory import Inventory
+from orchestrator.relay.protocol import FAST_CIPHER, JOURNAL_SUFFIX, JOURNAL_VERSION, MANIFEST_SUFFIX, PARTIAL_SUFFIX
 
 MiB = 1 << 20
 GiB = 1 << 30
-PARTIAL_SUFFIX = ".dfo-partial"
-JOURNAL_SUFFIX = ".dfo-partial.state"
-MANIFEST_SUFFIX = ".dfo-manifest.json"
-JOURNAL_VERSION = 1
-FAST_CIPHER = "aes128-gcm@openssh.com"
 MIN_CHUNK = 4 * MiB
 MAX_CHUNK = 128 * MiB
 TARGET_CHUNKS = 64
@@ -149,6 +146,7 @@ class FilePlan:
     claimed: list[int] = field(default_factory=list)  # chunks a resume may keep (verified before use)
     replaces: bool = False    # a different file already sits at `final`
     partial_allocated: int = 0
+    source_root: str | None = None  # directory relays: the source folder the file must stay inside
 
     @property
     def partial(self) -> str:
@@ -185,6 +183,41 @@ def journal_header(source_host: str, source_path: str, identity: dict, chunk_siz
     }
 
 
+def source_entries(facts: dict, host: str) -> list[dict]:
+    """The files of a source's answer, each checked: the names and numbers come from another machine, so
+    they are data until confined (a relative name that stays below the source root, sizes and times that
+    are numbers). A link leaving the source tree is refused by name."""
+    where = f"{host}:{facts.get('path')}"
+    escapes = facts.get("escapes") or []
+    if escapes:
+        listed = ", ".join(f"{e.get('rel')!r} -> {e.get('target')!r}" for e in escapes[:5])
+        raise InputError(f"source directory {where} holds symlinks that lead out of it: {listed}"
+                         + (f" and {len(escapes) - 5} more" if len(escapes) > 5 else ""),
+                         hint="dfo does not follow a link out of the folder it relays; copy those files in, or "
+                         "relay the folder the links point into")
+    entries = facts.get("files") if facts.get("kind") == "dir" else [dict(facts, rel="")]
+    if not isinstance(entries, list):
+        raise HostError(host, f"malformed source listing for {where}: 'files' is not a list")
+    out = []
+    for e in entries:
+        if not isinstance(e, dict):
+            raise HostError(host, f"malformed source listing for {where}: an entry is not an object")
+        rel = e.get("rel")
+        if facts.get("kind") == "dir":
+            check_name(rel, host=host, what="source file name")
+        for key in ("size", "mtime_ns"):
+            if not isinstance(e.get(key), int) or isinstance(e.get(key), bool) or e[key] < 0:
+                raise HostError(host, f"malformed source listing for {where}: {key} of {rel!r} is {e.get(key)!r}")
+        for key in ("ino", "mode"):
+            if e.get(key) is not None and not isinstance(e.get(key), int):
+                raise HostError(host, f"malformed source listing for {where}: {key} of {rel!r} is {e.get(key)!r}")
+        out.append({"rel": rel, "size": e["size"], "mtime_ns": e["mtime_ns"], "ino": e.get("ino"),
+                    "mode": e.get("mode")})
+    if len({e["rel"] for e in out}) != len(out):
+        raise HostError(host, f"malformed source listing for {where}: a name appears twice")
+    return out
+
+
 def plan_file(rel: str, source_host: str, source_path: str, identity: dict, final: str, dest_entry: dict) -> FilePlan:
     """Decide what to do with one file from the destination's facts about it."""
     size = identity["size"]
@@ -205,7 +238,7 @@ def plan_file(rel: str, source_host: str, source_path: str, identity: dict, fina
         header = journal["header"] if journal else None
         same_source = header is not None and header.get("dfo_relay") == JOURNAL_VERSION and \
             header.get("source") == expected["source"] and header.get("size") == size
-        if same_source and partial and partial["size"] == size:
+        if same_source and header is not None and journal and partial and partial["size"] == size:
             plan.chunk_size = int(header.get("chunk_size") or plan.chunk_size)
             n = len(plan.chunks)
             plan.claimed = sorted(int(i) for i in journal["done"] if int(i) < n)
@@ -225,8 +258,9 @@ def resume_verdict(claimed: Sequence[int], source_digests: Sequence[str], dest_d
     """Split the claimed chunks into (good, bad) by comparing the two hosts' sha256 of each range."""
     if not (len(claimed) == len(source_digests) == len(dest_digests)):
         raise ValueError("one digest per claimed chunk on each side")
-    good, bad = [], []
-    for idx, s, d in zip(claimed, source_digests, dest_digests):
+    good: list[int] = []
+    bad: list[int] = []
+    for idx, s, d in zip(claimed, source_digests, dest_digests, strict=True):
         (good if s == d else bad).append(idx)
     return good, bad
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.relay import plan as rp
 from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import parse_inventory
+from orchestrator.relay import plan as rp
 
 MiB, GiB = rp.MiB, rp.GiB
 
@@ -226,7 +226,7 @@ def test_host_code_and_bootstrap_parse_as_python_36():
     """Hosts may only have an old python3: the code sent to them must not use newer syntax."""
     import ast
 
-    from orchestrator.relay import streams as relay_streams
+    from orchestrator.relay import processes as relay_streams
 
     source = relay_streams.host_source().decode()
     ast.parse(source, feature_version=(3, 6))
@@ -235,7 +235,7 @@ def test_host_code_and_bootstrap_parse_as_python_36():
 
 
 def test_stream_prelude_is_length_prefixed_code_ending_in_the_call():
-    from orchestrator.relay import streams as relay_streams
+    from orchestrator.relay import processes as relay_streams
 
     prelude = relay_streams.stream_prelude("writer", {"a": "it's \"x\" $(y)"})
     n = int(prelude[:10])
