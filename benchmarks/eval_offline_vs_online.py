@@ -43,23 +43,23 @@ def main() -> int:
     ap.add_argument("--out", help="also write the figures as JSON here")
     args = ap.parse_args()
 
-    from remote_payload import kernels
+    from remote_payload.models import kernels
 
     kernels.apply_policy("cpu")
     import torch
     import transformers
 
     torch.set_num_threads(args.threads)
-    from remote_payload import fixtures
-    from remote_payload.checkpoint import load_drafter
-    from remote_payload.drafter import DrafterRuntime
-    from remote_payload.features import extract
-    from remote_payload.metrics import summarize
-    from remote_payload.offline import draft_sample, replay
-    from remote_payload.online import online_generate
-    from remote_payload.prompts import load_prompts
-    from remote_payload.reference import greedy_decode
-    from remote_payload.target import load_target, render_prompt
+    from remote_payload.fixtures import build as fixtures
+    from remote_payload.models.checkpoint import load_drafter
+    from remote_payload.models.drafter import DrafterRuntime
+    from remote_payload.inputs.features import extract
+    from remote_payload.metrics.chain import summarize
+    from remote_payload.eval.offline import draft_sample, replay
+    from remote_payload.eval.online import online_generate
+    from remote_payload.inputs.prompts import load_prompts
+    from remote_payload.inputs.reference import greedy_decode
+    from remote_payload.models.target import load_target, render_prompt
 
     fx = Path(args.fixtures) if args.fixtures else Path(tempfile.mkdtemp(prefix="dfo-bench-"))
     if not args.fixtures:

@@ -13,8 +13,8 @@ import os
 import sys
 import warnings
 
-from . import __version__
-from .errors import PayloadError
+from remote_payload import __version__
+from remote_payload.errors import PayloadError
 
 EXIT_ERROR = 2
 
@@ -33,7 +33,7 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
     def to_progress(message, category, filename, lineno, file=None, line=None):
-        from .progress import Progress
+        from remote_payload.progress import Progress
 
         Progress().warning(f"{category.__name__}: {message}")
 
@@ -41,7 +41,7 @@ def _quiet_libraries() -> None:
 
 
 def _cmd_info(args) -> int:
-    from .info import collect
+    from remote_payload.info import collect
 
     data = collect()
     if args.json:
@@ -53,9 +53,9 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    from .evaluate import EvalSettings, parse_expect_p1, parse_named, run_eval
-    from .progress import Progress
-    from .prompts import parse_shard
+    from remote_payload.eval.pipeline import EvalSettings, parse_expect_p1, parse_named, run_eval
+    from remote_payload.progress import Progress
+    from remote_payload.inputs.prompts import parse_shard
 
     specs = dict(parse_named(args.drafter_spec or [], "--drafter-spec"))
     settings = EvalSettings(
@@ -78,8 +78,8 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_strip(args) -> int:
-    from .checkpoint import strip_checkpoint
-    from .progress import Progress
+    from remote_payload.models.checkpoint import strip_checkpoint
+    from remote_payload.progress import Progress
 
     summary = strip_checkpoint(args.src, args.out_dir, args.spec)
     Progress().result(**summary)
@@ -87,8 +87,8 @@ def _cmd_strip(args) -> int:
 
 
 def _cmd_fixtures(args) -> int:
-    from .fixtures import ALL, build
-    from .progress import Progress
+    from remote_payload.fixtures.build import ALL, build
+    from remote_payload.progress import Progress
 
     what = ALL if args.what in (None, "all") else [w.strip() for w in args.what.split(",") if w.strip()]
     _set_threads(args.threads)
@@ -98,8 +98,8 @@ def _cmd_fixtures(args) -> int:
 
 
 def _cmd_gpu_check(args) -> int:
-    from .gpu_check import run
-    from .progress import Progress
+    from remote_payload.diagnose.gpu_check import run
+    from remote_payload.progress import Progress
 
     report = run(target=args.target, drafter=args.drafter, samples=args.samples,
                  max_new_tokens=args.max_new_tokens, out=args.out, progress=Progress(), synthetic=args.synthetic)

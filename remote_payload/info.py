@@ -5,9 +5,9 @@ from __future__ import annotations
 import platform
 import sys
 
-from . import RESULTS_SCHEMA, __version__
-from .kernels import environment
-from .results import versions
+from remote_payload import RESULTS_SCHEMA, __version__
+from remote_payload.models.kernels import environment
+from remote_payload.results import versions
 
 
 def collect() -> dict:

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import RESULTS_SCHEMA, __version__
-from .cache import atomic_write_bytes, atomic_write_json
+from remote_payload import RESULTS_SCHEMA, __version__
+from remote_payload.inputs.cache import atomic_write_bytes, atomic_write_json
 
 PACKAGES = ("torch", "transformers", "safetensors", "accelerate", "tokenizers", "flash-linear-attention", "triton",
             "causal-conv1d")

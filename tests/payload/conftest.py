@@ -25,8 +25,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch = pytest.importorskip("torch", reason="payload tests need the payload stack (pip install -e '.[payload]')")
 pytest.importorskip("transformers")
 
-from remote_payload import fixtures as fx  # noqa: E402
-from remote_payload import kernels  # noqa: E402
+from remote_payload.fixtures import build as fx  # noqa: E402
+from remote_payload.models import kernels  # noqa: E402
 
 kernels.apply_policy("cpu")  # before any transformers model code is imported in this process
 torch.set_num_threads(int(os.environ.get("DFO_TEST_THREADS", "1")))  # tiny models: 1 thread is fastest, and robust on a busy box
@@ -49,7 +49,7 @@ def eval_cache(fixture_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def target(fixture_dir):
-    from remote_payload.target import load_target
+    from remote_payload.models.target import load_target
 
     return load_target(fixture_dir / "target", device="cpu", dtype="float32")
 
@@ -57,10 +57,10 @@ def target(fixture_dir):
 @pytest.fixture(scope="session")
 def samples(target, eval_cache):
     """(prompt, reference, features of layers 1, 3, 5) for every built-in prompt, fp32."""
-    from remote_payload.features import cached_features
-    from remote_payload.prompts import load_prompts
-    from remote_payload.reference import cached_reference
-    from remote_payload.target import render_prompt
+    from remote_payload.inputs.features import cached_features
+    from remote_payload.inputs.prompts import load_prompts
+    from remote_payload.inputs.reference import cached_reference
+    from remote_payload.models.target import render_prompt
 
     prompts, _ = load_prompts("builtin")
     out = []
@@ -75,7 +75,7 @@ def samples(target, eval_cache):
 @pytest.fixture(scope="session")
 def loaded(fixture_dir):
     """The trained drafter in all three formats plus the random one, loaded (not yet bound to a target)."""
-    from remote_payload.checkpoint import load_drafter
+    from remote_payload.models.checkpoint import load_drafter
 
     return {
         "training": load_drafter(fixture_dir / "trained-drafter" / "checkpoint.pt",
@@ -88,7 +88,7 @@ def loaded(fixture_dir):
 
 @pytest.fixture(scope="session")
 def runtime_for(target):
-    from remote_payload.drafter import DrafterRuntime
+    from remote_payload.models.drafter import DrafterRuntime
 
     def make(ld, dtype=None):
         return DrafterRuntime(ld, target.model.get_input_embeddings(), target.model.get_output_embeddings(),

@@ -80,7 +80,7 @@ def drafter_copy(src: Path, dst: Path, config=None, weights=None) -> Path:
 
 def prompts_file(path: Path, ids: list[str]) -> Path:
     """A JSONL prompt file holding the built-in prompts with these ids, in this order."""
-    from remote_payload.prompts import BUILTIN
+    from remote_payload.inputs.prompts import BUILTIN
 
     lines = {json.loads(line)["id"]: line for line in BUILTIN.read_text().splitlines() if line.strip()}
     path.write_text("".join(lines[i] + "\n" for i in ids))

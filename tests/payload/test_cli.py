@@ -178,7 +178,7 @@ def test_cpu_run_never_binds_fla_kernels(fixture_dir, run_payload, tmp_path, eva
     env = {"PYTHONPATH": str(fake)}
 
     # control: imported without the payload's policy, transformers binds the (fake) fla kernel
-    probe = ("import transformers.models.qwen3_5.modeling_qwen3_5 as m; from remote_payload.kernels import "
+    probe = ("import transformers.models.qwen3_5.modeling_qwen3_5 as m; from remote_payload.models.kernels import "
              "bound_kernels; print(bound_kernels(m)['torch_chunk_gated_delta_rule'])")
     ctl = subprocess.run([sys.executable, "-c", probe], cwd=str(REPO), capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": f"{fake}:{REPO}"})

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from remote_payload.metrics import chain_rounds
-from remote_payload.sample_rounds import entry_from_rounds
-from remote_payload.tree import sample_tree_rounds
+from remote_payload.metrics.chain import chain_rounds
+from remote_payload.metrics.sample_rounds import entry_from_rounds
+from remote_payload.metrics.tree import sample_tree_rounds
 
 FILLER = 1_000_000  # candidate ids >= FILLER never occur in a continuation
 

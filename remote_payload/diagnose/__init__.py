@@ -1,0 +1,1 @@
+"""Run checks, `--diagnose` probes and reports, and the GPU kernel check (`gpu-check`)."""

@@ -1,0 +1,1 @@
+"""The `eval` subcommand: settings, the stage pipeline, the offline draft pass and the online loop."""

@@ -1,0 +1,48 @@
+"""Offline (teacher-forced) evaluation: drafts for every anchor in one batched pass, then replay.
+
+Drafting at *every* anchor of the continuation (not only those the chain replay visits) costs one
+batched drafter pass per sample and makes any replay rule computable from the same drafts: the chain
+τ here, and tree / top-k acceptance walks (which visit other anchors) without another drafter pass.
+Per-anchor, per-depth top-k ids and log-probs are kept for that.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from remote_payload.metrics.chain import Round, chain_rounds
+
+
+@dataclass
+class SampleDrafts:
+    """What the draft pass gives for one sample; anchors are absolute positions prompt_len..len(tokens)-2."""
+    prompt_len: int
+    tokens: list[int]
+    anchors: list[int]
+    topk_ids: object  # LongTensor [A, B-1, k]
+    topk_logprobs: object  # FloatTensor [A, B-1, k]
+    seconds: float = 0.0
+    _top1: dict = field(default_factory=dict, repr=False)
+
+    def top1(self, anchor: int) -> list[int]:
+        if not self._top1:
+            rows = self.topk_ids[:, :, 0].tolist()
+            self._top1.update(zip(self.anchors, rows))
+        return self._top1[anchor]
+
+
+def anchors_for(tokens_len: int, prompt_len: int) -> list[int]:
+    return list(range(prompt_len, tokens_len - 1))
+
+
+def draft_sample(source, features: dict, tokens: list[int], prompt_len: int, topk: int = 1) -> SampleDrafts:
+    start = time.perf_counter()
+    anchors = anchors_for(len(tokens), prompt_len)
+    ctx = source.prepare(features)
+    ids, lps = source.draft(ctx, tokens, anchors, topk=topk)
+    return SampleDrafts(prompt_len, list(tokens), anchors, ids, lps, time.perf_counter() - start)
+
+
+def replay(drafts: SampleDrafts) -> list[Round]:
+    return chain_rounds(drafts.tokens, drafts.prompt_len, drafts.top1)

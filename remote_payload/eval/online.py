@@ -1,0 +1,164 @@
+"""The online reference loop: real draft -> target verify -> accept, with exact cache rollback.
+
+This is the cross-check of the offline path: its output must equal plain greedy decoding of the target,
+and its per-round (anchor, accepted, produced) must equal the offline replay on the same prompt.
+
+Rollback after a partially accepted block: full-attention KV caches can be cropped, but the recurrent
+state of linear-attention (Gated DeltaNet) layers cannot — ``cache.crop()`` is refused, or with past
+recording runs and leaves the state wrong. So for hybrid targets the cache is snapshotted (deep copy)
+before verify, restored afterwards and the kept tokens are fed again ("snapshot"); targets with only
+attention layers use ``crop``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+from remote_payload.errors import PayloadError
+from remote_payload.metrics.chain import Round
+from remote_payload.inputs.reference import forward, new_cache
+from remote_payload.models.target import Target
+
+ROLLBACKS = ("auto", "snapshot", "crop")
+
+
+@dataclass
+class OnlineResult:
+    prompt_len: int
+    continuation: list[int]
+    rounds: list[Round]
+    stop_reason: str
+    seconds: float
+    target_forwards: int
+
+
+def rollback_mode(target: Target, mode: str) -> str:
+    if mode not in ROLLBACKS:
+        raise PayloadError(f"rollback must be one of {', '.join(ROLLBACKS)}")
+    if mode == "auto":
+        return "snapshot" if target.config.has_linear_attention else "crop"
+    return mode
+
+
+class TargetSession:
+    """The target's cache through the online loop: feed tokens, verify a block, keep a prefix of it.
+
+    Forward hooks on the requested decoder layers keep the features of every *committed* position
+    (what the drafter's context needs), in order.
+    """
+
+    def __init__(self, target: Target, mode: str, layer_ids=()):
+        self.target, self.mode = target, rollback_mode(target, mode)
+        self.model, self.dev = target.model, target.input_device
+        self.cache = new_cache(self.model)
+        if self.mode == "crop":
+            self.cache.activate_past_recording()  # sliding-window layers keep what a crop must restore
+        self.layer_ids = sorted(set(layer_ids))
+        self.features: dict = {lid: [] for lid in self.layer_ids}
+        self.forwards = 0
+        self._last: dict = {}
+        self._pending = None  # (snapshot, block, length before verify)
+        self._handles = [target.layers[lid].register_forward_hook(self._hook(lid)) for lid in self.layer_ids]
+
+    def _hook(self, lid):
+        def fn(_m, _i, out):
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            self._last[lid] = t[0].detach()
+        return fn
+
+    def close(self):
+        for h in self._handles:
+            h.remove()
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def _forward(self, tokens, logits_to_keep=None):
+        import torch
+
+        self.forwards += 1
+        return forward(self.model, torch.tensor([tokens], device=self.dev), cache=self.cache,
+                       logits_to_keep=logits_to_keep).logits[0]
+
+    def _keep_features(self, n: int):
+        for lid in self.layer_ids:
+            self.features[lid].append(self._last[lid][:n].to("cpu"))
+
+    def feed(self, tokens, logits_to_keep=None):
+        """Commit tokens (no rollback possible); returns their logits."""
+        logits = self._forward(tokens, logits_to_keep)
+        self._keep_features(len(tokens))
+        return logits
+
+    def verify(self, block) -> list[int]:
+        """Run a draft block through the target; returns the target's argmax at every slot."""
+        snapshot = copy.deepcopy(self.cache) if self.mode == "snapshot" else None
+        before = self.length
+        logits = self._forward(block)
+        self._pending = (snapshot, list(block), before)
+        return logits.argmax(-1).tolist()
+
+    def keep(self, kept: int) -> None:
+        """Keep the first ``kept`` tokens of the last verified block in the cache, drop the rest."""
+        snapshot, block, before = self._pending
+        self._pending = None
+        if kept == len(block):
+            self._keep_features(kept)  # everything verified stays: the cache is already right
+            return
+        if self.mode == "snapshot":
+            self.cache = snapshot
+            self.feed(block[:kept], logits_to_keep=1)
+        else:
+            self.cache.crop(-(self.length - (before + kept)))  # transformers 5: crop(-tokens_to_remove)
+            self._keep_features(kept)
+
+    def context(self, upto: int) -> dict:
+        import torch
+
+        return {lid: torch.cat(parts)[:upto] for lid, parts in self.features.items()}
+
+
+def online_generate(target: Target, source, prompt_ids: list[int], max_new_tokens: int,
+                    rollback: str = "auto") -> OnlineResult:
+    import torch
+
+    stop = set(target.stop_ids)
+    B, P = source.block_size, len(prompt_ids)
+    start = time.perf_counter()
+    session = TargetSession(target, rollback, getattr(getattr(source, "spec", None), "fc_layer_ids", []))
+    rounds: list[Round] = []
+    try:
+        with torch.inference_mode():
+            logits = session.feed(list(prompt_ids), logits_to_keep=1)
+            committed = list(prompt_ids) + [int(logits[-1].argmax())]
+            while committed[-1] not in stop and len(committed) - P < max_new_tokens:
+                a = len(committed) - 1  # anchor: the last committed token, not yet fed to the target
+                budget = max_new_tokens - (len(committed) - P)
+                ids, _ = source.draft(source.prepare(session.context(a)), committed, [a], topk=1)
+                drafts = ids[0, :, 0].tolist()
+                post = session.verify([committed[a]] + drafts)
+                raw = 0
+                while raw < B - 1 and drafts[raw] == post[raw]:
+                    raw += 1
+                new = drafts[:raw] + [post[raw]]  # accepted drafts + the target's bonus token
+                for i, tok in enumerate(new):
+                    if tok in stop:
+                        new = new[:i + 1]
+                        break
+                new = new[:budget]
+                accepted = min(raw, len(new))
+                rounds.append(Round(a, accepted, len(new), -1))
+                committed.extend(new)
+                if committed[-1] in stop or len(committed) - P >= max_new_tokens:
+                    break
+                session.keep(accepted + 1)  # the anchor and the accepted drafts stay in the cache
+    finally:
+        session.close()
+    cont = committed[P:]
+    last = len(committed) - 1
+    rounds = [Round(r.anchor, r.accepted, r.produced, last - r.anchor) for r in rounds]
+    reason = "eos" if cont and cont[-1] in stop else "max_new_tokens"
+    return OnlineResult(P, cont, rounds, reason, time.perf_counter() - start, session.forwards)

@@ -1,0 +1,1 @@
+"""What the eval consumes: prompts, reference continuations (local or from a server), features, caches."""

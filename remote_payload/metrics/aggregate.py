@@ -1,0 +1,370 @@
+"""Merge the results of several eval hosts that each evaluated a slice of the prompts. Pure stdlib.
+
+The controller (orchestrator/run_merge.py) calls ``merge_shards`` with each host's (results.json,
+samples.jsonl lines). Parts must come from the same evaluation: same target weights, same drafters
+(normalised spec and checkpoint digest) and the same settings except those that name the slice
+(``SHARD_KEYS``); anything else is refused with a message naming the part and the field. Every metric is
+recomputed from the per-sample records (averaging per-host averages would weight hosts, not samples):
+chain metrics via ``metrics.summarize``, tree metrics via ``tree.tree_summary``, the online-check summary
+and the drafter comparison. Per-shard provenance (shard, sample ids, timings, versions, kernel path,
+device, target path, drafter sources and timings) is kept under ``results["shards"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
+from remote_payload.errors import PayloadError
+from remote_payload.metrics.chain import sample_tau, summarize
+from remote_payload.metrics.sample_rounds import rounds_from_entry
+from remote_payload.metrics.tree import tree_summary
+
+# settings that legitimately differ between the parts of one sharded eval (the slice, and host-local paths)
+SHARD_KEYS = ("samples", "sample_ids", "shard", "cache_dir", "device")
+# top-level keys merged field by field below; any other key is kept when equal in all parts, else per shard
+_MERGED_KEYS = {"schema", "status", "created_utc", "settings", "target", "versions", "reference", "extraction",
+                "drafters", "timings", "samples", "comparison", "warnings", "shards", "merge", "diagnostics"}
+
+
+def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[dict]]:
+    """(results, samples) of every part -> one (results, samples) over all their samples, in prompt order."""
+    if not parts:
+        raise PayloadError("merge: no parts to merge")
+    results_list = [r for r, _ in parts]
+    first = results_list[0]
+    _check_compatible(results_list)
+    warnings: list[str] = []
+    for r in results_list:
+        warnings += [w for w in (r.get("warnings") or []) if w not in warnings]
+
+    samples = _merge_samples(parts)
+    names = list(first.get("drafters") or {})
+    shard_count = (first.get("settings") or {}).get("shard", {}).get("count")
+    indices = sorted((r.get("settings") or {}).get("shard", {}).get("index") for r in results_list)
+    if shard_count is not None and indices != list(range(shard_count)):
+        warnings.append(f"merged shards {indices} of {shard_count}: the results cover only part of the prompts")
+
+    kernel_paths = _distinct((r.get("extraction") or {}).get("kernel_path") for r in results_list)
+    if len(kernel_paths) > 1:
+        warnings.append(f"the parts extracted features with different linear-attention kernel paths "
+                        f"({', '.join(map(str, kernel_paths))}): their hidden states differ numerically, so the "
+                        "merged figures mix the two; compare the per-host τ before trusting them")
+    version_diffs = sorted({k for r in results_list for k, v in (r.get("versions") or {}).items()
+                            if v != (first.get("versions") or {}).get(k)})
+    if version_diffs:
+        warnings.append(f"the parts ran with different package versions ({', '.join(version_diffs)}); "
+                        "see results['shards'] for each part's versions")
+
+    drafters = {name: _merge_drafter(name, results_list, samples) for name in names}
+    merged = {k: v for k, v in first.items() if k not in _MERGED_KEYS}
+    shards = [_shard_record(r, s) for r, s in parts]
+    for key in sorted({k for r in results_list for k in r} - _MERGED_KEYS):
+        values = [r.get(key) for r in results_list]
+        if any(v != values[0] for v in values):
+            merged.pop(key, None)
+            for rec, v in zip(shards, values):
+                rec[key] = v
+
+    settings = dict(first.get("settings") or {})
+    settings.update(samples=len(samples), sample_ids=[s.get("id") for s in samples],
+                    shard={"count": shard_count, "merged": indices})
+    merged.update({
+        "schema": first.get("schema"),
+        "status": "ok",
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "settings": settings,
+        "target": first.get("target"),
+        "versions": first.get("versions"),
+        "reference": _merge_reference(results_list),
+        "extraction": _merge_extraction(results_list, kernel_paths),
+        "drafters": drafters,
+        "timings": _max_timings(results_list),
+        "samples": {**(first.get("samples") or {}), "count": len(samples)},
+        "shards": shards,
+        "merge": {"parts": len(parts), "rule": (
+            "samples concatenated in prompt order; every metric recomputed from the per-sample records; "
+            "timings = maximum over the parts (they ran in parallel), each part's own under 'shards'; "
+            "reference/extraction token counts summed, rates = total tokens / total seconds")},
+    })
+    if len(names) > 1:
+        merged["comparison"] = _compare(first, samples, names, drafters)
+    diagnostics = _merge_diagnostics(results_list)
+    if diagnostics is not None:
+        merged["diagnostics"] = diagnostics
+    if warnings:
+        merged["warnings"] = warnings
+    return merged, samples
+
+
+# ------------------------------------------------------------------------------------------- checks
+
+
+def _part(i: int, r: dict) -> str:
+    shard = (r.get("settings") or {}).get("shard") or {}
+    return f"part {i + 1} (shard {shard.get('index')}/{shard.get('count')})"
+
+
+def _distinct(values) -> list:
+    out = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _comparable_settings(r: dict) -> dict:
+    s = {k: v for k, v in (r.get("settings") or {}).items() if k not in SHARD_KEYS}
+    prompts = s.get("prompts")
+    if isinstance(prompts, dict):  # the prompt file's path is host-local; its content is what must match
+        s["prompts"] = {k: v for k, v in prompts.items() if k not in ("path", "source")}
+    return s
+
+
+def _check_compatible(results_list: Sequence[dict]) -> None:
+    first = results_list[0]
+    for i, r in enumerate(results_list):
+        if r.get("status") != "ok":
+            raise PayloadError(f"merge: {_part(i, r)} has status {r.get('status')!r}, not 'ok'; "
+                               "rerun or drop that part")
+        if r.get("schema") != first.get("schema"):
+            raise PayloadError(f"merge: {_part(i, r)} has results schema {r.get('schema')!r}, "
+                               f"{_part(0, first)} {first.get('schema')!r}; merge results of one payload version")
+    digest0 = (first.get("target") or {}).get("weights_digest")
+    if not digest0:
+        raise PayloadError(f"merge: {_part(0, first)} records no target weights digest (target.weights_digest); "
+                           "cannot tell whether the parts evaluated the same target")
+    s0 = _comparable_settings(first)
+    names0 = list(first.get("drafters") or {})
+    seen_shards: dict = {}
+    for i, r in enumerate(results_list):
+        where = _part(i, r)
+        digest = (r.get("target") or {}).get("weights_digest")
+        if digest != digest0:
+            raise PayloadError(f"merge: {where} evaluated target weights {str(digest)[:16]}…, "
+                               f"{_part(0, first)} {digest0[:16]}…: the parts evaluated different targets")
+        s = _comparable_settings(r)
+        diff = sorted(k for k in set(s) | set(s0) if s.get(k) != s0.get(k))
+        if diff:
+            raise PayloadError(f"merge: {where} ran with other settings than {_part(0, first)}: "
+                               + "; ".join(f"{k} = {s.get(k)!r} vs {s0.get(k)!r}" for k in diff))
+        names = list(r.get("drafters") or {})
+        if names != names0:
+            raise PayloadError(f"merge: {where} evaluated drafters {names}, {_part(0, first)} {names0}")
+        for name in names:
+            d, d0 = r["drafters"][name], first["drafters"][name]
+            spec, spec0 = _comparable_spec(d), _comparable_spec(d0)
+            if spec != spec0:
+                keys = sorted(k for k in set(spec) | set(spec0) if spec.get(k) != spec0.get(k))
+                raise PayloadError(f"merge: drafter '{name}' has another spec in {where} than in "
+                                   f"{_part(0, first)} (fields {', '.join(keys)})")
+            dg, dg0 = (d.get("source") or {}).get("digest"), (d0.get("source") or {}).get("digest")
+            if dg != dg0:
+                raise PayloadError(f"merge: drafter '{name}' has checkpoint digest {str(dg)[:16]} in {where}, "
+                                   f"{str(dg0)[:16]} in {_part(0, first)}: different weights")
+            t, t0 = _tree_params(d), _tree_params(d0)
+            if t != t0:
+                raise PayloadError(f"merge: drafter '{name}' tree metrics used {t} in {where}, {t0} in "
+                                   f"{_part(0, first)}")
+        idx = (r.get("settings") or {}).get("shard", {}).get("index")
+        if idx in seen_shards:
+            raise PayloadError(f"merge: {where} and part {seen_shards[idx] + 1} are the same shard")
+        seen_shards[idx] = i
+
+
+def _comparable_spec(d: dict) -> dict:
+    # notes are informational and may name host-local files (e.g. the sidecar spec's path)
+    return {k: v for k, v in (d.get("spec") or {}).items() if k != "notes"}
+
+
+def _tree_params(d: dict) -> dict | None:
+    tree = (d.get("metrics") or {}).get("tree")
+    if not tree:
+        return None
+    return {"k": (tree.get("topk") or {}).get("k"), "budget": (tree.get("budgeted") or {}).get("budget"),
+            "K": (tree.get("budgeted") or {}).get("K")}
+
+
+def _merge_samples(parts) -> list[dict]:
+    samples, where = [], {}
+    for i, (r, lines) in enumerate(parts):
+        for line in lines:
+            idx = line.get("index")
+            if not isinstance(idx, int) or isinstance(idx, bool):
+                raise PayloadError(f"merge: a sample line of {_part(i, r)} has no integer 'index' "
+                                   f"(id {line.get('id')!r})")
+            if idx in where:
+                raise PayloadError(f"merge: prompt index {idx} (id {line.get('id')!r}) is in {_part(i, r)} and "
+                                   f"{_part(where[idx], parts[where[idx]][0])}")
+            where[idx] = i
+            samples.append(line)
+        count = (r.get("samples") or {}).get("count")
+        if count is not None and count != len(lines):
+            raise PayloadError(f"merge: {_part(i, r)} announces {count} samples but its samples.jsonl holds "
+                               f"{len(lines)}: incomplete pull?")
+    return sorted(samples, key=lambda line: line["index"])
+
+
+# ------------------------------------------------------------------------------------------- recompute
+
+
+def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict]) -> dict:
+    d0 = results_list[0]["drafters"][name]
+    metrics0 = d0.get("metrics") or {}
+    B = metrics0.get("block_size") or (d0.get("spec") or {}).get("block_size")
+    if not isinstance(B, int):
+        raise PayloadError(f"merge: drafter '{name}' records no block size (metrics.block_size / spec.block_size)")
+    chain, topk, budgeted = [], [], []
+    tree = _tree_params(d0)
+    online = []
+    for line in samples:
+        sid = line.get("id", line.get("index"))
+        entry = (line.get("drafters") or {}).get(name)
+        if entry is None:
+            raise PayloadError(f"merge: sample {sid} has no results for drafter '{name}'")
+        pt, ct = line.get("prompt_tokens"), line.get("continuation_tokens")
+        if not isinstance(pt, int) or not isinstance(ct, int):
+            raise PayloadError(f"merge: sample {sid} lacks integer 'prompt_tokens'/'continuation_tokens'")
+        where = f"merge: sample {sid}, drafter '{name}'"
+        chain.append(rounds_from_entry(entry, pt, ct, where))
+        if tree:
+            t = entry.get("tree") or {}
+            if "topk" not in t or "budgeted" not in t:
+                raise PayloadError(f"{where}: the results hold tree metrics but this sample has no 'tree' record")
+            topk.append(rounds_from_entry(t["topk"], pt, ct, where + ", tree.topk"))
+            budgeted.append(rounds_from_entry(t["budgeted"], pt, ct, where + ", tree.budgeted"))
+        online.append((sid, entry.get("online")))
+    metrics = summarize(chain, B)
+    if tree:
+        metrics["tree"] = tree_summary(topk, budgeted, block_size=B, **tree)
+    out = {k: v for k, v in d0.items() if k not in ("metrics", "online_check", "timings", "source")}
+    out.update(spec=d0.get("spec"), source=d0.get("source"), metrics=metrics,
+               online_check=_merge_online(online) if any(o is not None for _, o in online) else None,
+               timings=_sum_numbers([r["drafters"][name].get("timings") or {} for r in results_list]))
+    return out
+
+
+def _merge_online(per_sample: list) -> dict:
+    done = [(sid, o) for sid, o in per_sample if o is not None]
+    taus = [o.get("tau") for _, o in done if o.get("tau") is not None]
+    return {"samples": len(done),
+            "all_outputs_equal_reference": all(o.get("output_equals_reference") for _, o in done),
+            "all_rounds_identical": all(o.get("rounds_identical") for _, o in done),
+            "mismatched_samples": [sid for sid, o in done
+                                   if not (o.get("output_equals_reference") and o.get("rounds_identical"))],
+            "tau_macro_online": sum(taus) / len(taus) if taus else None,
+            "seconds": round(sum(o.get("seconds") or 0.0 for _, o in done), 3),
+            "not_checked": len(per_sample) - len(done)}
+
+
+def _compare(first: dict, samples: list[dict], names: list[str], drafters: dict) -> dict:
+    prev = first.get("comparison") or {}
+    return compare_drafters(samples, names,
+                            block_sizes={n: drafters[n]["metrics"]["block_size"] for n in names},
+                            resamples=prev.get("resamples", DEFAULT_RESAMPLES),
+                            confidence=prev.get("confidence", DEFAULT_CONFIDENCE), seed=prev.get("seed", 0))
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _sum_numbers(dicts: list[dict]) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            if _is_number(v):
+                out[k] = round(out.get(k, 0) + v, 3)
+    return out
+
+
+def _max_timings(results_list) -> dict:
+    out: dict = {}
+    for r in results_list:
+        for k, v in (r.get("timings") or {}).items():
+            if _is_number(v):
+                out[k] = max(out.get(k, v), v)
+    return out
+
+
+def _rate_total(parts: list[dict], tokens_key: str) -> float | None:
+    """Σ tokens / Σ seconds, the seconds of each part recovered as tokens / rate."""
+    tokens = seconds = 0.0
+    for p in parts:
+        n, rate = p.get(tokens_key) or 0, p.get("tokens_per_s")
+        if n:
+            if not rate:
+                return None
+            tokens, seconds = tokens + n, seconds + n / rate
+    return round(tokens / seconds, 2) if seconds else None
+
+
+def _merge_reference(results_list) -> dict:
+    parts = [r.get("reference") or {} for r in results_list]
+    stops: dict = {}
+    for p in parts:
+        for k, v in (p.get("stop_reasons") or {}).items():
+            stops[k] = stops.get(k, 0) + v
+    out = {"tokens_generated": sum(p.get("tokens_generated") or 0 for p in parts),
+           "tokens_per_s": _rate_total(parts, "tokens_generated"),
+           "cache_hits": sum(p.get("cache_hits") or 0 for p in parts), "stop_reasons": stops}
+    sources = _distinct(p.get("source") for p in parts if p.get("source"))
+    if sources:
+        out = {"source": sources[0] if len(sources) == 1 else "mixed: " + ", ".join(sources), **out}
+    servers = [p["server"] for p in parts if isinstance(p.get("server"), dict)]
+    if servers:
+        out["server"] = _merge_servers(servers)
+    return out
+
+
+def _merge_servers(servers: list[dict]) -> dict:
+    """Each host asked its own endpoint: URLs and models listed, counts summed, mismatching samples joined."""
+    ids_source: dict = {}
+    for srv in servers:
+        for k, v in (srv.get("ids_source") or {}).items():
+            ids_source[k] = ids_source.get(k, 0) + v
+    return {"source": "server", "urls": _distinct(srv.get("url") for srv in servers),
+            "models": _distinct(srv.get("model") for srv in servers),
+            "prompt_format": servers[0].get("prompt_format"), "settings": servers[0].get("settings"),
+            **{k: sum(srv.get(k) or 0 for srv in servers) for k in ("samples", "requested", "cache_hits",
+                                                                       "tokens_generated", "roundtrip_unchecked")},
+            "roundtrip_mismatches": [sid for srv in servers for sid in srv.get("roundtrip_mismatches") or []],
+            "ids_source": ids_source}
+
+
+def _merge_diagnostics(results_list) -> dict | None:
+    """Diagnostics describe each part's own samples: kept per part, findings tagged with the part, texts joined."""
+    parts = [(_part(i, r), r["diagnostics"]) for i, r in enumerate(results_list) if r.get("diagnostics")]
+    if not parts:
+        return None
+    findings = [{**f, "part": where} for where, d in parts for f in d.get("findings") or []]
+    text = "\n\n".join(f"=== {where} ===\n{d.get('text') or ''}" for where, d in parts)
+    return {"parts": [{"part": where, **{k: v for k, v in d.items() if k != "text"}} for where, d in parts],
+            "findings": findings, "text": text}
+
+
+def _merge_extraction(results_list, kernel_paths) -> dict:
+    parts = [r.get("extraction") or {} for r in results_list]
+    layers = _distinct(p.get("layers") for p in parts)
+    if len(layers) > 1:
+        raise PayloadError(f"merge: the parts extracted different target layers {layers}")
+    return {**parts[0], "layers": layers[0], "tokens": sum(p.get("tokens") or 0 for p in parts),
+            "tokens_per_s": _rate_total(parts, "tokens"),
+            "cache_hits": sum(p.get("cache_hits") or 0 for p in parts),
+            "kernel_path": kernel_paths[0] if len(kernel_paths) == 1 else "mixed: " + ", ".join(map(str, kernel_paths)),
+            "teacher_forced_mismatches": sum(p.get("teacher_forced_mismatches") or 0 for p in parts)}
+
+
+def _shard_record(r: dict, lines: list[dict]) -> dict:
+    s, t, e = r.get("settings") or {}, r.get("target") or {}, r.get("extraction") or {}
+    return {"shard": s.get("shard"), "samples": len(lines), "sample_ids": [line.get("id") for line in lines],
+            "hosts": _distinct(line["host"] for line in lines if "host" in line),
+            "created_utc": r.get("created_utc"), "device": s.get("device"), "cache_dir": s.get("cache_dir"),
+            "target_path": t.get("path"), "kernel_path": e.get("kernel_path"), "kernels": t.get("kernels"),
+            "versions": r.get("versions"), "timings": r.get("timings"),
+            "reference": r.get("reference"), "extraction": {k: v for k, v in e.items() if k != "layers"},
+            "drafters": {n: {"source": d.get("source"), "timings": d.get("timings"),
+                             "tau_macro": (d.get("metrics") or {}).get("tau_macro"),
+                             "online_check": d.get("online_check")}
+                         for n, d in (r.get("drafters") or {}).items()}}

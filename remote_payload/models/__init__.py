@@ -1,0 +1,1 @@
+"""The models the eval runs: the target, the DFlash drafter, checkpoint formats and specs, kernel policy."""

@@ -1,0 +1,622 @@
+"""Reading drafter checkpoints in the three formats, validating them, and stripping training checkpoints.
+
+One reader per format, all ending in (DrafterSpec, drafter weights in z-lab naming, extra tensors).
+The team's training checkpoint reader is shared by the eval and by ``strip-checkpoint``.
+
+Training checkpoint layout (a ``torch.save`` file, loaded with ``weights_only=True``)::
+
+    {
+      "model": {param name: tensor},   # required (aliases: "model_state_dict", "state_dict")
+      "optimizer": {...},              # optional, dropped
+      "scheduler"/"lr_scheduler", "step", "epoch", "rng_state", ...   # optional, ignored
+      "config": {...},                 # optional drafter spec (same keys as the --spec sidecar)
+    }
+
+Parameter names follow the z-lab layout (``layers.N.self_attn.q_proj.weight``, ``fc.weight``,
+``hidden_norm.weight``, ``norm.weight``); ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes
+are removed, and when keys are under ``draft_model.`` only those are the drafter (other keys, e.g. the
+frozen ``embed_tokens``/``lm_head`` copies of a training wrapper, are kept aside as extras).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from remote_payload.models import spec as specmod
+from remote_payload.errors import PayloadError
+from remote_payload.models.spec import DrafterSpec
+
+MODEL_KEYS = ("model", "model_state_dict", "state_dict")
+KNOWN_TOP_KEYS = set(MODEL_KEYS) | {"optimizer", "optimizer_state_dict", "scheduler", "lr_scheduler", "step",
+                                     "global_step", "epoch", "rng_state", "config", "args", "scaler", "format"}
+# Frozen copies of target tensors that checkpoints may carry; kept aside, never loaded into the drafter.
+TARGET_COPIES = ("embed_tokens.weight", "lm_head.weight", "verifier_norm.weight", "verifier_lm_head.weight", "t2d")
+IGNORED_BUFFERS = ("rotary_emb.inv_freq",)
+# Optional facts about how the drafter was trained, read from a "training" block of its config.json (z-lab,
+# speculators, stripped) or of its spec (sidecar / the checkpoint's "config"); the eval checks the run
+# against them (README "Training metadata"). Unknown fields are kept and shown, never interpreted.
+TRAINING_BLOCK = "training"
+KERNEL_PATHS = ("fla", "torch")
+
+
+@dataclass
+class LoadedDrafter:
+    spec: DrafterSpec
+    weights: dict  # drafter parameters, z-lab names
+    extras: dict = field(default_factory=dict)  # embed/lm_head copies, d2t, ...
+    source: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------
+# small readers
+
+
+def read_spec_file(path: str | os.PathLike) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise PayloadError(f"drafter spec {p} not found")
+    text = p.read_text(encoding="utf-8")
+    if p.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise PayloadError(f"drafter spec {p}: YAML needs PyYAML; give the spec as JSON") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PayloadError(f"drafter spec {p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PayloadError(f"drafter spec {p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise PayloadError(f"drafter spec {p}: must hold a mapping of fields")
+    return data
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_safetensors(path: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise PayloadError(f"{path}: unreadable safetensors ({str(exc).splitlines()[0]}); the file is truncated "
+                           "or corrupt — re-copy it") from None
+
+
+def _folder_weights(folder: Path) -> tuple[dict, list[Path]]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise PayloadError(f"{index}: not a valid safetensors index (needs a weight_map)") from None
+        files = [folder / n for n in names]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise PayloadError(f"drafter {folder}: no *.safetensors weights in the folder")
+    weights: dict = {}
+    for f in files:
+        if not f.exists():
+            raise PayloadError(f"drafter {folder}: shard {f.name} listed in the index is missing")
+        weights.update(load_safetensors(f))
+    return weights, files
+
+
+def _shapes(weights: dict) -> dict:
+    return {k: list(v.shape) for k, v in weights.items()}
+
+
+def _float_dtypes(weights: dict) -> set[str]:
+    return {str(t.dtype).replace("torch.", "") for t in weights.values() if t.is_floating_point()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# training checkpoint
+
+
+def _strip_prefixes(state: dict) -> tuple[dict, dict]:
+    out = {}
+    for k, v in state.items():
+        for prefix in ("module.", "_orig_mod."):
+            k = k.replace(prefix, "")
+        out[k] = v
+    if any(k.startswith("draft_model.") for k in out):
+        drafter = {k[len("draft_model."):]: v for k, v in out.items() if k.startswith("draft_model.")}
+        extras = {k: v for k, v in out.items() if not k.startswith("draft_model.")}
+        return drafter, extras
+    return out, {}
+
+
+def read_training_checkpoint(path: str | os.PathLike) -> dict:
+    """Load the team's training checkpoint; returns model state, embedded config and what was dropped."""
+    import pickle
+
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise PayloadError(f"training checkpoint {p} not found")
+    try:
+        try:
+            obj = torch.load(str(p), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            obj = torch.load(str(p), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise PayloadError(f"training checkpoint {p}: holds Python objects beyond tensors and plain containers "
+                           f"({str(exc).splitlines()[0][:160]}); re-save it with plain dicts") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise PayloadError(f"training checkpoint {p}: unreadable torch file ({str(exc).splitlines()[0][:160]}); "
+                           "truncated or not a torch.save file") from None
+    if not isinstance(obj, dict):
+        raise PayloadError(f"training checkpoint {p}: expected a dict with a 'model' state dict, found "
+                           f"{type(obj).__name__}")
+    model_key = next((k for k in MODEL_KEYS if k in obj), None)
+    if model_key is None:
+        looks_flat = obj and all(isinstance(v, torch.Tensor) for v in obj.values())
+        hint = " (it looks like a bare state dict; wrap it as {'model': state_dict})" if looks_flat else ""
+        keys = ", ".join(sorted(map(str, obj))[:20]) or "none"
+        raise PayloadError(f"training checkpoint {p}: unknown layout — no 'model' entry{hint}; top-level keys "
+                           f"found: {keys}")
+    state = obj[model_key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise PayloadError(f"training checkpoint {p}: '{model_key}' must map parameter names to tensors")
+    drafter, extras = _strip_prefixes(state)
+    config = obj.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise PayloadError(f"training checkpoint {p}: 'config' must be a mapping, found {type(config).__name__}")
+    step = obj.get("step", obj.get("global_step"))
+    return {"model_key": model_key, "weights": drafter, "extras": extras, "config": config,
+            "top_keys": sorted(map(str, obj)), "dropped": sorted(str(k) for k in obj if k != model_key),
+            "step": step if isinstance(step, int) else None}
+
+
+def training_metadata(cfg: dict | None, where: str) -> dict | None:
+    """The validated ``training`` block of a drafter config/spec, or None when there is none."""
+    if not isinstance(cfg, dict) or cfg.get(TRAINING_BLOCK) is None:
+        return None
+    block = cfg[TRAINING_BLOCK]
+    if not isinstance(block, dict):
+        raise PayloadError(f"{where}: '{TRAINING_BLOCK}' must be a mapping of training facts (feature_kernel_path, "
+                           f"enable_thinking, chat_template_sha256, expected_p1, ...), found {type(block).__name__}")
+    kp = block.get("feature_kernel_path")
+    if kp is not None and kp not in KERNEL_PATHS:
+        raise PayloadError(f"{where}: {TRAINING_BLOCK}.feature_kernel_path must be one of {', '.join(KERNEL_PATHS)} "
+                           f"(the linear-attention path that produced the training features), found {kp!r}")
+    if "enable_thinking" in block and not isinstance(block["enable_thinking"], bool):
+        raise PayloadError(f"{where}: {TRAINING_BLOCK}.enable_thinking must be true or false, found "
+                           f"{block['enable_thinking']!r}")
+    sha = block.get("chat_template_sha256")
+    if sha is not None and not (isinstance(sha, str) and len(sha) == 64
+                                and all(c in "0123456789abcdef" for c in sha.lower())):
+        raise PayloadError(f"{where}: {TRAINING_BLOCK}.chat_template_sha256 must be 64 hex digits, found {sha!r}")
+    p1 = block.get("expected_p1")
+    if p1 is not None and (isinstance(p1, bool) or not isinstance(p1, (int, float)) or not 0 < p1 <= 1):
+        raise PayloadError(f"{where}: {TRAINING_BLOCK}.expected_p1 must be a number in (0, 1] (position-1 "
+                           f"acceptance expected from training metrics), found {p1!r}")
+    return dict(block)
+
+
+# ---------------------------------------------------------------------------------------------------
+# format detection and loading
+
+
+def detect_format(path: Path) -> str:
+    if path.is_file():
+        if path.suffix == ".safetensors":
+            return detect_format(path.parent)
+        return "training"
+    if not path.is_dir():
+        raise PayloadError(f"drafter path {path} does not exist")
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        pts = sorted(path.glob("*.pt")) + sorted(path.glob("*.pth"))
+        hint = f" (for a training checkpoint pass the file, e.g. {pts[0]})" if pts else ""
+        raise PayloadError(f"drafter {path}: no config.json{hint}")
+    from remote_payload.models.target import read_json
+
+    cfg = read_json(cfg_path, f"drafter {path}")
+    record = path / "dfo-source.json"
+    if record.exists() and read_json(record, f"drafter {path}").get("format") == "training":
+        return "training-stripped"
+    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg or "speculators_config" in cfg:
+        return "speculators"
+    if "dflash_config" in cfg or "block_size" in cfg:
+        return "zlab"
+    raise PayloadError(f"drafter {cfg_path}: neither a z-lab config (dflash_config) nor a speculators config "
+                       f"(speculators_model_type); keys found: {', '.join(sorted(cfg)[:15])}")
+
+
+SIDECAR_NAMES = ("spec.json", "spec.yaml", "spec.yml")
+
+
+def find_sidecar(checkpoint: Path) -> Path | None:
+    """A spec sidecar next to a training checkpoint (spec.json / spec.yaml), used when none is given."""
+    for name in SIDECAR_NAMES:
+        cand = checkpoint.parent / name
+        if cand.is_file():
+            return cand
+    return None
+
+
+def training_spec(spec_file, embedded: dict | None, checkpoint: Path) -> tuple[dict | None, str, str | None]:
+    """The training spec to use: explicit sidecar, else the checkpoint's 'config', else a sidecar beside it."""
+    if spec_file:
+        return read_spec_file(spec_file), f"drafter spec {spec_file}", str(spec_file)
+    if embedded is not None:
+        return embedded, f"training checkpoint {checkpoint} 'config'", None
+    found = find_sidecar(checkpoint)
+    if found is not None:
+        return read_spec_file(found), f"drafter spec {found}", str(found)
+    return None, "", None
+
+
+NO_SPEC = ("has no drafter spec: no 'config' entry, no spec.json/spec.yaml beside it and none given; pass a spec "
+           "sidecar (JSON/YAML with block_size, mask_token_id, target_layer_ids, rope_theta) via --drafter-spec / "
+           "--spec")
+
+
+def load_drafter(path: str | os.PathLike, spec_file: str | os.PathLike | None = None,
+                 allow_fp16: bool = False) -> LoadedDrafter:
+    from remote_payload.models.target import read_json, weights_digest
+
+    p = Path(path)
+    fmt = detect_format(p)
+    if fmt == "training":
+        ck = read_training_checkpoint(p)
+        weights, extras = _set_aside_copies(ck["weights"])
+        extras.update(ck["extras"])
+        spec_dict, where, used = training_spec(spec_file, ck["config"], p)
+        if spec_dict is None:
+            raise PayloadError(f"training checkpoint {p} {NO_SPEC}")
+        spec = specmod.from_training(spec_dict, _shapes(weights), where)
+        meta = training_metadata(spec_dict, where)
+        digest = {"algorithm": "sha256", "value": file_sha256(p)} if p.stat().st_size <= 2 * 2**30 else \
+            weights_digest_file(p)
+        source = {"path": str(p), "format": "training", "digest": digest, "spec_file": used,
+                  "top_keys": ck["top_keys"], "dropped": ck["dropped"], "step": ck["step"]}
+    else:
+        folder = p if p.is_dir() else p.parent
+        cfg = read_json(folder / "config.json", f"drafter {folder}")
+        weights, _files = _folder_weights(folder)
+        where = f"drafter {folder}/config.json"
+        source = {"path": str(folder), "format": fmt, "digest": weights_digest(folder)}
+        if fmt == "training-stripped":
+            weights, extras = _set_aside_copies(weights)
+            source["stripped_from"] = read_json(folder / "dfo-source.json", f"drafter {folder}")
+            if spec_file:
+                spec_dict = read_spec_file(spec_file)
+                spec = specmod.from_training(spec_dict, _shapes(weights), f"drafter spec {spec_file}")
+                meta = training_metadata(spec_dict, f"drafter spec {spec_file}")
+                source["spec_file"] = str(spec_file)
+            elif "dflash_config" in cfg:
+                spec = specmod.from_zlab(cfg, _shapes(weights), where, fmt="training")
+                meta = training_metadata(cfg, where)
+            else:
+                raise PayloadError(f"stripped training checkpoint {folder} {NO_SPEC}")
+            spec.format = "training (stripped)"
+        elif fmt == "speculators":
+            if spec_file:
+                cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
+            extras = {k: weights.pop(k) for k in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d",
+                                                  "verifier_norm.weight", "verifier_lm_head.weight") if k in weights}
+            spec = specmod.from_speculators(cfg, {**_shapes(weights), **_shapes(extras)}, where)
+            meta = training_metadata(cfg, where)
+        else:
+            if spec_file:
+                cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
+            weights, extras = _set_aside_copies(weights)
+            spec = specmod.from_zlab(cfg, _shapes(weights), where)
+            meta = training_metadata(cfg, where)
+        if spec_file and fmt != "training-stripped":
+            spec.notes.append(f"fields overridden by {spec_file}")
+    if meta is not None:
+        source["training_metadata"] = meta
+    for k in IGNORED_BUFFERS:
+        weights.pop(k, None)
+    dtypes = _float_dtypes(weights)
+    spec.weights_dtype = ",".join(sorted(dtypes)) or None
+    if "float16" in dtypes and not allow_fp16:
+        raise PayloadError(f"{p}: weights are float16; DFlash drafters are trained in bfloat16 and fp16's narrow "
+                           "range gives near-0% acceptance (pitfall 5). Convert to bfloat16, or pass --allow-fp16")
+    validate_weights(spec, weights, extras, str(p))
+    return LoadedDrafter(spec=spec, weights=weights, extras=extras, source=source)
+
+
+def weights_digest_file(path: Path) -> dict:
+    size = path.stat().st_size
+    h = hashlib.sha256(f"{path.name}\0{size}\0".encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(1 << 20))
+        fh.seek(max(0, size - (1 << 20)))
+        h.update(fh.read(1 << 20))
+    return {"algorithm": "sha256-sampled", "value": h.hexdigest(), "bytes": size}
+
+
+OVERRIDABLE = ("mask_token_id", "block_size", TRAINING_BLOCK)
+
+
+def _apply_overrides(cfg: dict, overrides: dict, fmt: str, spec_file) -> dict:
+    bad = sorted(set(overrides) - set(OVERRIDABLE))
+    if bad:
+        raise PayloadError(f"drafter spec {spec_file}: for a {fmt} checkpoint only {', '.join(OVERRIDABLE)} can be "
+                           f"overridden; found {', '.join(bad)}")
+    cfg = json.loads(json.dumps(cfg))
+    overrides = dict(overrides)
+    if TRAINING_BLOCK in overrides:  # metadata about the checkpoint, kept at the config's top level
+        cfg[TRAINING_BLOCK] = overrides.pop(TRAINING_BLOCK)
+    if fmt == "zlab":
+        dcfg = cfg.setdefault("dflash_config", {})
+        dcfg.update(overrides)
+        if "block_size" in overrides:
+            cfg.pop("block_size", None)
+    else:
+        cfg.update(overrides)
+    return cfg
+
+
+def _set_aside_copies(weights: dict) -> tuple[dict, dict]:
+    extras = {k: weights.pop(k) for k in TARGET_COPIES if k in weights}
+    return weights, extras
+
+
+# ---------------------------------------------------------------------------------------------------
+# validation
+
+
+def expected_shapes(spec: DrafterSpec) -> dict:
+    H, hd = spec.hidden_size, spec.head_dim
+    q, kv, inter = spec.num_heads * hd, spec.num_kv_heads * hd, spec.intermediate_size
+    shapes = {"fc.weight": [H, spec.fc_in_features], "hidden_norm.weight": [H], "norm.weight": [H]}
+    for i in range(spec.num_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": [H], p + "post_attention_layernorm.weight": [H],
+            p + "self_attn.q_proj.weight": [q, H], p + "self_attn.k_proj.weight": [kv, H],
+            p + "self_attn.v_proj.weight": [kv, H], p + "self_attn.o_proj.weight": [H, q],
+            p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd],
+            p + "mlp.gate_proj.weight": [inter, H], p + "mlp.up_proj.weight": [inter, H],
+            p + "mlp.down_proj.weight": [H, inter],
+        })
+        if spec.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": [q], p + "self_attn.k_proj.bias": [kv],
+                           p + "self_attn.v_proj.bias": [kv], p + "self_attn.o_proj.bias": [H]})
+    return shapes
+
+
+def _names(keys) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
+
+
+def validate_weights(spec: DrafterSpec, weights: dict, extras: dict, where: str) -> None:
+    fc = weights.get("fc.weight")
+    if fc is not None and fc.dim() == 2 and fc.shape[1] != spec.fc_in_features:
+        n_in, H = int(fc.shape[1]), spec.hidden_size
+        have = f"{n_in} = {n_in // H} × {H}" if n_in % H == 0 else f"{n_in} (not a multiple of hidden size {H})"
+        layers = str(spec.fc_layer_ids) + (f", reserved {spec.reserved_layer_ids}" if spec.reserved_layer_ids else "")
+        hint = ""
+        if n_in == (len(spec.fc_layer_ids) + len(spec.reserved_layer_ids)) * H and spec.reserved_layer_ids:
+            hint = "; fc uses every listed layer: set reserve_last_target_layer: false"
+        elif spec.format == "training" and n_in == (len(spec.fc_layer_ids) - 1) * H:
+            hint = "; fc skips one listed layer: reserve_last_target_layer: true?"
+        raise PayloadError(f"{where}: fc expects {have} inputs but the spec lists {len(spec.fc_layer_ids)} layers "
+                           f"{layers}{hint}")
+    expected = expected_shapes(spec)
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {_names(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys: {_names(unexpected)}")
+        raise PayloadError(f"{where}: weights do not match the spec ({spec.num_layers} layers) — {'; '.join(parts)}")
+    wrong = [f"{k} {list(weights[k].shape)} (expected {v})" for k, v in expected.items()
+             if list(weights[k].shape) != v]
+    if wrong:
+        raise PayloadError(f"{where}: wrong tensor shape(s): {'; '.join(wrong[:4])}"
+                           + (f" (+{len(wrong) - 4} more)" if len(wrong) > 4 else ""))
+    if spec.embed_source == "checkpoint":
+        emb = extras["embed_tokens.weight"]
+        if emb.dim() != 2 or emb.shape[1] != spec.hidden_size:
+            raise PayloadError(f"{where}: embed_tokens.weight {list(emb.shape)} does not match hidden size "
+                               f"{spec.hidden_size}")
+    if spec.lm_head_source == "checkpoint":
+        head = extras["lm_head.weight"]
+        if head.dim() != 2 or head.shape[1] != spec.hidden_size:
+            raise PayloadError(f"{where}: lm_head.weight {list(head.shape)} does not match hidden size "
+                               f"{spec.hidden_size}")
+        if spec.draft_vocab_size is not None and head.shape[0] != spec.draft_vocab_size:
+            raise PayloadError(f"{where}: lm_head.weight has {head.shape[0]} rows but draft_vocab_size is "
+                               f"{spec.draft_vocab_size}")
+    if spec.vocab_map == "d2t":
+        d2t = extras["d2t"]
+        if d2t.dim() != 1 or spec.lm_head_source != "checkpoint" or d2t.shape[0] != extras["lm_head.weight"].shape[0]:
+            raise PayloadError(f"{where}: d2t {list(d2t.shape)} must have one entry per lm_head row")
+
+
+def validate_against_target(spec: DrafterSpec, target_cfg, tokenizer, stop_ids: list[int], where: str,
+                            extras: dict | None = None) -> None:
+    """Checks that need the target: hidden size, layer ids, mask id, vocabulary sizes."""
+    import torch
+
+    if spec.hidden_size != target_cfg.hidden_size:
+        raise PayloadError(f"{where}: drafter hidden size {spec.hidden_size} but the target "
+                           f"({target_cfg.name}) has hidden size {target_cfg.hidden_size}")
+    n = target_cfg.num_layers
+    out = [i for i in spec.fc_layer_ids + spec.reserved_layer_ids if not 0 <= i < n]
+    if out:
+        raise PayloadError(f"{where}: target layer id(s) {out} outside the target's decoder layers 0..{n - 1} "
+                           f"(ids from {spec.layer_ids_source})")
+    vocab = target_cfg.vocab_size
+    if spec.embed_source == "checkpoint" and extras is not None:
+        vocab = int(extras["embed_tokens.weight"].shape[0])
+    mask = spec.mask_token_id
+    if not 0 <= mask < vocab:
+        raise PayloadError(f"{where}: mask_token_id {mask} is outside the vocabulary (0..{vocab - 1})")
+    specials = {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id}
+    for label, tid in specials.items():
+        if tid is not None and tid == mask:
+            raise PayloadError(f"{where}: mask_token_id {mask} is the tokenizer's {label} token — a fallback, not the "
+                               "drafter's mask token (pitfall 3)")
+    if mask in stop_ids:
+        raise PayloadError(f"{where}: mask_token_id {mask} is a stop token of the target (pitfall 3)")
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    if mask < len(tokenizer) and mask not in added:
+        piece = tokenizer.convert_ids_to_tokens(mask)
+        raise PayloadError(f"{where}: mask_token_id {mask} is the regular vocabulary token {piece!r}; the mask must be "
+                           "a reserved/special token (Qwen3.5/3.6: 248070 or 248077 by revision)")
+    if mask in added and added[mask].content in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>",
+                                                  "</think>"):
+        raise PayloadError(f"{where}: mask_token_id {mask} is the chat-template token {added[mask].content!r}")
+    if spec.vocab_map == "d2t" and extras is not None:
+        d2t = extras["d2t"].to(torch.int64)
+        ids = torch.arange(d2t.shape[0]) + d2t
+        if int(ids.min()) < 0 or int(ids.max()) >= target_cfg.vocab_size:
+            raise PayloadError(f"{where}: d2t maps draft ids outside the target vocabulary 0..{target_cfg.vocab_size - 1}")
+    elif spec.lm_head_source == "checkpoint" and extras is not None:
+        rows = extras["lm_head.weight"].shape[0]
+        if rows != target_cfg.vocab_size:
+            raise PayloadError(f"{where}: lm_head has {rows} rows (draft vocabulary) but no d2t map to the target's "
+                               f"{target_cfg.vocab_size}-token vocabulary")
+
+
+# ---------------------------------------------------------------------------------------------------
+# writing
+
+
+def spec_to_zlab_config(spec: DrafterSpec) -> dict:
+    """A z-lab (new schema) config.json that this payload reads back to the same spec."""
+    types = [a.kind for a in spec.attn]
+    default_rule = all(a.causal == (a.kind == specmod.SLIDING) for a in spec.attn)
+    cfg = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size, "rms_norm_eps": spec.rms_norm_eps,
+        "hidden_act": spec.hidden_act, "attention_bias": spec.attention_bias,
+        "max_position_embeddings": spec.max_position_embeddings, "rope_parameters": dict(spec.rope),
+        "layer_types": types, "sliding_window": next((a.window for a in spec.attn if a.window), None),
+        "dflash_config": {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
+                          "target_layer_ids": list(spec.fc_layer_ids)},
+    }
+    if spec.reserved_layer_ids:
+        cfg["dflash_config"]["reserved_target_layer_ids"] = list(spec.reserved_layer_ids)
+    if not default_rule:
+        flags = {a.causal for a in spec.attn}
+        if len(flags) != 1:
+            raise PayloadError("this drafter's per-layer causality cannot be written as a z-lab config")
+        cfg["is_causal"] = flags.pop()
+    if spec.input_embedding_scale != 1.0:
+        cfg["dflash_config"]["input_embedding_scale"] = spec.input_embedding_scale
+    if spec.output_multiplier != 1.0:
+        cfg["dflash_config"]["output_multiplier"] = spec.output_multiplier
+    if spec.logit_softcap:
+        cfg["dflash_config"]["final_logit_softcapping"] = spec.logit_softcap
+    return cfg
+
+
+def write_zlab_folder(out_dir: Path, spec: DrafterSpec, weights: dict, extra_files: dict | None = None) -> None:
+    write_folder(out_dir, spec_to_zlab_config(spec), weights, extra_files)
+
+
+def write_folder(out_dir: Path, config: dict, weights: dict, extra_files: dict | None = None) -> None:
+    """Write model.safetensors + config.json (+ extra JSON files) into out_dir atomically (temp dir, rename)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name, obj in (extra_files or {}).items():
+            (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _incomplete_config(weights: dict) -> dict:
+    """What the weights alone say, for a strip made without a spec (the eval then needs --drafter-spec)."""
+    cfg = {"dfo_incomplete": "no drafter spec was available when stripping; give one at eval time with "
+                             "--drafter-spec NAME=SPECFILE"}
+    shapes = _shapes(weights)
+    try:
+        arch = specmod._arch({}, shapes, "weights")
+        cfg.update({k: arch[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                          "num_key_value_heads", "head_dim", "intermediate_size")})
+        cfg["fc_in_features"] = shapes.get("fc.weight", [None, None])[1]
+    except PayloadError:
+        pass
+    return cfg
+
+
+def strip_checkpoint(src: str | os.PathLike, out_dir: str | os.PathLike, spec_file=None) -> dict:
+    """Training checkpoint -> OUT_DIR with model.safetensors, config.json (z-lab schema) and dfo-source.json.
+
+    Without any spec (none given, none embedded, no sidecar beside the checkpoint) the weights are still
+    written, with a config.json marked incomplete; the eval then asks for --drafter-spec.
+    """
+    src, out = Path(src), Path(out_dir)
+    if not src.is_file():
+        raise PayloadError(f"training checkpoint {src} not found")
+    sha = file_sha256(src)
+    if out.exists():
+        try:
+            previous = json.loads((out / "dfo-source.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            previous = None
+        if previous and previous.get("sha256") == sha and (out / "model.safetensors").exists():
+            return {**previous, "out_dir": str(out), "status": "unchanged"}
+        if out.is_dir() and any(out.iterdir()):
+            raise PayloadError(f"strip-checkpoint: {out} exists and does not hold a strip of {src}; remove it first")
+    started = time.time()
+    ck = read_training_checkpoint(src)
+    weights, extras = _set_aside_copies(ck["weights"])
+    extras.update(ck["extras"])
+    for k in IGNORED_BUFFERS:
+        weights.pop(k, None)
+    spec_dict, where, used = training_spec(spec_file, ck["config"], src)
+    if spec_dict is not None:
+        spec = specmod.from_training(spec_dict, _shapes(weights), where)
+        validate_weights(spec, weights, extras, str(src))
+        config = spec_to_zlab_config(spec)
+        meta = training_metadata(spec_dict, where)
+        if meta is not None:
+            config[TRAINING_BLOCK] = meta
+    else:
+        spec, config = None, _incomplete_config(weights)
+    record = {"format": "training", "source_path": str(src.resolve()), "sha256": sha, "bytes": src.stat().st_size,
+              "top_keys": ck["top_keys"], "model_key": ck["model_key"], "dropped": ck["dropped"], "step": ck["step"],
+              "extras_not_kept": sorted(extras), "spec_file": used, "spec": "complete" if spec else "missing",
+              "stripped_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
+    write_folder(out, config, weights, {"dfo-source.json": record})
+    return {**record, "out_dir": str(out), "status": "written",
+            "weights_bytes": (out / "model.safetensors").stat().st_size,
+            "weights_dtype": ",".join(sorted(_float_dtypes(weights))) or None}

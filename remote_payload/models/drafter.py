@@ -1,0 +1,317 @@
+"""The DFlash drafter forward, batched over many draft blocks with explicit boolean masks (SDPA).
+
+One draft block at anchor position a (design note section 3):
+- context rows c = hidden_norm(fc(features[p])) for committed positions p < a, shared by every layer
+  (projected to K/V per layer, never run through the decoder stack);
+- block = [token at a, mask × (B-1)] embedded with the target's (or the checkpoint's) embedding table;
+- each layer: Q from the block, K/V from [context; block], RoPE at absolute positions
+  (context at p, block at a..a+B-1); full layers bidirectional inside the block, sliding layers
+  causal or not as the checkpoint says, with the window applied to both context and block keys;
+- logits = lm_head(norm(x)) on slots 1..B-1; slot j predicts the token at position a+j.
+
+Many blocks (e.g. one per anchor of a whole continuation) run as one flat query sequence with a mask
+that lets block g see only its own slots and context p < a_g: this is the offline fast path, and the
+online loop calls the same code with a single block, so the two paths cannot drift apart.
+
+Draft sources share one interface (the synthetic test drafter implements it too)::
+
+    block_size: int
+    prepare(features: dict[layer id -> Tensor[S, H]]) -> context object
+    draft(context, tokens: Sequence[int], anchors: Sequence[int], topk: int) -> (ids, logprobs)
+        ids: LongTensor [A, B-1, topk] target-vocabulary ids, best first; logprobs: FloatTensor, same shape
+
+``DrafterRuntime.draft`` also takes ``slot0`` ("token" | "mask") and ``mask_id``: what fills the block
+other than the design's [committed token, mask × (B-1)]. The eval never sets them; ``--diagnose`` re-drafts
+with them to test a drafter against pitfalls 2 and 3 (mask-filled slot 0, another mask id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from remote_payload.models.checkpoint import LoadedDrafter
+from remote_payload.errors import PayloadError
+from remote_payload.models.spec import DrafterSpec
+
+# Upper bound on attention-score elements (heads × queries × keys) per batched pass on CPU; SDPA's math
+# path materialises the scores there. GPU kernels do not, so the bound is looser.
+SCORE_BUDGET = {"cpu": 1 << 26, "cuda": 1 << 29}
+HEAD_ROWS = 256  # lm_head rows per chunk (vocab 248k × 256 rows × 4 B = 250 MB)
+
+
+def _qwen3_config(spec: DrafterSpec):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                       num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                       num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
+                       hidden_act=spec.hidden_act, attention_bias=spec.attention_bias,
+                       max_position_embeddings=spec.max_position_embeddings, rope_parameters=dict(spec.rope))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [heads, L, hd]; cos/sin [L, hd]
+    return x * cos + _rotate_half(x) * sin
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, spec: DrafterSpec):
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+        hd, bias = spec.head_dim, spec.attention_bias
+        self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, hd
+        self.q_proj = nn.Linear(spec.hidden_size, spec.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(spec.hidden_size, spec.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(spec.num_heads * hd, spec.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(hd, eps=spec.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(hd, eps=spec.rms_norm_eps)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """K (normed, rotated) and V for rows x [L, H] at positions given by cos/sin [L, hd]."""
+        L = x.shape[0]
+        k = self.k_norm(self.k_proj(x).view(L, self.kv_heads, self.head_dim)).transpose(0, 1)
+        v = self.v_proj(x).view(L, self.kv_heads, self.head_dim).transpose(0, 1)
+        return _rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        """x [Q, H] block rows (flattened over blocks); ctx_k/v [kv, C, hd]; mask [Q, C + Q] bool."""
+        Q = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(Q, self.heads, self.head_dim)).transpose(0, 1)
+        q = _rope(q, cos, sin)
+        k, v = self.keys_values(x, cos, sin)
+        k = torch.cat([ctx_k, k], dim=1)
+        v = torch.cat([ctx_v, v], dim=1)
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask[None, None],
+                                             enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out[0].transpose(0, 1).reshape(Q, self.heads * self.head_dim))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, spec: DrafterSpec, config):
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
+
+        self.self_attn = DraftAttention(spec)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+
+    def forward(self, h, cos, sin, ctx_k, ctx_v, mask):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDrafter(nn.Module):
+    """Parameters named as in z-lab checkpoints (layers.*, fc, hidden_norm, norm)."""
+
+    def __init__(self, spec: DrafterSpec):
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
+
+        config = _qwen3_config(spec)
+        self.spec = spec
+        self.layers = nn.ModuleList([DraftLayer(spec, config) for _ in range(spec.num_layers)])
+        self.fc = nn.Linear(spec.fc_in_features, spec.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+
+    def cos_sin(self, positions: torch.Tensor, dtype):
+        cos, sin = self.rotary_emb(torch.zeros(1, dtype=dtype, device=positions.device), positions[None])
+        return cos[0].to(dtype), sin[0].to(dtype)
+
+
+def block_mask(anchors: torch.Tensor, block_size: int, ctx_len: int, window: int | None,
+               causal: bool) -> torch.Tensor:
+    """Boolean [G·B, ctx_len + G·B] mask: True where a block query may attend.
+
+    Query (g, i) sits at absolute position a_g + i. It sees context position p iff p < a_g (and, for a
+    sliding layer, a_g + i - p < window), and block slot (g', j) iff g' == g, j <= i when causal, and
+    |i - j| < window for a sliding layer.
+    """
+    G, B, dev = anchors.shape[0], block_size, anchors.device
+    q_pos = (anchors[:, None] + torch.arange(B, device=dev)[None]).reshape(-1)  # [G·B]
+    q_anchor = anchors.repeat_interleave(B)
+    p = torch.arange(ctx_len, device=dev)
+    ctx = p[None] < q_anchor[:, None]
+    if window is not None:
+        ctx &= (q_pos[:, None] - p[None]) < window
+    slot = torch.arange(B, device=dev)
+    g = torch.arange(G, device=dev).repeat_interleave(B)
+    i = slot.repeat(G)
+    same = g[:, None] == g[None]
+    if causal:
+        same &= i[None] <= i[:, None]
+    if window is not None:
+        same &= (i[:, None] - i[None]).abs() < window
+    return torch.cat([ctx, same], dim=1)
+
+
+@dataclass
+class DraftContext:
+    """Per-sample context: fc/hidden_norm rows and, per layer, context K/V for all positions."""
+    length: int
+    k: list
+    v: list
+
+
+class DrafterRuntime:
+    """A loaded drafter bound to a target's embedding / lm_head (or its own), ready to draft."""
+
+    def __init__(self, loaded: LoadedDrafter, target_embed: nn.Module | None, target_head: nn.Module | None,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        spec = loaded.spec
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.device = torch.device(device)
+        self.dtype = dtype
+        model = DFlashDrafter(spec)
+        missing, unexpected = model.load_state_dict(
+            {k: v.to(dtype) for k, v in loaded.weights.items()}, strict=False)
+        missing = [m for m in missing if not m.startswith("rotary_emb.")]
+        if missing or unexpected:  # validate_weights already checked; this guards the module definition
+            raise PayloadError(f"drafter weights do not fit the module: missing {missing[:5]}, "
+                               f"unexpected {unexpected[:5]}")
+        inv_freq = model.rotary_emb.inv_freq.clone()
+        self.model = model.to(device=self.device, dtype=dtype).eval()
+        # RoPE frequencies stay fp32 (a bf16 inv_freq shifts positions noticeably at long context).
+        self.model.rotary_emb.inv_freq = inv_freq.to(self.device)
+        if spec.embed_source == "checkpoint":
+            self.embed = nn.Embedding.from_pretrained(loaded.extras["embed_tokens.weight"].to(dtype), freeze=True)
+            self.embed.to(self.device)
+        else:
+            if target_embed is None:
+                raise PayloadError("drafter borrows embed_tokens from the target, but no target embedding was given")
+            self.embed = target_embed
+        if spec.lm_head_source == "checkpoint":
+            head = nn.Linear(spec.hidden_size, loaded.extras["lm_head.weight"].shape[0], bias=False)
+            head.weight = nn.Parameter(loaded.extras["lm_head.weight"].to(dtype), requires_grad=False)
+            self.head = head.to(self.device)
+        else:
+            if target_head is None:
+                raise PayloadError("drafter borrows lm_head from the target, but no target lm_head was given")
+            self.head = target_head
+        self.d2t = loaded.extras["d2t"].to(torch.int64).to(self.device) if spec.vocab_map == "d2t" else None
+        self.mask_groups = self._mask_groups()
+
+    def _mask_groups(self) -> dict:
+        groups: dict = {}
+        for idx, a in enumerate(self.spec.attn):
+            groups.setdefault((a.window, a.causal), []).append(idx)
+        return groups
+
+    # -- context ---------------------------------------------------------------------------------
+
+    def fc_input(self, features: dict) -> torch.Tensor:
+        missing = [lid for lid in self.spec.fc_layer_ids if lid not in features]
+        if missing:
+            raise PayloadError(f"features lack target layer(s) {missing} needed by the drafter's fc")
+        # Explicit cast: cached features are in the target dtype (bf16), the drafter may run in another.
+        return torch.cat([features[lid].to(self.device, self.dtype) for lid in self.spec.fc_layer_ids], dim=-1)
+
+    def prepare(self, features: dict, grad: bool = False) -> DraftContext:
+        with torch.set_grad_enabled(grad):
+            x = self.fc_input(features)
+            c = self.model.hidden_norm(self.model.fc(x))
+            pos = torch.arange(c.shape[0], device=self.device)
+            cos, sin = self.model.cos_sin(pos, self.dtype)
+            ks, vs = [], []
+            for layer in self.model.layers:
+                k, v = layer.self_attn.keys_values(c, cos, sin)
+                ks.append(k)
+                vs.append(v)
+        return DraftContext(length=c.shape[0], k=ks, v=vs)
+
+    # -- blocks ----------------------------------------------------------------------------------
+
+    def block_input_ids(self, tokens: torch.Tensor, anchors: torch.Tensor, slot0: str = "token",
+                        mask_id: int | None = None) -> torch.Tensor:
+        """[G, B] ids: slot 0 = the committed token at the anchor, slots 1.. = the mask token.
+
+        ``slot0="mask"`` fills slot 0 with the mask too and ``mask_id`` replaces the spec's mask id: both
+        only for diagnostic re-drafts (the block the design prescribes is the default).
+        """
+        if slot0 not in ("token", "mask"):
+            raise ValueError(f"slot0 must be 'token' or 'mask', not {slot0!r}")
+        mask = self.spec.mask_token_id if mask_id is None else int(mask_id)
+        ids = torch.full((anchors.shape[0], self.block_size), mask, dtype=torch.long, device=anchors.device)
+        if slot0 == "token":
+            ids[:, 0] = tokens[anchors]
+        return ids
+
+    def hidden(self, ctx: DraftContext, tokens, anchors, grad: bool = False, slot0: str = "token",
+               mask_id: int | None = None) -> torch.Tensor:
+        """Final-norm hidden states of slots 1..B-1 for every block: [G, B-1, H]."""
+        B = self.block_size
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
+        anchors = torch.as_tensor(anchors, dtype=torch.long, device=self.device)
+        if int(anchors.max()) > ctx.length:
+            raise PayloadError(f"anchor {int(anchors.max())} needs context up to it, only {ctx.length} positions given")
+        with torch.set_grad_enabled(grad):
+            ids = self.block_input_ids(tokens, anchors, slot0, mask_id)
+            emb_dev = self.embed.weight.device
+            h = self.embed(ids.to(emb_dev)).to(self.device, self.dtype).reshape(-1, self.spec.hidden_size)
+            if self.spec.input_embedding_scale != 1.0:
+                h = h * self.spec.input_embedding_scale
+            pos = (anchors[:, None] + torch.arange(B, device=self.device)[None]).reshape(-1)
+            cos, sin = self.model.cos_sin(pos, self.dtype)
+            C = int(anchors.max())
+            masks = {key: block_mask(anchors, B, C, *key) for key in self.mask_groups}
+            layer_mask = {i: masks[key] for key, idxs in self.mask_groups.items() for i in idxs}
+            for i, layer in enumerate(self.model.layers):
+                h = layer(h, cos, sin, ctx.k[i][:, :C], ctx.v[i][:, :C], layer_mask[i])
+            h = self.model.norm(h).view(anchors.shape[0], B, -1)
+        return h[:, 1:]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits (float32) for hidden rows [..., H]."""
+        head_dev = self.head.weight.device
+        out = self.head(h.to(head_dev, self.head.weight.dtype)).float()
+        if self.spec.output_multiplier != 1.0:
+            out = out * self.spec.output_multiplier
+        if self.spec.logit_softcap:
+            cap = self.spec.logit_softcap
+            out = torch.tanh(out / cap) * cap
+        return out
+
+    def _chunk_size(self, ctx_len: int) -> int:
+        B, heads = self.block_size, self.spec.num_heads
+        budget = SCORE_BUDGET["cuda" if self.device.type == "cuda" else "cpu"]
+        g = 1
+        while g < 4096 and heads * (2 * g * B) * (ctx_len + 2 * g * B) <= budget:
+            g *= 2
+        return g
+
+    @torch.no_grad()
+    def draft(self, ctx: DraftContext, tokens, anchors, topk: int = 1, slot0: str = "token",
+              mask_id: int | None = None):
+        anchors = torch.as_tensor(anchors, dtype=torch.long)
+        if anchors.numel() == 0:
+            shape = (0, self.block_size - 1, topk)
+            return torch.zeros(shape, dtype=torch.long), torch.zeros(shape)
+        g = self._chunk_size(int(anchors.max()))
+        ids_out, lp_out = [], []
+        for start in range(0, anchors.numel(), g):
+            chunk = anchors[start:start + g]
+            h = self.hidden(ctx, tokens, chunk, slot0=slot0, mask_id=mask_id)
+            h = h.reshape(-1, self.spec.hidden_size)
+            for r in range(0, h.shape[0], HEAD_ROWS):
+                lp = torch.log_softmax(self.logits(h[r:r + HEAD_ROWS]), dim=-1)
+                vals, idx = lp.topk(topk, dim=-1)
+                if self.d2t is not None:
+                    idx = idx + self.d2t.to(idx.device)[idx]
+                ids_out.append(idx.cpu())
+                lp_out.append(vals.cpu())
+        B1 = self.block_size - 1
+        return torch.cat(ids_out).view(-1, B1, topk), torch.cat(lp_out).view(-1, B1, topk)
