@@ -173,10 +173,14 @@ def remove_host(text: str, name: str, known_hosts: list[str]) -> str:
 
 
 def write_inventory(path: Path, new_text: str) -> Inventory:
-    """Validate the edited text as a whole inventory, then replace the file atomically."""
+    """Validate the edited text as a whole inventory, then replace the file atomically.
+
+    A symlinked inventory stays a symlink: the file it points to is replaced (in its own folder), and that
+    folder is fsynced so the rename survives a crash."""
     inventory = parse_inventory(new_text, path)
+    path = Path(os.path.realpath(path))
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dfo-tmp", dir=path.parent or ".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dfo-tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(new_text)
@@ -184,8 +188,17 @@ def write_inventory(path: Path, new_text: str) -> Inventory:
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return inventory
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

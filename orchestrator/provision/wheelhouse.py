@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -302,12 +304,28 @@ def build_wheelhouse(lock: Lock, target: Target, *, root: Path | None = None, ho
             (wheels / MANIFEST).write_text(json.dumps(
                 {"lock": lock.name, "lock_sha256": lock.sha256, "target": target.label, "files": files},
                 indent=1, sort_keys=True))
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(wheels, final)
+            publish_dir(wheels, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return Wheelhouse(final, files, built=True)
+
+
+def publish_dir(new: Path, final: Path, keep_old_s: float = 600.0) -> None:
+    """Make ``final`` show ``new`` in one step: ``final`` is a symlink to a uniquely named sibling, switched
+    with rename(2), so a reader sees the old complete folder or the new one, never a half-deleted one.
+    Replaced folders are removed on a later publish, once older than ``keep_old_s`` (a reader that
+    opened one just before the switch can finish)."""
+    real = final.with_name(f".{final.name}.v-{uuid.uuid4().hex[:12]}")
+    os.rename(new, real)
+    link = final.with_name(f".{final.name}.link-{uuid.uuid4().hex[:8]}")
+    os.symlink(real.name, link)
+    if final.exists() and not final.is_symlink():  # a folder from an older dfo: set aside first
+        os.rename(final, final.with_name(f".{final.name}.v-{uuid.uuid4().hex[:12]}"))
+    os.replace(link, final)
+    now = time.time()
+    for old in final.parent.glob(f".{final.name}.v-*"):
+        if old.name != real.name and now - old.stat().st_mtime > keep_old_s:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _pip_error(output: str) -> str:
