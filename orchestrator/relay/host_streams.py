@@ -280,7 +280,11 @@ class _Writer(object):
     def command(self, op, args):
         """A sealed command from the controller; returns the reply line."""
         if op == "facts":
-            return "facts " + json.dumps(dest_facts(args["path"], args["rels"]))
+            reply = dest_facts(args["path"], args["rels"])
+            if args.get("inside") and reply["kind"] in ("dir", "missing"):  # where a single file lands in a
+                # folder: asked in the same trip
+                reply["inside"] = dest_facts(_final(args["path"], args["inside"]), [""])
+            return "facts " + json.dumps(reply)
         if op == "open":
             return self.open(args)
         if op == "finish":

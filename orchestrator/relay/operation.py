@@ -187,13 +187,17 @@ class _Relay:
 
     def _facts(self, source_path: str, dest_path: str, rels: list[str] | None) -> tuple[dict | None, dict]:
         """(source facts unless rels is given, destination facts), both hosts asked at once. A relay that
-        moves bytes asks its stream pair (already connected); a dry run the control plane."""
+        moves bytes asks its stream pair (already connected), and with the destination also asks about
+        DEST/NAME, where a single file lands in a folder: one round trip per host; a dry run asks the
+        control plane."""
         o = self.opts
         wait = {"wait_stable": o.wait_stable, "poll": min(1.0, max(0.1, o.wait_stable / 5)) if o.wait_stable else 1.0}
         if o.wait_stable > 0 and rels is None:
             self.say(f"waiting until {self.src.host}:{source_path} has been quiet for {o.wait_stable:g}s…")
-        dest_args = {"path": dest_path, "rels": rels or [""]}
+        dest_args: dict = {"path": dest_path, "rels": rels or [""]}
         if not o.dry_run:
+            if rels is None and not o.strip_optimizer:
+                dest_args["inside"] = posixpath.basename(self.src.path.rstrip("/"))
             pair = self._first_pair()
             try:
                 return pump.ask_facts(pair, dict(path=source_path, **wait) if rels is None else None, dest_args)
@@ -231,7 +235,10 @@ class _Relay:
                                         strip=o.strip_optimizer, source_slash=self.src.trailing_slash)
         if facts["kind"] == "dir" and dest["kind"] == "file" and self.root == self.dst.path:
             raise InputError(f"destination {self.dst.host}:{self.root} is a file, but the source is a directory")
-        if self.root != self.dst.path or rels != [""]:
+        inside = dest.get("inside")
+        if rels == [""] and inside and self.root == posixpath.join(self.dst.path, posixpath.basename(self.src.path)):
+            dest = inside
+        elif self.root != self.dst.path or rels != [""]:
             dest = self._facts(source_path, self.root, rels)[1]
         result.kind = facts["kind"]
         result.destination = f"{self.dst.host}:{self.root}"
