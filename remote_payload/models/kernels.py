@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import sys
 from types import ModuleType
 from typing import Iterator
@@ -39,6 +40,15 @@ def _modelling_modules_imported() -> list[str]:
             if mod is not None and name.startswith("transformers.models.") and ".modeling_" in name]
 
 
+def triton_interpreter() -> bool:
+    """Whether Triton runs kernels with its CPU interpreter (TRITON_INTERPRET=1).
+
+    Only the test suite does this (tests/fla_cpu, which also patches the interpreter so fla's kernels run):
+    it is how the fla path is exercised without a GPU. Far too slow for real use.
+    """
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
 def apply_policy(device_type: str, kernel: str = "auto") -> str:
     """Decide the linear-attention path before transformers' modelling code is imported.
 
@@ -47,9 +57,9 @@ def apply_policy(device_type: str, kernel: str = "auto") -> str:
     """
     if kernel not in KERNEL_CHOICES:
         raise PayloadError(f"--kernel must be one of {', '.join(KERNEL_CHOICES)}, not {kernel!r}")
-    if device_type != "cuda" and kernel == "fla":
+    if device_type != "cuda" and kernel == "fla" and not triton_interpreter():
         raise PayloadError("--kernel fla needs a CUDA device: fla's Triton kernels cannot run on CPU")
-    want = "torch" if device_type != "cuda" or kernel == "torch" else "fla"
+    want = "torch" if kernel == "torch" or (kernel == "auto" and device_type != "cuda") else "fla"
     if want == "torch":
         for name in GPU_KERNEL_PACKAGES:
             if sys.modules.get(name) is None:

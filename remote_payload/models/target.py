@@ -237,11 +237,14 @@ def load_target(path: str | os.PathLike, device: str = "auto", dtype: str = "bfl
         raise PayloadError(f"target {cfg.path}: cannot load the model ({type(exc).__name__}: {exc})") from None
     model.eval()
     path_used, details = kernels.kernel_path(model)
-    if device != "cuda" and path_used == "fla":
+    if device != "cuda" and path_used == "fla" and requested_kernel != "fla":
         raise PayloadError("fla kernels were bound although the run is on CPU (transformers' model code was imported "
                            "before the payload could block fla); run the payload in a fresh process")
     if requested_kernel == "torch" and path_used == "fla":
         raise PayloadError("--kernel torch requested but transformers already bound fla in this process")
+    if requested_kernel == "fla" and path_used not in ("fla", "none"):
+        raise PayloadError(f"--kernel fla requested but transformers bound the {path_used} path (is "
+                           "flash-linear-attention importable with triton? `python -m remote_payload info`)")
     layers = decoder_layers(model)
     if len(layers) != cfg.num_layers:
         raise PayloadError(f"target {cfg.path}: config says {cfg.num_layers} layers, the model has {len(layers)}")
