@@ -1,0 +1,106 @@
+"""Three counting conventions for τ at the end of an output: committed, zlab, vllm (design note §4).
+
+They differ only in a sample's last round(s). The drafter's drafts and the target's tokens are the same;
+what each convention counts is:
+
+- ``committed`` (dfo's original figure, ``metrics.chain``): rounds until every kept token is committed; the
+  last round is capped at the tokens actually kept (drafts past the end token or past max_new are not
+  counted, τ_round <= tokens left).
+- ``zlab`` (z-lab's ``dflash_generate`` benchmark loop): ``while anchor < prompt + max_new``: one round, τ_round
+  = accepted + 1 with every accepted draft counted, including drafts past the end token; stop after the
+  round that committed an end token. At a max-tokens stop it therefore runs one more round than the kept
+  tokens need (anchor = the last kept token), counted in full. Needs the target's greedy tokens a block
+  past the stop.
+- ``vllm`` (vLLM's spec-decode counters): the same rounds as ``committed`` (the request finishes once the
+  kept tokens are committed) but each round's accepted drafts are counted in full, past the end token or
+  max_tokens too; τ = 1 + accepted / drafts, p_k = (rounds accepting >= k) / rounds.
+
+Each convention gives ``tau_macro`` (mean over samples of the sample mean; samples without rounds
+excluded), ``tau_micro`` (Σ τ_round / rounds) and ``per_position``. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .chain import Round, accepted_prefix, chain_rounds
+
+NAMES = ("committed", "zlab", "vllm")
+DEFINITIONS = {
+    "committed": "rounds until the kept tokens are committed; the last round capped at the tokens kept",
+    "zlab": "z-lab's dflash_generate loop: rounds while anchor < prompt+max_new, stop after a round that "
+            "committed an end token; every accepted draft counts, past the end token too",
+    "vllm": "vLLM's counters: the committed rounds, each counted in full (accepted drafts past the end "
+            "token or max_tokens included); tau = 1 + accepted/drafts",
+}
+
+
+@dataclass(frozen=True)
+class SampleEnd:
+    """What a sample's last rounds need beyond the kept continuation.
+
+    ``tokens``: prompt + kept continuation + the target's greedy tokens past the stop (>= B-1 of them for
+    exact figures; fewer make the last round's count a lower bound). ``kept``: length of prompt + kept
+    continuation. ``drafts_at(a)``: the B-1 greedy drafts of the block anchored at absolute position a, for
+    anchors prompt_len .. kept-1.
+    """
+    tokens: Sequence[int]
+    prompt_len: int
+    kept: int
+    max_new: int
+    stop_ids: frozenset
+    drafts_at: Callable[[int], Sequence[int]]
+
+
+def committed_rounds(s: SampleEnd) -> list[Round]:
+    return chain_rounds(list(s.tokens[:s.kept]), s.prompt_len, s.drafts_at)
+
+
+def _full_round(s: SampleEnd, a: int, B: int) -> Round:
+    truth = s.tokens[a + 1:a + B]
+    acc = accepted_prefix(s.drafts_at(a), truth)
+    return Round(a, acc, acc + 1, len(truth))
+
+
+def vllm_rounds(s: SampleEnd, B: int) -> list[Round]:
+    return [_full_round(s, r.anchor, B) for r in committed_rounds(s)]
+
+
+def zlab_rounds(s: SampleEnd, B: int) -> list[Round]:
+    rounds: list[Round] = []
+    a, limit = s.prompt_len, s.prompt_len + s.max_new
+    eos = next((i for i in range(s.prompt_len, len(s.tokens)) if s.tokens[i] in s.stop_ids), None)
+    while a < limit and a < s.kept:  # anchors beyond the kept tokens never happen: the stop comes first
+        r = _full_round(s, a, B)
+        rounds.append(r)
+        a += r.produced
+        if eos is not None and eos <= a:
+            break
+    return rounds
+
+
+def _summary(per_sample: Sequence[Sequence[Round]], B: int, capped: bool) -> dict:
+    flat = [r for rs in per_sample for r in rs]
+    n = len(flat)
+    means = [sum(r.produced for r in rs) / len(rs) for rs in per_sample if rs]
+    per_position = []
+    for k in range(1, B):
+        eligible = sum(1 for r in flat if not capped or min(B - 1, r.remaining) >= k)
+        hits = sum(1 for r in flat if r.accepted >= k)
+        per_position.append({"k": k, "accepted_ge_k": hits, "eligible": eligible,
+                             "p": hits / eligible if eligible else None})
+    return {"tau_macro": sum(means) / len(means) if means else None,
+            "tau_micro": sum(r.produced for r in flat) / n if n else None,
+            "rounds": n, "drafts_accepted": sum(r.accepted for r in flat), "per_position": per_position}
+
+
+def conventions(samples: Sequence[SampleEnd], block_size: int) -> dict:
+    """``metrics.conventions``: {name: {tau_macro, tau_micro, rounds, drafts_accepted, per_position}}."""
+    B = block_size
+    out = {"committed": _summary([committed_rounds(s) for s in samples], B, capped=True),
+           "zlab": _summary([zlab_rounds(s, B) for s in samples], B, capped=False),
+           "vllm": _summary([vllm_rounds(s, B) for s in samples], B, capped=False)}
+    for name in NAMES:
+        out[name]["definition"] = DEFINITIONS[name]
+    return out
