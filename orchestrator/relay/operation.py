@@ -42,6 +42,7 @@ from orchestrator.relay import processes as ps
 from orchestrator.relay import pump
 from orchestrator.relay.flow import Flow, NoProgress, RelayProgress
 from orchestrator.relay.plane import DataPlane, Pair, StreamEnded, WriterFailed
+from orchestrator.relay.replies import DestFacts, Hashes, SourceFacts
 from orchestrator.relay.result import FileOutcome, RelayOptions, RelayResult
 from orchestrator.relay.strip import strip_on_source
 from orchestrator.transport import Connector, hostcall
@@ -139,7 +140,7 @@ class _Relay:
         if o.check_space:
             msg = rp.check_space(self.dst.host, self.root, result.space_needed, result.space_free)
             if msg:
-                raise OperationError(msg + f" (measured at {dest['free_measured_at']})",
+                raise OperationError(msg + f" (measured at {dest.free_measured_at})",
                                      hint="free some space there or relay to another path; nothing was written")
         result.manifest = rp.manifest_path(self.root)
         if todo and not o.dry_run:
@@ -224,52 +225,51 @@ class _Relay:
                 raise better from None
             raise
 
-    def _plan(self, source_path: str, result: RelayResult) -> tuple[list[rp.FilePlan], dict]:
+    def _plan(self, source_path: str, result: RelayResult) -> tuple[list[rp.FilePlan], DestFacts]:
         o = self.opts
-        facts, dest = self._facts(source_path, self.dst.path, None)
-        assert facts is not None
+        raw, raw_dest = self._facts(source_path, self.dst.path, None)
+        facts = SourceFacts.parse(raw, self.src.host)  # names from the source are confined here
+        dest = DestFacts.parse(raw_dest, self.dst.host)
         self._check_source(facts, source_path)
-        entries = rp.source_entries(facts, self.src.host)  # names from the source are confined here
-        rels = [e["rel"] for e in entries]
-        self.root = rp.destination_path(self.dst, self.src.path, facts["kind"], dest["kind"],
+        rels = [f.rel for f in facts.files]
+        self.root = rp.destination_path(self.dst, self.src.path, facts.kind, dest.kind,
                                         strip=o.strip_optimizer, source_slash=self.src.trailing_slash)
-        if facts["kind"] == "dir" and dest["kind"] == "file" and self.root == self.dst.path:
+        if facts.kind == "dir" and dest.kind == "file" and self.root == self.dst.path:
             raise InputError(f"destination {self.dst.host}:{self.root} is a file, but the source is a directory")
-        inside = dest.get("inside")
-        if rels == [""] and inside and self.root == posixpath.join(self.dst.path, posixpath.basename(self.src.path)):
-            dest = inside
+        landing = posixpath.join(self.dst.path, posixpath.basename(self.src.path))
+        if rels == [""] and dest.inside is not None and self.root == landing:
+            dest = dest.inside
         elif self.root != self.dst.path or rels != [""]:
-            dest = self._facts(source_path, self.root, rels)[1]
-        result.kind = facts["kind"]
+            dest = DestFacts.parse(self._facts(source_path, self.root, rels)[1], self.dst.host)
+        result.kind = facts.kind
         result.destination = f"{self.dst.host}:{self.root}"
-        if not dest["writable"]:
-            raise HostError(self.dst.host, f"cannot write in {dest['writable_checked_at']} (permission denied)",
+        if not dest.writable:
+            raise HostError(self.dst.host, f"cannot write in {dest.writable_checked_at} (permission denied)",
                             hint="choose a destination the SSH user may write, or fix its permissions")
-        plans = []
-        if len(dest["files"]) != len(entries):
+        if len(dest.files) != len(facts.files):
             raise HostError(self.dst.host, "malformed destination facts: one entry per file expected")
-        for e, d in zip(entries, dest["files"], strict=True):
-            rel = e["rel"]
-            p = rp.plan_file(rel, self.src.host, posixpath.join(source_path, rel) if rel else source_path,
-                             {k: e[k] for k in ("size", "mtime_ns", "ino", "mode")},
-                             posixpath.join(self.root, rel) if rel else self.root, d)
-            p.source_root = source_path if rel else None
+        plans = []
+        for f, d in zip(facts.files, dest.files, strict=True):
+            p = rp.plan_file(f.rel, self.src.host, posixpath.join(source_path, f.rel) if f.rel else source_path,
+                             f.identity, posixpath.join(self.root, f.rel) if f.rel else self.root, d)
+            p.source_root = source_path if f.rel else None
             plans.append(p)
-        for s in facts.get("skipped", []):
+        for s in facts.skipped:
             result.notes.append(f"not relayed: {s.get('rel')} ({s.get('why')})")
         if not o.dry_run:
             self._compare(plans)
         result.space_needed = rp.space_needed(plans)
-        result.space_free = dest["free_bytes"]
+        result.space_free = dest.free_bytes
         return plans, dest
 
-    def _check_source(self, facts: dict, path: str) -> None:
+    def _check_source(self, facts: SourceFacts, path: str) -> None:
         where = f"{self.src.host}:{path}"
-        if facts.get("kind") == "missing":
+        if facts.kind == "missing":
             raise InputError(f"source {where} does not exist")
-        if facts.get("kind") not in ("file", "dir"):
+        if facts.kind not in ("file", "dir"):
             raise InputError(f"source {where} is neither a regular file nor a directory")
-        if facts["kind"] == "dir" and not facts.get("files") and not facts.get("escapes"):
+        facts.refuse_escapes(self.src.host)
+        if facts.kind == "dir" and not facts.files:
             raise InputError(f"source directory {where} holds no regular files")
 
     def _compare(self, plans: list[rp.FilePlan]) -> None:
@@ -277,15 +277,15 @@ class _Relay:
         for p in plans:
             if p.action != "compare":
                 continue
-            s, d = self.both(partial(self.call, self.src.host, "hash_file", path=p.source, expect=p.identity),
-                             partial(self.call, self.dst.host, "hash_file", path=p.final))
-            if s.get("error") == "changed":
-                raise self._changed_error(p, s["detail"])
-            if "error" in s:
-                raise HostError(self.src.host, s["detail"])
-            if d.get("sha256") == s["sha256"]:
+            raw_s, raw_d = self.both(partial(self.call, self.src.host, "hash_file", path=p.source, expect=p.identity),
+                                     partial(self.call, self.dst.host, "hash_file", path=p.final))
+            s = Hashes.parse(raw_s, self.src.host)
+            if s.changed:
+                raise self._changed_error(p, s.changed)
+            there = raw_d.get("sha256") if isinstance(raw_d, dict) else None
+            if there == s.digests[0]:
                 p.action, p.reason = "skip", "identical file already present (same sha256)"
-                self._skip_digest[p.final] = s["sha256"]
+                self._skip_digest[p.final] = there
                 if p.claimed or p.reset or p.partial_allocated:
                     self.call(self.dst.host, "remove_paths", paths=[p.partial, p.journal])
             else:
@@ -421,13 +421,10 @@ class _Relay:
         if resuming:
             flow.status(f"verifying {len(p.claimed)} resumed chunks of {name} on both hosts")
             ranges = [p.chunks[i] for i in p.claimed]
-            s, d = self.both(
-                lambda: self.call(self.src.host, "hash_ranges", path=p.source, ranges=ranges, expect=p.identity),
-                lambda: self.call(self.dst.host, "hash_ranges", path=p.partial, ranges=ranges),
-            )
-            if s.get("error") == "changed":
-                raise pump.SourceChanged(s["detail"])
-            good, bad = rp.resume_verdict(p.claimed, s["digests"], d["digests"])
+            s, d = self._hash_both(p, ranges)
+            if s.changed:
+                raise pump.SourceChanged(s.changed)
+            good, bad = rp.resume_verdict(p.claimed, s.digests, d.digests)
         sending = rp.to_send(p, good)
         resumed = sum(p.chunks[i][1] for i in good)
         flow.set_done(done_before + resumed)
@@ -516,15 +513,17 @@ class _Relay:
             raise HostError(exc.proc.host, f"the {exc.proc.what} stopped while publishing {p.final}",
                             hint=self._resume_hint(p)) from None
 
+    def _hash_both(self, p: rp.FilePlan, ranges: list[tuple[int, int]]) -> tuple[Hashes, Hashes]:
+        """sha256 of the same ranges of the source file and of the destination partial, on each host."""
+        s, d = self.both(
+            partial(self.call, self.src.host, "hash_ranges", path=p.source, ranges=ranges, expect=p.identity),
+            partial(self.call, self.dst.host, "hash_ranges", path=p.partial, ranges=ranges))
+        return Hashes.parse(s, self.src.host), Hashes.parse(d, self.dst.host)
+
     def _mismatch(self, p: rp.FilePlan, outcome: FileOutcome) -> None:
         """Whole-file digests disagree: find the chunks that differ, forget them, and fail loudly."""
-        ranges = p.chunks
-        s, d = self.both(
-            lambda: self.call(self.src.host, "hash_ranges", path=p.source, ranges=ranges, expect=p.identity),
-            lambda: self.call(self.dst.host, "hash_ranges", path=p.partial, ranges=ranges),
-        )
-        pairs = zip(s.get("digests", []), d.get("digests", []), strict=False)
-        bad = [i for i, (a, b) in enumerate(pairs) if a != b]
+        s, d = self._hash_both(p, p.chunks)
+        bad = [i for i, (a, b) in enumerate(zip(s.digests, d.digests, strict=False)) if a != b]
         if bad:
             self.call(self.dst.host, "journal_drop", final=p.final, indices=bad)
         raise OperationError(

@@ -14,8 +14,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-from orchestrator.core.confine import check_name
-from orchestrator.core.errors import HostError, InputError
+from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import Inventory
 from orchestrator.relay.protocol import FAST_CIPHER, JOURNAL_SUFFIX, JOURNAL_VERSION, MANIFEST_SUFFIX, PARTIAL_SUFFIX
 
@@ -181,41 +180,6 @@ def journal_header(source_host: str, source_path: str, identity: dict, chunk_siz
         "size": identity["size"],
         "chunk_size": chunk_size,
     }
-
-
-def source_entries(facts: dict, host: str) -> list[dict]:
-    """The files of a source's answer, each checked: the names and numbers come from another machine, so
-    they are data until confined (a relative name that stays below the source root, sizes and times that
-    are numbers). A link leaving the source tree is refused by name."""
-    where = f"{host}:{facts.get('path')}"
-    escapes = facts.get("escapes") or []
-    if escapes:
-        listed = ", ".join(f"{e.get('rel')!r} -> {e.get('target')!r}" for e in escapes[:5])
-        raise InputError(f"source directory {where} holds symlinks that lead out of it: {listed}"
-                         + (f" and {len(escapes) - 5} more" if len(escapes) > 5 else ""),
-                         hint="dfo does not follow a link out of the folder it relays; copy those files in, or "
-                         "relay the folder the links point into")
-    entries = facts.get("files") if facts.get("kind") == "dir" else [dict(facts, rel="")]
-    if not isinstance(entries, list):
-        raise HostError(host, f"malformed source listing for {where}: 'files' is not a list")
-    out = []
-    for e in entries:
-        if not isinstance(e, dict):
-            raise HostError(host, f"malformed source listing for {where}: an entry is not an object")
-        rel = e.get("rel")
-        if facts.get("kind") == "dir":
-            check_name(rel, host=host, what="source file name")
-        for key in ("size", "mtime_ns"):
-            if not isinstance(e.get(key), int) or isinstance(e.get(key), bool) or e[key] < 0:
-                raise HostError(host, f"malformed source listing for {where}: {key} of {rel!r} is {e.get(key)!r}")
-        for key in ("ino", "mode"):
-            if e.get(key) is not None and not isinstance(e.get(key), int):
-                raise HostError(host, f"malformed source listing for {where}: {key} of {rel!r} is {e.get(key)!r}")
-        out.append({"rel": rel, "size": e["size"], "mtime_ns": e["mtime_ns"], "ino": e.get("ino"),
-                    "mode": e.get("mode")})
-    if len({e["rel"] for e in out}) != len(out):
-        raise HostError(host, f"malformed source listing for {where}: a name appears twice")
-    return out
 
 
 def plan_file(rel: str, source_host: str, source_path: str, identity: dict, final: str, dest_entry: dict) -> FilePlan:
