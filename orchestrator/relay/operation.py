@@ -37,6 +37,7 @@ from typing import Any, Callable
 from rich.console import Console
 
 from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
+from orchestrator.relay import cipher as cipher_mod
 from orchestrator.relay import plan as rp
 from orchestrator.relay import processes as ps
 from orchestrator.relay import pump
@@ -93,7 +94,7 @@ class _Relay:
         started = time.monotonic()
         o = self.opts
         result = RelayResult(source=str(self.src), destination=str(self.dst), kind="file", dry_run=o.dry_run)
-        kind, cipher, explicit = self._plane_choice()
+        kind, cipher, explicit = cipher_mod.plane_choice(self.opts)
         result.data_plane = kind
         if kind == "paramiko":
             ps.raise_paramiko_rekey_limits()
@@ -118,7 +119,7 @@ class _Relay:
             # that moves bytes asks its facts through the streams and opens these only when needed.)
             self.both(lambda: self.connector.session(self.src.host), lambda: self.connector.session(self.dst.host))
         if self.plane.kind == "paramiko":
-            self._check_paramiko_cipher(o.cipher)
+            cipher_mod.check_paramiko_cipher(self.connector.session(self.src.host).transport, o.cipher)
 
         source_path, strip_dir = self.src.path, None
         if o.strip_optimizer:
@@ -147,13 +148,14 @@ class _Relay:
             # More streams for the largest file come up while the destination prepares and verifies.
             self.plane.start(max(1, min(self.streams, max(len(p.chunks) for p in todo))))
         if o.dry_run:
-            self._dry_cipher(result)
+            result.cipher, result.cipher_reason = cipher_mod.dry_run_cipher(self.plane, self.connector, self.src.host,
+                                                                            self.dst.host, o.cipher)
             result.files = [self._would(p) for p in plans]
             result.seconds = time.monotonic() - started
             return result
         self._move(result, plans, todo)
         result.cipher = self.plane.cipher if todo else None
-        result.cipher_reason = self._cipher_reason(explicit) if todo else "nothing to send"
+        result.cipher_reason = cipher_mod.reason(self.plane, explicit) if todo else "nothing to send"
         self.plane.close()
         if strip_dir:
             self.call(self.src.host, "remove_paths", paths=[], trees=[strip_dir])
@@ -299,63 +301,6 @@ class _Relay:
         return FileOutcome(p.rel, p.final, p.size, status, chunks=len(p.chunks), chunk_size=p.chunk_size,
                            resumed_bytes=p.claimed_bytes if p.action == "resume" else 0,
                            streams=min(self.streams, max(1, len(p.chunks))), reason=p.reason)
-
-    # -- plane and cipher
-
-    def _plane_choice(self) -> tuple[str, str | None, bool]:
-        """(data plane kind, cipher to ask for first, whether --cipher fixed it)."""
-        o = self.opts
-        if o.data_plane not in ("auto", "ssh", "paramiko"):
-            raise InputError(f"--data-plane {o.data_plane!r}: expected auto, ssh or paramiko")
-        kind = o.data_plane if o.data_plane != "auto" else ("ssh" if ps.have_ssh() else "paramiko")
-        if kind == "ssh" and not ps.have_ssh():
-            raise InputError("--data-plane ssh: there is no `ssh` binary on this machine",
-                             hint="install openssh-client, or use --data-plane paramiko")
-        if kind == "paramiko":
-            return kind, o.cipher or rp.FAST_CIPHER, bool(o.cipher)
-        cipher, _ = rp.cipher_choice(o.cipher, ps.client_ciphers(), {"": True})
-        return kind, cipher, bool(o.cipher)
-
-    def _check_paramiko_cipher(self, cipher: str | None) -> None:
-        supported = ps.paramiko_ciphers(self.connector.session(self.src.host).transport)
-        if cipher and cipher not in supported:
-            raise InputError(f"--cipher {cipher!r} is not supported by paramiko",
-                             hint="supported: " + ", ".join(supported))
-
-    def _cipher_reason(self, explicit: bool) -> str:
-        assert self.plane is not None
-        if explicit:
-            return "as requested with --cipher"
-        if self.plane.cipher_note:
-            return self.plane.cipher_note
-        if self.plane.kind == "paramiko":
-            return "paramiko data plane (the cipher both ends agreed on)"
-        if self.plane.cipher == rp.FAST_CIPHER:
-            return "offered by both ends (about twice as fast as the default chacha20)"
-        return "ssh default"
-
-    def _dry_cipher(self, result: RelayResult) -> None:
-        """A dry run asks each host (one short ssh each) whether it offers the fast cipher."""
-        assert self.plane is not None
-        o = self.opts
-        if self.plane.kind == "paramiko":
-            result.cipher, result.cipher_reason = self.plane.cipher, "paramiko data plane (preferred cipher)"
-            return
-        wanted = self.plane.cipher
-        if wanted is None:
-            result.cipher, result.cipher_reason = None, "ssh default (the local ssh lacks aes128-gcm)"
-            return
-        timeout = self.connector.connect_timeout + 10
-        answers = self.both(lambda: ps.probe_cipher(self.connector.resolved(self.src.host), wanted, timeout),
-                            lambda: ps.probe_cipher(self.connector.resolved(self.dst.host), wanted, timeout))
-        offers = dict(zip((self.src.host, self.dst.host), answers, strict=True))
-        if o.cipher:
-            refused = [h for h, ok in offers.items() if not ok]
-            if refused:
-                raise InputError(f"--cipher {o.cipher}: not offered by {', '.join(refused)}")
-            result.cipher, result.cipher_reason = o.cipher, "as requested with --cipher"
-            return
-        result.cipher, result.cipher_reason = rp.cipher_choice(None, ps.client_ciphers(), offers)
 
     # -- one file
 
