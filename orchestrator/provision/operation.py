@@ -261,17 +261,18 @@ def provision(
     if dry_run:
         hp.plan.steps = _dry_run_steps(hp, use_offline, target)
         return hp.result("would-install", offline=use_offline)
-    with host_lock(connector, host, "provision") as notices:  # no other dfo changes this host meanwhile
+    # Decided before anything on the host changes (the lock included): what must travel, and whether it fits.
+    wh = _check_room(hp, use_offline, target)
+    with host_lock(connector, host, "provision", python=hp.probe_python) as notices:  # no other dfo meanwhile
         for notice in notices:
             hp.events.warn(notice)
-        return _install(hp, force, use_offline, target)
+        return _install(hp, force, use_offline, wh)
 
 
-def _install(hp: _HostProvision, force: bool, use_offline: bool, target: Target | None) -> ProvisionResult:
-    # Decided before anything on the host changes: what must travel, and whether it fits.
-    wh = _check_room(hp, use_offline, target)
+def _install(hp: _HostProvision, force: bool, use_offline: bool, wh: Wheelhouse | None) -> ProvisionResult:
     uv_source = _push_uv(hp)
     venv_facts, fields = _prepare_venv(hp, force, use_offline)
+    target = Target.from_facts(hp.facts["python"]) if hp.facts["python"].get("found") else None
     pushed_files, pushed_bytes, wh = _push_wheels(hp, wh, venv_facts, target) if use_offline else (0, 0, wh)
     packages = _sync(hp, fields, use_offline)
     return hp.result("installed", offline=use_offline, uv_source=uv_source, pushed_files=pushed_files,

@@ -51,10 +51,11 @@ def _owner() -> str:
 
 
 @contextlib.contextmanager
-def host_lock(connector, host: str, op: str) -> Iterator[list[str]]:
+def host_lock(connector, host: str, op: str, python: str | None = None) -> Iterator[list[str]]:
     """Hold ``host``'s lock for the block; yields notices (e.g. a stale lock that was cleared).
 
-    Re-entrant per connector: an inner ``host_lock`` for a host already held by this dfo is a no-op."""
+    ``python``: the host interpreter to run the holder with (default: the inventory's). Re-entrant per
+    connector: an inner ``host_lock`` for a host already held by this dfo is a no-op."""
     with connector._guard:
         depth = connector.host_locks.get(host, 0)
         connector.host_locks[host] = depth + 1
@@ -62,7 +63,7 @@ def host_lock(connector, host: str, op: str) -> Iterator[list[str]]:
         if depth:
             yield []
             return
-        channel, notices = _acquire(connector, host, op)
+        channel, notices = _acquire(connector, host, op, python)
         try:
             yield notices
         finally:
@@ -72,13 +73,13 @@ def host_lock(connector, host: str, op: str) -> Iterator[list[str]]:
             connector.host_locks[host] -= 1
 
 
-def _acquire(connector, host: str, op: str) -> tuple[paramiko.Channel, list[str]]:
+def _acquire(connector, host: str, op: str, python: str | None) -> tuple[paramiko.Channel, list[str]]:
     inv_host = connector.inventory.hosts[host]
     session = connector.session(host)
     program = program_source(_HOLDER) + "\nhold(%r, %r, %r)\n" % (inv_host.workdir, _owner(), op)
     try:
         channel = session.transport.open_session(timeout=session.host.connect_timeout)
-        channel.exec_command(shlex.join([inv_host.python, "-c", _BOOT]))
+        channel.exec_command(shlex.join([python or inv_host.python, "-c", _BOOT]))
         channel.sendall(json.dumps(program).encode() + b"\n")
         reply = _read_line(channel, timeout=60)
     except (paramiko.SSHException, OSError, EOFError) as exc:
