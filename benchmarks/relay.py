@@ -7,13 +7,18 @@ alike), times:
   pipe        ssh kpro6 cat F | ssh ct129 'cat > F'            (default cipher)
   pipe-gcm    the same pipe with -c aes128-gcm@openssh.com
   scp3        scp -3 kpro6:F ct129:F
-  dfo-1       dfo relay-checkpoint --streams 1                  (sha256 at source, in flight, destination)
+  scp3-gcm    scp -3 -O -c aes128-gcm@openssh.com kpro6:F ct129:F
+  dfo-1       dfo relay-checkpoint --streams 1                  (sha256 at the source and the destination)
   dfo         dfo relay-checkpoint with its defaults
+  dfo-seed    dfo relay-checkpoint with its defaults, from another checkout (--seed-tree DIR, e.g. a
+              `git archive` of an older commit): the before/after comparison in one run
   (optional)  dfo-N: N streams; dfo-paramiko: the paramiko fallback data plane (a 512M+ file also
               crosses paramiko's own 512 MiB rekey threshold, which the relay disables)
 
 Every timing is wall clock of the whole command (connection setup included). Prints median MiB/s per
-method, its ratio to `pipe`, and dfo's peak RSS (ru_maxrss of the dfo process). The destination is
+method, its ratios to `pipe`, `pipe-gcm` and `scp3-gcm`, the controller CPU seconds per GiB of each method
+(user + system time of the command and the processes it waited for: its ssh children), and dfo's peak RSS
+(ru_maxrss of the dfo process). The destination is
 removed after each run; the source stays in the page cache for every method alike.
 
     .venv/bin/python benchmarks/relay.py --size 1G --reps 3
@@ -22,6 +27,7 @@ removed after each run; the source stays in the page cache for every method alik
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -39,7 +45,7 @@ from orchestrator.relay.plan import parse_rate  # noqa: E402
 from orchestrator.testing.sandbox import Sandbox  # noqa: E402
 
 GCM = "aes128-gcm@openssh.com"
-METHODS = ("pipe", "pipe-gcm", "scp3", "dfo-1", "dfo")
+METHODS = ("pipe", "pipe-gcm", "scp3", "scp3-gcm", "dfo-1", "dfo")
 
 
 def parse_size(text: str) -> int:
@@ -58,10 +64,19 @@ def make_file(path: Path, size: int) -> None:
             left -= n
 
 
-def run_timed(argv: list[str], env: dict | None = None) -> tuple[float, int, str]:
-    """(seconds, peak RSS in bytes of that process, stdout); raises on failure."""
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def run_timed(argv: list[str], env: dict | None = None, cwd: str | None = None) -> tuple[float, int, str, float]:
+    """(seconds, peak RSS in bytes of that process, stdout, CPU seconds of it and its waited-for
+    children); raises on failure."""
     started = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
     # wait4 gives this child's own rusage (ru_maxrss of it and its waited-for descendants: dfo itself,
     # its ssh children are a few MiB each).
     out = proc.stdout.read()
@@ -71,7 +86,7 @@ def run_timed(argv: list[str], env: dict | None = None) -> tuple[float, int, str
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}): {err.decode()[-2000:]}")
-    return seconds, usage.ru_maxrss * 1024, out.decode()
+    return seconds, usage.ru_maxrss * 1024, out.decode(), usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -82,10 +97,13 @@ def main() -> int:
                     help=f"comma list from {','.join(METHODS)} (or dfo-N for N streams)")
     ap.add_argument("--root", help="sandbox directory (default: a temporary one)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
+    ap.add_argument("--seed-tree", help="another checkout of dfo: adds the method dfo-seed (its defaults)")
     args = ap.parse_args()
     size = parse_size(args.size)
     methods = [m for m in args.methods.split(",") if m]
-    unknown = {m for m in methods if m not in METHODS and m != "dfo-paramiko"
+    if args.seed_tree and "dfo-seed" not in methods:
+        methods.append("dfo-seed")
+    unknown = {m for m in methods if m not in METHODS and m not in ("dfo-paramiko", "dfo-seed")
                and not (m.startswith("dfo-") and m[4:].isdigit())}
     if unknown:
         ap.error(f"unknown methods: {', '.join(sorted(unknown))}")
@@ -100,6 +118,7 @@ def main() -> int:
         dst = dst_dir / "bench.bin"
         print(f"writing {size / 2**20:.0f} MiB of random data to {src}", file=sys.stderr)
         make_file(src, size)
+        expected_sha = sha256_of(src)
         cfg = str(box.ssh_config_path)
         env = dict(os.environ, DFO_INVENTORY=str(box.inventory_path))
 
@@ -111,8 +130,12 @@ def main() -> int:
                 return ["bash", "-o", "pipefail", "-c", pipe]
             if method == "scp3":
                 return ["scp", "-q", "-3", "-F", cfg, f"kpro6:{src}", f"ct129:{dst}"]
+            if method == "scp3-gcm":
+                return ["scp", "-q", "-3", "-O", "-c", GCM, "-F", cfg, f"kpro6:{src}", f"ct129:{dst}"]
             if method == "dfo-paramiko":
                 extra = ["--data-plane", "paramiko"]
+            elif method == "dfo-seed":
+                extra = []
             else:
                 extra = ["--streams", method[4:]] if method.startswith("dfo-") else []
             return [*dfo, "relay-checkpoint", f"kpro6:{src}", f"ct129:{dst}", "--json", *extra]
@@ -122,46 +145,59 @@ def main() -> int:
                 p.unlink()
 
         times: dict[str, list[float]] = {m: [] for m in methods}
+        cpu: dict[str, list[float]] = {m: [] for m in methods}
         rss: dict[str, list[int]] = {m: [] for m in methods if m.startswith("dfo")}
         details: dict[str, list[dict]] = {m: [] for m in methods if m.startswith("dfo")}
         load_before = os.getloadavg()
         for rep in range(args.reps):
             for method in methods:
                 clean()
-                seconds, peak, out = run_timed(cmd(method), env=env)
+                seconds, peak, out, cpu_s = run_timed(cmd(method), env=env,
+                                                      cwd=args.seed_tree if method == "dfo-seed" else str(ROOT))
                 times[method].append(seconds)
+                cpu[method].append(cpu_s)
                 if method.startswith("dfo"):
                     rss[method].append(peak)
                     summary = json.loads(out)
                     details[method].append({k: summary[k] for k in ("streams", "cipher", "mib_per_s", "seconds",
                                                                     "data_plane")})
                     assert summary["sha256"] and summary["digests"]["source"] == summary["digests"]["destination"]
+                    assert summary["sha256"] == expected_sha
                 elif dst.stat().st_size != size:
                     raise RuntimeError(f"{method}: destination has {dst.stat().st_size} bytes, expected {size}")
-                print(f"rep {rep + 1} {method:9} {size / 2**20 / seconds:7.1f} MiB/s ({seconds:.2f}s)", file=sys.stderr)
+                print(f"rep {rep + 1} {method:9} {size / 2**20 / seconds:7.1f} MiB/s ({seconds:.2f}s, "
+                      f"controller CPU {cpu_s:.2f}s, load {os.getloadavg()[0]:.2f})", file=sys.stderr)
         clean()
         load_after = os.getloadavg()
 
     mib = size / 2**20
+    gib = size / 2**30
     med = {m: mib / statistics.median(t) for m, t in times.items()}
-    base = med.get("pipe")
+    cpu_gib = {m: statistics.median(c) / gib for m, c in cpu.items()}
     print(f"\nrelay benchmark: {mib:.0f} MiB, {args.reps} interleaved repetitions, medians "
           f"(load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; {os.cpu_count()} CPUs)")
-    print(f"{'method':10} {'MiB/s':>8} {'vs pipe':>8}  all runs (MiB/s)")
+    refs = [r for r in ("pipe", "pipe-gcm", "scp3-gcm") if r in med]
+    head = "".join(f" {'vs ' + r:>12}" for r in refs)
+    print(f"{'method':10} {'MiB/s':>8}{head} {'CPU s/GiB':>10}  all runs (MiB/s)")
     for m in methods:
-        ratio = f"{med[m] / base:.2f}x" if base else "-"
+        ratios = "".join(f" {med[m] / med[r]:11.2f}x" for r in refs)
         runs = ", ".join(f"{mib / t:.0f}" for t in times[m])
-        print(f"{m:10} {med[m]:8.1f} {ratio:>8}  {runs}")
+        print(f"{m:10} {med[m]:8.1f}{ratios} {cpu_gib[m]:10.2f}  {runs}")
     for m, peaks in rss.items():
         print(f"{m}: peak RSS {max(peaks) / 2**20:.0f} MiB; {details[m][0]['streams']} stream(s), "
               f"cipher {details[m][0]['cipher']}, {details[m][0]['data_plane']}")
-    if "pipe-gcm" in med and "dfo-1" in med:
-        print(f"dfo-1 / pipe-gcm = {med['dfo-1'] / med['pipe-gcm']:.2f} (target >= 0.9)")
-    if base and "dfo" in med:
-        print(f"dfo / pipe = {med['dfo'] / base:.2f} (target >= 1.5)")
+    if "dfo" in med:
+        for ref, target in (("scp3-gcm", 0.9), ("pipe-gcm", 0.9), ("pipe", 1.2), ("dfo-seed", None)):
+            if ref in med:
+                goal = f" (target >= {target})" if target else ""
+                print(f"dfo / {ref} = {med['dfo'] / med[ref]:.2f}{goal}; wall time "
+                      f"{statistics.median(times[ref]):.2f}s vs dfo {statistics.median(times['dfo']):.2f}s")
+        if "pipe-gcm" in cpu_gib:
+            print(f"dfo controller CPU / pipe-gcm's = {cpu_gib['dfo'] / cpu_gib['pipe-gcm']:.2f} (target <= 1.1)")
     if args.json:
-        print(json.dumps({"size": size, "reps": args.reps, "median_mib_s": med, "runs_s": times,
-                          "peak_rss": rss, "dfo": details, "load": [load_before, load_after]}, indent=2))
+        print(json.dumps({"size": size, "reps": args.reps, "median_mib_s": med, "runs_s": times, "cpu_s": cpu,
+                          "cpu_s_per_gib": cpu_gib, "peak_rss": rss, "dfo": details,
+                          "load": [load_before, load_after]}, indent=2))
     if tmp:
         tmp.cleanup()
     return 0
