@@ -5,7 +5,8 @@ fixtures' ``trained-drafter/checkpoint.pt``) it makes checkpoints of increasing 
 trained weights plus Gaussian noise whose scale shrinks with N (the last step: the trained weights), in
 the team's training format (model + optimizer state + step + config). Each file is written in chunks
 with pauses, straight to its final name, as trainers do, so a watcher can find it half-written.
-``--corrupt STEP`` writes that step as bytes that are no checkpoint (an injected failure).
+``--corrupt STEP`` writes that step as bytes that are no checkpoint (an injected failure); ``--slow STEP``
+spreads that step's writing over ``--slow-seconds`` (a file a watcher is sure to find half-written).
 ``--wait-for PATH`` (repeatable) holds the second, third, … file back until the first, second, … PATH
 exists (tests sequence the trainer with it).
 The log (one JSON line per event) says when each file started and was complete, with its sha256.
@@ -64,6 +65,8 @@ def main() -> None:
     ap.add_argument("--corrupt", type=int, action="append", default=[], help="write this step as garbage")
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--chunk-delay", type=float, default=0.5, help="seconds between chunks of one file")
+    ap.add_argument("--slow", type=int, action="append", default=[], help="write this step slowly")
+    ap.add_argument("--slow-seconds", type=float, default=60.0)
     ap.add_argument("--gap", type=float, default=0.0, help="seconds between files")
     ap.add_argument("--wait-for", type=Path, action="append", default=[],
                     help="before file i + 1, wait until the i-th --wait-for path exists")
@@ -86,7 +89,8 @@ def main() -> None:
             data = noisy_checkpoint(args.source, step, scale, spec)
         path = args.out / f"step_{step}.pt"
         _log(args.log, event="start", name=path.name, step=step, bytes=len(data))
-        write_slowly(path, data, args.chunks, args.chunk_delay)
+        delay = args.slow_seconds / args.chunks if step in args.slow else args.chunk_delay
+        write_slowly(path, data, args.chunks, delay)
         _log(args.log, event="done", name=path.name, step=step, sha256=hashlib.sha256(data).hexdigest(),
              corrupt=step in args.corrupt)
         time.sleep(args.gap)

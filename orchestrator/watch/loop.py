@@ -155,6 +155,9 @@ class Watcher:
             sm.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
             self.series = found
         self._publish()
+        for e in list(self.series["checkpoints"].values()):
+            if e.get("notify_pending"):  # recorded, then the watcher died before --on-result ran: at least once
+                self._hook(e)
 
     def _round(self, plan: RoundPlan, ignored: list) -> None:
         for name, why in ignored:
@@ -263,8 +266,9 @@ class Watcher:
         reuse = {"features_cache_hits": (results.get("extraction") or {}).get("cache_hits"),
                  "reference_cache_hits": (results.get("reference") or {}).get("cache_hits")}
         source = results["drafters"][name].get("source") or {}
+        step = source.get("step", (source.get("stripped_from") or {}).get("step"))
         sm.mark(self.series, e["name"], "done", run=run.name, drafter=name, measures=measures, verdict=verdict,
-                timings=timings, reuse=reuse, metadata_step=source.get("step"))
+                timings=timings, reuse=reuse, metadata_step=step, notify_pending=bool(self.cfg.on_result))
         removed = self._cleanup(e)
         self._publish()
         tree = measures["ddtree"]
@@ -274,7 +278,7 @@ class Watcher:
         self._hook(e)
 
     def _failed(self, name: str, reason: str) -> None:
-        e = sm.mark(self.series, name, "failed", error=reason)
+        e = sm.mark(self.series, name, "failed", error=reason, notify_pending=bool(self.cfg.on_result))
         self._publish()
         self.events.warn(f"{name} failed: {reason} (recorded; the watcher goes on)")
         self._hook(e)
@@ -315,6 +319,7 @@ class Watcher:
                   "baselines": (self.series.get("baselines") or {}).get("drafters")}
         outcome = run_hook(self.cfg.on_result, result)
         e["on_result"] = outcome
+        e["notify_pending"] = False
         if not outcome["ok"]:
             self.events.warn(f"--on-result failed ({outcome['exit_code']}): {outcome['detail']}")
         self._publish()
