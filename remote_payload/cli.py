@@ -53,9 +53,10 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_eval(args) -> int:
-    from remote_payload.eval.pipeline import EvalSettings, parse_expect_p1, parse_named, run_eval
-    from remote_payload.progress import Progress
+    from remote_payload.eval.pipeline import run_eval
+    from remote_payload.eval.settings import EvalSettings, parse_expect_p1, parse_named
     from remote_payload.inputs.prompts import parse_shard
+    from remote_payload.progress import Progress
 
     specs = dict(parse_named(args.drafter_spec or [], "--drafter-spec"))
     settings = EvalSettings(

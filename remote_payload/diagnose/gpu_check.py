@@ -23,8 +23,8 @@ import json
 import time
 from pathlib import Path
 
-from remote_payload.models import kernels
 from remote_payload.errors import PayloadError
+from remote_payload.models import kernels
 from remote_payload.progress import SILENT, Progress
 
 
@@ -32,9 +32,9 @@ def compare_paths(target, refs, layer_ids, runtime=None, progress: Progress = SI
     """Extract with the bound kernels and with the torch path; per-layer diffs and draft differences."""
     import torch
 
+    from remote_payload.eval.offline import draft_sample, replay
     from remote_payload.inputs.features import extract
     from remote_payload.metrics.chain import summarize
-    from remote_payload.eval.offline import draft_sample, replay
 
     stats = {lid: {"max_abs_diff": 0.0, "sum_abs_diff": 0.0, "count": 0, "max_abs_value": 0.0} for lid in layer_ids}
     argmax_diff, drafts = 0, {"compared": 0, "differ": 0, "rounds_bound": [], "rounds_torch": []}
@@ -129,12 +129,12 @@ def run(target: str | None, drafter: str | None = None, samples: int = 4, max_ne
         raise PayloadError("gpu-check needs a CUDA device (it compares the fla kernels with the torch path); "
                            "none is visible to torch on this host")
     kernels.apply_policy(device)
-    from remote_payload.models.checkpoint import load_drafter, validate_against_target
-    from remote_payload.models.drafter import DrafterRuntime
     from remote_payload.inputs.prompts import load_prompts
     from remote_payload.inputs.reference import greedy_decode
-    from remote_payload.results import versions
+    from remote_payload.models.checkpoint import load_drafter, validate_against_target
+    from remote_payload.models.drafter import DrafterRuntime
     from remote_payload.models.target import load_target, render_prompt
+    from remote_payload.results import versions
 
     started = time.perf_counter()
     if synthetic:

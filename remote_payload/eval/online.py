@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 
 from remote_payload.errors import PayloadError
-from remote_payload.metrics.chain import Round
 from remote_payload.inputs.reference import forward, new_cache
+from remote_payload.metrics.chain import Round
 from remote_payload.models.target import Target
 
 ROLLBACKS = ("auto", "snapshot", "crop")

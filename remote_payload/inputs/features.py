@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from remote_payload.inputs import cache as cachemod
 from remote_payload.errors import PayloadError
+from remote_payload.inputs import cache as cachemod
 from remote_payload.inputs.reference import forward, numerics
 from remote_payload.models.target import Target
 
@@ -153,3 +153,34 @@ def cached_features(target: Target, tokens: list[int], prompt_len: int, layer_id
         save(path, feats, expected)
     feats.meta = {**expected, "layer_ids": sorted(feats.layers)}
     return feats
+
+
+# Features of a run are kept in memory up to this size; beyond it they are re-read from the cache per drafter.
+KEEP_IN_MEMORY_BYTES = 2 * 2**30
+
+
+class FeatureStore:
+    """Features of every sample of a run: in memory when small, else re-read from the cache per drafter."""
+
+    def __init__(self, layer_ids, cache_dir):
+        self.layer_ids, self.cache_dir = layer_ids, cache_dir
+        self.mem: dict = {}
+        self.paths: dict = {}
+        self.meta: dict = {}
+        self.bytes = 0
+
+    def add(self, i, feats, path):
+        self.paths[i] = path
+        self.meta[i] = feats.meta
+        size = sum(t.numel() * t.element_size() for t in feats.layers.values())
+        if self.bytes + size <= KEEP_IN_MEMORY_BYTES:
+            self.mem[i] = feats.layers
+            self.bytes += size
+
+    def get(self, i):
+        if i in self.mem:
+            return self.mem[i]
+        feats, reasons = load_cached(self.paths[i], self.meta[i], self.layer_ids)
+        if feats is None:
+            raise PayloadError(f"feature cache {self.paths[i]} changed during the run ({'; '.join(reasons)})")
+        return feats.layers

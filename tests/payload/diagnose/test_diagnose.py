@@ -15,10 +15,12 @@ import pytest
 import torch
 from payload_helpers import MAX_NEW, drafter_copy, json_lines, read_results
 
-from remote_payload.diagnose import checks as dg
-from remote_payload.models.checkpoint import load_drafter, strip_checkpoint
+from remote_payload.diagnose import findings as dg
+from remote_payload.diagnose.tensors import TensorStats, stats_findings
 from remote_payload.errors import PayloadError
-from remote_payload.eval.pipeline import EvalSettings, parse_expect_p1, run_eval
+from remote_payload.eval.pipeline import run_eval
+from remote_payload.eval.settings import EvalSettings, parse_expect_p1
+from remote_payload.models.checkpoint import load_drafter, strip_checkpoint
 from remote_payload.models.spec import zlab_default_layer_ids
 
 WARNINGS = "warning"
@@ -252,17 +254,17 @@ def test_layer_id_heuristic(loaded):
 
 
 def test_tensor_stats_and_nonfinite_findings():
-    st = dg.TensorStats()
+    st = TensorStats()
     st.add(torch.tensor([1.0, -3.0, float("nan"), float("inf")]))
     st.add(torch.tensor([[2.0]]))
     j = st.to_json()
     assert (j["nan"], j["inf"], j["values"], j["abs_max"]) == (1, 1, 5, 3.0)
     assert j["mean"] == pytest.approx(0.0) and j["std"] == pytest.approx((14 / 3) ** 0.5, rel=1e-5)  # 6 digits kept
-    codes = [f.code for f in dg.stats_findings({1: st}, "bfloat16")]
+    codes = [f.code for f in stats_findings({1: st}, "bfloat16")]
     assert codes == ["nonfinite-features"]
-    big = dg.TensorStats()
+    big = TensorStats()
     big.add(torch.tensor([7e4]))
-    assert [(f.code, f.severity) for f in dg.stats_findings({3: big}, "float16")] == [("fp16-range", "warning")]
+    assert [(f.code, f.severity) for f in stats_findings({3: big}, "float16")] == [("fp16-range", "warning")]
 
 
 def test_expect_p1_parsing():

@@ -10,11 +10,12 @@ import pytest
 from openai_server import MODEL_NAME, Faults, OpenAIServer, load_model
 from payload_helpers import MAX_NEW, drafter_copy, json_lines, prompts_file, read_results
 
-from remote_payload.models.checkpoint import load_drafter
-from remote_payload.eval.pipeline import EvalSettings, run_eval
 from remote_payload.eval.offline import draft_sample, replay
+from remote_payload.eval.pipeline import run_eval
+from remote_payload.eval.settings import EvalSettings
 from remote_payload.metrics.sample_rounds import entry_from_rounds
 from remote_payload.metrics.tree import build_budgeted_tree, sample_tree_rounds, topk_depth_accepted
+from remote_payload.models.checkpoint import load_drafter
 
 # Short, varied answers; on the three math ones the sharpened drafter meets every condition of tree.py.
 TREE_PROMPTS = ["code-reverse-string", "math-multiply", "math-divisors", "math-linear", "chat-sleep"]

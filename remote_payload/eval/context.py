@@ -1,0 +1,100 @@
+"""The state one `eval` run carries from stage to stage (``EvalContext``) and its parts.
+
+Each stage (``stages.py``, ``drafters.py``) reads what earlier stages put here and fills in its own part, so
+a stage can run alone on a context prepared by hand (the tests do). Fields stay ``None`` until the stage
+that owns them has run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remote_payload.eval.settings import EvalSettings
+from remote_payload.progress import SILENT, Progress
+
+
+@dataclass
+class References:
+    """The greedy continuations the rounds are measured against (one per chosen prompt)."""
+
+    refs: list = field(default_factory=list)  # inputs.reference.Reference, in prompt order
+    batch: Any = None  # inputs.server_reference.ReferenceBatch when they came from a server, else None
+    tokens: int = 0  # tokens generated in this run (cache hits excluded)
+    seconds: float = 0.0
+
+    @property
+    def from_server(self) -> bool:
+        return self.batch is not None
+
+    @property
+    def cache_hits(self) -> int:
+        return sum(1 for r in self.refs if r.cached)
+
+
+@dataclass
+class Extraction:
+    """The target's hidden states at the drafters' layers, for every sample."""
+
+    layer_ids: list[int]
+    store: Any  # inputs.features.FeatureStore
+    teacher_forced_mismatches: list = field(default_factory=list)  # per sample (None: not computed)
+    tokens: int = 0
+    seconds: float = 0.0
+    cache_hits: int = 0
+    hidden_stats: dict | None = None  # layer id -> diagnose.tensors.TensorStats, with --diagnose
+    probe_features: dict = field(default_factory=dict)  # diagnosed sample -> {layer id: tensor}, more layers
+
+
+@dataclass
+class DrafterRun:
+    """One drafter's outcome: its ``results.json`` entry and the per-sample data behind it."""
+
+    summary: dict  # results["drafters"][name]
+    rounds: list  # per sample: [metrics.chain.Round]
+    trees: list  # per sample: metrics.tree.TreeRounds
+    online: list | None = None  # per sample: the online check's outcome, with --online-check
+    diagnostics: Any = None  # diagnose.report.DrafterDiagnostics, with --diagnose
+    expected_p1: tuple = (None, None)  # (position-1 acceptance it should reach, where that figure comes from)
+
+
+@dataclass
+class EvalContext:
+    settings: EvalSettings
+    progress: Progress = SILENT
+    started: float = field(default_factory=time.perf_counter)
+    fault: str | None = None  # test-only planted fault (settings.planted_fault)
+    device: str | None = None
+    cache_dir: Path | None = None
+    warnings: list[str] = field(default_factory=list)
+    # inputs checked before the target's weights load
+    target_config: Any = None  # models.target.TargetConfig
+    tokenizer: Any = None
+    stop_ids: list[int] = field(default_factory=list)
+    drafters: dict = field(default_factory=dict)  # name -> models.checkpoint.LoadedDrafter, in --drafter order
+    prompt_info: dict | None = None
+    prompts: list = field(default_factory=list)  # the chosen inputs.prompts.Prompt, in order
+    # later stages
+    target: Any = None  # models.target.Target
+    references: References | None = None
+    run_facts: Any = None  # diagnose.findings.RunFacts
+    findings: list = field(default_factory=list)  # diagnose.findings.Finding, in the order found
+    extraction: Extraction | None = None
+    diagnosed_samples: int = 0  # the first N samples get the --diagnose probes
+    results: dict = field(default_factory=dict)  # name -> DrafterRun, in --drafter order
+    timings: dict = field(default_factory=dict)  # load_s, reference_s, extract_s
+
+    def warn(self, message: str) -> None:
+        """A warning line now, and once in ``results.warnings``."""
+        if message not in self.warnings:
+            self.warnings.append(message)
+        self.progress.warning(message)
+
+    def add_findings(self, findings, warn_all: bool = False) -> None:
+        """Record findings; warnings (or every finding, for the run checks) also become warning lines."""
+        for f in findings:
+            self.findings.append(f)
+            if warn_all or f.severity == "warning":
+                self.warn(f.line())

@@ -1,0 +1,109 @@
+"""The outputs of one `eval` run: ``samples.jsonl`` lines and the ``results.json`` document (schema
+``dfo.results/1``, described in the payload README)."""
+
+from __future__ import annotations
+
+import time
+
+from remote_payload.eval.context import EvalContext
+from remote_payload.metrics.chain import sample_tau
+from remote_payload.metrics.compare import compare_drafters
+from remote_payload.results import now_utc, versions
+
+ANCHORS = "every continuation position (offline drafts for all anchors, chain and tree replays)"
+SAMPLES_LAYOUT = "one line per sample, all drafters under 'drafters'"
+
+
+def sample_lines(ctx: EvalContext) -> list[dict]:
+    """One line per sample: its reference and, per drafter, its rounds (enough to recompute every metric)."""
+    refs = ctx.references
+    ex = ctx.extraction
+    lines = []
+    for i, (p, ref) in enumerate(zip(ctx.prompts, refs.refs, strict=True)):
+        line = {"index": p.index, "id": p.id, "category": p.category, "prompt_tokens": len(ref.prompt_ids),
+                "continuation_tokens": len(ref.continuation), "stop_reason": ref.stop_reason,
+                "reference_cached": ref.cached, "teacher_forced_mismatches": ex.teacher_forced_mismatches[i],
+                "continuation_text": ctx.tokenizer.decode(ref.continuation),
+                "reference": refs.batch.samples[i].to_json() if refs.from_server else
+                {"source": "local", "cached": ref.cached, "seconds": round(ref.seconds, 3)},
+                "drafters": {}}
+        for name, run in ctx.results.items():
+            rounds = run.rounds[i]
+            entry = {"tau": sample_tau(rounds), "rounds": len(rounds),
+                     "anchors": [r.anchor for r in rounds], "accepted": [r.accepted for r in rounds],
+                     "produced": [r.produced for r in rounds], "tree": run.trees[i].entry()}
+            if run.online is not None:
+                entry["online"] = run.online[i]
+            line["drafters"][name] = entry
+        lines.append(line)
+    return lines
+
+
+def comparison(ctx: EvalContext, lines: list[dict]) -> dict | None:
+    """With two or more drafters: each against the first, with bootstrap CIs over samples."""
+    if len(ctx.results) < 2:
+        return None
+    return compare_drafters(lines, list(ctx.results), seed=ctx.settings.seed,
+                            block_sizes={n: r.summary["metrics"]["block_size"] for n, r in ctx.results.items()})
+
+
+def results_document(ctx: EvalContext, lines: list[dict], comparison: dict | None, diagnostics: dict | None) -> dict:
+    refs, ex, t = ctx.references, ctx.extraction, ctx.timings
+    reference = {"source": "server" if refs.from_server else "local", "tokens_generated": refs.tokens,
+                 "tokens_per_s": _rate(refs.tokens, refs.seconds), "cache_hits": refs.cache_hits,
+                 "stop_reasons": _count(r.stop_reason for r in refs.refs)}
+    if refs.from_server:
+        reference["server"] = refs.batch.summary()
+    total_s = time.perf_counter() - ctx.started
+    results = {
+        "status": "ok",
+        "created_utc": now_utc(),
+        "settings": _settings_block(ctx, reference["source"]),
+        "target": ctx.target.info(),
+        "versions": versions(),
+        "reference": reference,
+        "extraction": {"layers": ex.layer_ids, "tokens": ex.tokens, "tokens_per_s": _rate(ex.tokens, ex.seconds),
+                       "cache_hits": ex.cache_hits, "kernel_path": ctx.target.kernel_path,
+                       "teacher_forced_mismatches": sum(m or 0 for m in ex.teacher_forced_mismatches)},
+        "drafters": {name: run.summary for name, run in ctx.results.items()},
+        "timings": {"load_s": round(t["load_s"], 3), "reference_s": round(t["reference_s"], 3),
+                    "extract_s": round(t["extract_s"], 3), "total_s": round(total_s, 3)},
+        "samples": {"count": len(lines), "file": "samples.jsonl", "layout": SAMPLES_LAYOUT},
+    }
+    if comparison is not None:
+        results["comparison"] = comparison
+    if diagnostics is not None:
+        results["diagnostics"] = diagnostics
+    if ctx.warnings:
+        results["warnings"] = list(ctx.warnings)
+    return results
+
+
+def _settings_block(ctx: EvalContext, reference_source: str) -> dict:
+    s, server = ctx.settings, ctx.references.from_server
+    return {"enable_thinking": s.enable_thinking, "max_new_tokens": s.max_new_tokens,
+            "prompts": ctx.prompt_info, "samples_requested": s.samples,
+            "samples": len(ctx.prompts), "sample_ids": [p.id for p in ctx.prompts],
+            "shard": {"index": s.shard[0], "count": s.shard[1]}, "dtype": s.dtype, "device": ctx.device,
+            "kernel_requested": s.kernel, "seed": s.seed, "draft_topk": s.draft_topk,
+            "tree": {"k": s.tree_k, "budget": s.tree_budget, "K": s.tree_K},
+            "reference": {"source": reference_source,
+                          "prompt_format": s.reference_prompt_format if server else None,
+                          "strict_roundtrip": s.reference_strict_roundtrip if server else None},
+            "chat_template_sha256": ctx.run_facts.chat_template_sha256,
+            "online_check": s.online_check, "cache_dir": str(ctx.cache_dir),
+            "diagnose": ({"samples": ctx.diagnosed_samples, "rounds": s.diagnose_rounds} if s.diagnose else False),
+            "expect_p1": dict(s.expect_p1) or None,
+            "anchors": ANCHORS,
+            **({"test_fault": ctx.fault} if ctx.fault else {})}
+
+
+def _rate(tokens: int, seconds: float):
+    return round(tokens / seconds, 2) if seconds > 0 else None
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for it in items:
+        out[it] = out.get(it, 0) + 1
+    return out

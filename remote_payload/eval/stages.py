@@ -1,0 +1,186 @@
+"""The run-wide stages of `eval`, in order: start, inputs, (references, target | target, references), run
+checks, features. Each takes the ``EvalContext`` and fills in its part (see ``pipeline.py`` for the order).
+
+Inputs that can be checked without the target's weights (drafter checkpoints against the target's config
+and tokenizer, prompt files) are checked first, so bad inputs fail in seconds. With ``--reference URL`` the
+references come from an OpenAI-compatible server *before* the target's weights load (the server may share
+the GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from remote_payload.diagnose import findings as dfind
+from remote_payload.diagnose.probes import probe_layer_ids
+from remote_payload.diagnose.tensors import TensorStats
+from remote_payload.errors import PayloadError
+from remote_payload.eval.context import EvalContext, Extraction, References
+from remote_payload.eval.settings import (
+    REFERENCE_API_KEY_ENV,
+    TEST_FAULT_ENV,
+    TEST_FAULTS,
+    check_settings,
+    planted_fault,
+)
+from remote_payload.inputs import prompts as prompts_mod
+from remote_payload.inputs.features import FeatureStore, cache_path, cached_features, extract
+from remote_payload.inputs.reference import cached_reference
+from remote_payload.models import checkpoint, kernels
+from remote_payload.models import target as targetmod
+
+
+def start(ctx: EvalContext) -> None:
+    """Settings checked, then device and kernel policy: no transformers model code may be imported before."""
+    s = ctx.settings
+    check_settings(s)
+    ctx.fault = planted_fault()
+    ctx.device = targetmod.resolve_device(s.device)
+    kernels.apply_policy(ctx.device, s.kernel)
+    targetmod.resolve_dtype(s.dtype, s.allow_fp16)
+    import torch
+
+    torch.manual_seed(s.seed)
+    ctx.cache_dir = s.resolved_cache_dir()
+
+
+def check_inputs(ctx: EvalContext) -> None:
+    """Opens the ``load`` stage: target config and tokenizer, every drafter validated against them, prompts."""
+    s, progress = ctx.settings, ctx.progress
+    progress.stage_start("load")
+    ctx.target_config = targetmod.read_target_config(s.target)
+    ctx.tokenizer = targetmod.load_tokenizer(ctx.target_config.path)
+    ctx.stop_ids = targetmod.stop_token_ids(ctx.target_config.path, ctx.tokenizer)
+    for name, path in s.drafters:
+        try:
+            ld = checkpoint.load_drafter(path, s.drafter_specs.get(name), allow_fp16=s.allow_fp16)
+            checkpoint.validate_against_target(ld.spec, ctx.target_config, ctx.tokenizer, ctx.stop_ids, str(path),
+                                               ld.extras)
+        except PayloadError as exc:
+            raise PayloadError(f"drafter '{name}': {exc}") from None
+        ctx.drafters[name] = ld
+        reserved = f", reserved {ld.spec.reserved_layer_ids}" if ld.spec.reserved_layer_ids else ""
+        progress.emit("stage", stage="load", status="drafter",
+                      message=f"{name}: {ld.spec.format} format, fc layers {ld.spec.fc_layer_ids}{reserved}")
+    all_prompts, ctx.prompt_info = prompts_mod.load_prompts(s.prompts)
+    ctx.prompts = prompts_mod.select(all_prompts, s.samples, s.shard)
+    if not ctx.prompts:
+        raise PayloadError(f"no prompts selected: shard {s.shard[0]}/{s.shard[1]} of "
+                           f"{min(len(all_prompts), s.samples or len(all_prompts))} prompt(s)")
+    if ctx.fault:
+        ctx.warn(f"TEST FAULT {ctx.fault} planted (${TEST_FAULT_ENV}): {TEST_FAULTS[ctx.fault]}; these results are "
+                 "not a measurement")
+
+
+def load_target(ctx: EvalContext) -> None:
+    s = ctx.settings
+    ctx.target = targetmod.load_target(ctx.target_config.path, device=ctx.device, dtype=s.dtype,
+                                       allow_fp16=s.allow_fp16, kernel=s.kernel, progress=ctx.progress)
+
+
+def local_references(ctx: EvalContext) -> None:
+    """The ``reference`` stage from the target's own greedy decoding (cached per prompt)."""
+    s, progress = ctx.settings, ctx.progress
+    progress.stage_start("reference")
+    refs = References()
+    for i, p in enumerate(ctx.prompts):
+        ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
+        ref = cached_reference(ctx.target, ids, s.max_new_tokens, ctx.cache_dir, warn=ctx.warn)
+        refs.refs.append(ref)
+        if not ref.cached:
+            refs.tokens += len(ref.continuation)
+            refs.seconds += ref.seconds
+        progress.progress("reference", i + 1, len(ctx.prompts), unit="samples",
+                          tokens_per_s=refs.tokens / refs.seconds if refs.seconds else None, message=p.id)
+    ctx.references = refs
+    ctx.timings["reference_s"] = progress.stage_done("reference")
+
+
+def server_references(ctx: EvalContext) -> None:
+    """The ``reference`` stage from an OpenAI-compatible server (``--reference URL``), before the target loads."""
+    from remote_payload.inputs.server_reference import Endpoint, fetch_references  # stdlib only, but large
+
+    s, progress = ctx.settings, ctx.progress
+    progress.stage_start("reference")
+    endpoint = Endpoint(url=s.reference_url, model=s.reference_model, timeout_s=s.reference_timeout,
+                        prompt_format=s.reference_prompt_format, concurrency=s.reference_concurrency,
+                        retries=s.reference_retries, api_key=os.environ.get(REFERENCE_API_KEY_ENV) or None)
+    started = time.perf_counter()
+    batch = fetch_references(
+        endpoint, ctx.prompts, ctx.tokenizer, enable_thinking=s.enable_thinking, max_tokens=s.max_new_tokens,
+        stop_ids=ctx.stop_ids, cache_dir=ctx.cache_dir, strict_roundtrip=s.reference_strict_roundtrip,
+        on_sample=lambda d, t, r: progress.progress("reference", d, t, unit="samples", message=r.sample_id),
+        warn=ctx.warn)
+    refs = [r.to_reference() for r in batch.samples]
+    ctx.references = References(refs=refs, batch=batch, tokens=sum(len(r.continuation) for r in refs if not r.cached),
+                                seconds=time.perf_counter() - started)
+    ctx.timings["reference_s"] = progress.stage_done("reference")
+
+
+def run_checks(ctx: EvalContext) -> None:
+    """Always on: the run against the drafters' training metadata, fp16 (each finding is a warning)."""
+    ctx.run_facts = dfind.RunFacts(kernel_path=ctx.target.kernel_path, enable_thinking=ctx.settings.enable_thinking,
+                                   dtype=ctx.settings.dtype, chat_template_sha256=dfind.template_sha256(ctx.tokenizer))
+    found = dfind.run_level_checks(ctx.run_facts)
+    for name, ld in ctx.drafters.items():
+        found += dfind.drafter_checks(name, ld.spec, ld.source.get("training_metadata"), ctx.run_facts)
+    ctx.add_findings(found, warn_all=True)
+
+
+def extract_features(ctx: EvalContext) -> None:
+    """The ``extract`` stage: hidden states at every drafter's fc layers, for every sample (cached)."""
+    s, progress, refs = ctx.settings, ctx.progress, ctx.references.refs
+    layer_ids = sorted({lid for ld in ctx.drafters.values() for lid in ld.spec.fc_layer_ids})
+    progress.stage_start("extract")
+    ex = Extraction(layer_ids=layer_ids, store=FeatureStore(layer_ids, ctx.cache_dir),
+                    hidden_stats={lid: TensorStats() for lid in layer_ids} if s.diagnose else None)
+    for i, ref in enumerate(refs):
+        feats = cached_features(ctx.target, ref.tokens, len(ref.prompt_ids), layer_ids, ctx.cache_dir, warn=ctx.warn)
+        ex.store.add(i, feats, cache_path(ctx.cache_dir, ctx.target, ref.tokens))
+        ex.teacher_forced_mismatches.append(feats.teacher_forced_mismatches())
+        if ex.hidden_stats is not None:
+            for lid in layer_ids:
+                ex.hidden_stats[lid].add(feats.layers[lid])
+        if feats.cached:
+            ex.cache_hits += 1
+        else:
+            ex.tokens += len(ref.tokens)
+            ex.seconds += feats.seconds
+        progress.progress("extract", i + 1, len(refs), unit="samples",
+                          tokens_per_s=ex.tokens / ex.seconds if ex.seconds else None, message=ctx.prompts[i].id)
+    ctx.extraction = ex
+    ctx.diagnosed_samples = min(s.diagnose_samples, len(refs)) if s.diagnose else 0
+    _probe_features(ctx)
+    ctx.timings["extract_s"] = progress.stage_done("extract")
+    _warn_teacher_forced(ctx)
+
+
+def _probe_features(ctx: EvalContext) -> None:
+    """Diagnosed samples: extra layers for the layer-shift / post-norm probes (one more target forward each)."""
+    ex = ctx.extraction
+    extra: set[int] = set()
+    if ctx.diagnosed_samples:
+        for ld in ctx.drafters.values():
+            for ids in probe_layer_ids(ld.spec, ctx.target_config.num_layers).values():
+                extra |= set(ids)
+    extra -= set(ex.layer_ids)
+    for i in range(ctx.diagnosed_samples):
+        ref = ctx.references.refs[i]
+        more = extract(ctx.target, ref.tokens, sorted(extra), len(ref.prompt_ids),
+                       with_argmax=False).layers if extra else {}
+        ex.probe_features[i] = {**more, **ex.store.get(i)}
+
+
+def _warn_teacher_forced(ctx: EvalContext) -> None:
+    mismatched = [m for m in ctx.extraction.teacher_forced_mismatches if m]
+    if not mismatched:
+        return
+    if ctx.references.from_server:
+        ctx.warn(f"{len(mismatched)} sample(s) where this host's one-pass target argmax differs from the server's "
+                 f"continuation ({sum(mismatched)} position(s)): the server's numerics (kernels, batching, dtype) "
+                 "differ from this host's extraction; the rounds are measured against the server's tokens, as that "
+                 "server would verify them")
+    else:
+        ctx.warn(f"{len(mismatched)} sample(s) where the target's one-pass argmax differs from its greedy "
+                 "continuation (near-tied logits); offline and online rounds may differ there")
