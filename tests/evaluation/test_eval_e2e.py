@@ -189,3 +189,56 @@ def test_two_eval_hosts_shard_the_prompts_and_merge_with_provenance(sandbox, eva
     assert results["drafters"]["zlab"]["metrics"]["samples"] == 4
     for host in ("ct129", "kpro6"):
         assert (run_dir / "logs" / f"{host}.log").is_file()
+
+
+def _all_cmdlines(stop, seen: set) -> None:
+    """Every process command line on this machine (the sandbox hosts share its /proc) until ``stop``."""
+    while not stop.is_set():
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    seen.add(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
+                except OSError:
+                    pass
+        stop.wait(0.02)
+
+
+def test_no_secret_in_any_argv_log_results_file_or_message(sandbox, eval_hosts, tmp_path):
+    """Inventory `env` (on both hosts: the relay's strip runs on kpro6) and $DFO_REFERENCE_API_KEY reach
+    the processes, and nothing else: not a command line, the output, the run folder or the job folders."""
+    import threading
+
+    token, key = "inv-secret-5c1f9e", "api-key-93b2d0"
+    text = sandbox.inventory_path.read_text()
+    text = text.replace("    gpu: false\n", f"    gpu: false\n    env: {{DFO_T_TOKEN: {token}}}\n")
+    assert text.count(token) == 2
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(text)
+    runs = tmp_path / "runs"
+    seen: set = set()
+    stop = threading.Event()
+    sampler = threading.Thread(target=_all_cmdlines, args=(stop, seen), daemon=True)
+    sampler.start()
+    try:
+        proc = dfo(*eval_args(eval_hosts),
+                   inventory=inventory, runs=runs, env={"DFO_REFERENCE_API_KEY": key})
+    finally:
+        stop.set()
+        sampler.join()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(seen) > 10
+    for secret in (token.encode(), key.encode()):
+        assert not [c for c in seen if secret in c], "a secret appeared in a command line"
+        assert secret.decode() not in proc.stdout + proc.stderr
+    places = [runs] + [h.workdir / "jobs" for h in sandbox.hosts.values()]
+    env_files = []
+    for place in places:
+        for path in Path(place).rglob("*"):
+            if path.is_file():
+                data = path.read_bytes()
+                if path.name == "env.json":  # the one place they live: the job's private environment file
+                    assert path.stat().st_mode & 0o077 == 0
+                    env_files.append(data)
+                    continue
+                assert token.encode() not in data and key.encode() not in data, f"a secret is in {path}"
+    assert any(key.encode() in d and token.encode() in d for d in env_files)
