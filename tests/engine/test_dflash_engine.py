@@ -1,0 +1,146 @@
+"""vLLM's DFlash speculative decoding on the tiny Qwen3 fixture vs plain greedy and vs dfo's offline replay.
+
+- Outputs: vLLM plain and vLLM with the drafter both equal the payload's own greedy references (fp32).
+- Acceptance: vLLM's per-request spec-decode counters vs dfo's offline replay of the same drafter over the
+  same continuations. Tolerance (TOLERANCE below): an engine step and an offline round agree whenever the
+  drafter's argmax agrees; two implementations of the drafter (vLLM's fused attention vs dfo's torch
+  code) can flip a draft where its top-2 logits nearly tie, and a flipped draft shifts the rest of that
+  sample's rounds. The output ends differ by convention too: vLLM counts a round's accepted drafts past
+  the end token, and at a max-tokens stop it stops one round earlier. So per-sample figures may differ;
+  aggregates must agree closely.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import MAX_NEW, TIMINGS
+
+from remote_payload.engines.run import EnginePrompt, run_prompts
+from remote_payload.engines.spec_metrics import read_counters
+
+# A test that starts a server (setup counts) may wait minutes for it on a busy 2-core box.
+pytestmark = pytest.mark.timeout(1800)
+
+# Aggregate agreement demanded of engine vs offline (see the module docstring for why not exact):
+# rounds within 5 % (+1 per sample for the end-of-output conventions), per-position acceptance rate
+# p_k within 0.08 absolute, micro τ within 0.15.
+TOLERANCE = {"rounds_rel": 0.05, "p_abs": 0.08, "tau_micro_abs": 0.15}
+
+
+@pytest.fixture(scope="module")
+def references(target_model):
+    """(prompt id, prompt ids, greedy continuation) for every built-in prompt, dfo's own decoding, fp32."""
+    from remote_payload.inputs.prompts import load_prompts
+    from remote_payload.inputs.reference import greedy_decode
+    from remote_payload.models.target import render_prompt
+
+    out = []
+    for p in load_prompts("builtin")[0]:
+        ids = render_prompt(target_model.tokenizer, p.message_dicts(), False)
+        out.append((p.id, ids, greedy_decode(target_model, ids, MAX_NEW)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine_prompts(references):
+    return [EnginePrompt(pid, ids, ref.continuation) for pid, ids, ref in references]
+
+
+@pytest.fixture(scope="module")
+def offline(engine_fixtures, target_model, references):
+    """dfo's offline replay of the z-lab drafter folder over the same continuations: rounds per sample."""
+    import torch
+
+    from remote_payload.eval.offline import draft_sample, replay
+    from remote_payload.inputs.features import extract
+    from remote_payload.models.checkpoint import load_drafter
+    from remote_payload.models.drafter import DrafterRuntime
+
+    ld = load_drafter(engine_fixtures / "zlab-drafter")
+    rt = DrafterRuntime(ld, target_model.model.get_input_embeddings(), target_model.model.get_output_embeddings(),
+                        dtype=torch.float32)
+    rounds = []
+    for _, ids, ref in references:
+        feats = extract(target_model, ref.tokens, ld.spec.fc_layer_ids, len(ids), with_argmax=False)
+        rounds.append(replay(draft_sample(rt, feats.layers, ref.tokens, len(ids))))
+    return ld.spec.block_size, rounds
+
+
+@pytest.fixture(scope="module")
+def plain_run(servers, engine_prompts, target_model):
+    return run_prompts(servers.get("plain"), engine_prompts, MAX_NEW, target_model.stop_ids)
+
+
+@pytest.fixture(scope="module")
+def dflash_run(servers, engine_prompts, target_model):
+    return run_prompts(servers.get("dflash"), engine_prompts, MAX_NEW, target_model.stop_ids)
+
+
+def test_plain_vllm_equals_dfo_greedy(plain_run, references):
+    assert plain_run["reference_mismatches"] == [], [
+        (s["id"], s["first_difference"]) for s in plain_run["samples"] if not s["matches_reference"]]
+    assert "spec" not in plain_run  # no speculative counters without a drafter
+    assert {s["finish_reason"] for s in plain_run["samples"]} == {"stop", "length"} or \
+        {r.stop_reason for _, _, r in references} != {"eos", "max_new_tokens"}
+    TIMINGS["plain tokens/s"] = plain_run["tokens_per_s"]
+
+
+def test_dflash_outputs_equal_greedy(dflash_run, plain_run):
+    assert dflash_run["reference_mismatches"] == [], [
+        (s["id"], s["first_difference"]) for s in dflash_run["samples"] if not s["matches_reference"]]
+    assert [s["continuation"] for s in dflash_run["samples"]] == [s["continuation"] for s in plain_run["samples"]]
+    TIMINGS["dflash tokens/s"] = dflash_run["tokens_per_s"]
+
+
+def test_every_request_is_counted(dflash_run):
+    """Per-request counter differences add up: each request's engine steps are its own, none lost."""
+    for s in dflash_run["samples"]:
+        spec = s["spec"]
+        assert s["counted_tokens"] == s["tokens"], s["id"]
+        assert spec["rounds"] >= 1 and spec["drafts_proposed"] == spec["rounds"] * 7, s["id"]
+        counts = s["spec"]["per_position_counts"]
+        assert sum(counts) == spec["drafts_accepted"] and counts == sorted(counts, reverse=True), s["id"]
+        # every committed token after the prefill comes from a round: accepted drafts + one bonus each
+        assert spec["rounds"] + spec["drafts_accepted"] >= s["tokens"] - 1, s["id"]
+
+
+def _offline_counts(rounds_per_sample, block_size):
+    flat = [r for rs in rounds_per_sample for r in rs]
+    return len(flat), sum(r.accepted for r in flat), [sum(1 for r in flat if r.accepted >= k)
+                                                      for k in range(1, block_size)]
+
+
+def test_engine_acceptance_matches_offline(dflash_run, offline):
+    block, rounds = offline
+    n_off, acc_off, pos_off = _offline_counts(rounds, block)
+    eng = dflash_run["spec"]
+    n_eng, acc_eng = eng["rounds"], eng["drafts_accepted"]
+    pos_eng = [p["accepted_ge_k"] for p in eng["per_position"]]
+    table = [{"k": k + 1, "engine": pos_eng[k], "offline": pos_off[k]} for k in range(block - 1)]
+    print(json.dumps({"rounds": {"engine": n_eng, "offline": n_off}, "accepted": {"engine": acc_eng,
+                      "offline": acc_off}, "per_position": table}))
+    same = sum(1 for s, rs in zip(dflash_run["samples"], rounds, strict=True)
+               if s["spec"]["rounds"] == len(rs)
+               and s["spec"]["per_position_counts"] == [sum(1 for r in rs if r.accepted >= k) for k in range(1, block)])
+    TIMINGS["samples agreeing exactly"] = f"{same}/{len(rounds)}"
+    TIMINGS["tau micro engine/offline"] = f"{1 + acc_eng / n_eng:.3f}/{1 + acc_off / n_off:.3f}"
+    assert acc_off > n_off * 0.3, "the fixture drafter accepts too little for this comparison to mean anything"
+    assert abs(n_eng - n_off) <= TOLERANCE["rounds_rel"] * n_off + len(rounds)
+    assert abs((1 + acc_eng / n_eng) - (1 + acc_off / n_off)) <= TOLERANCE["tau_micro_abs"]
+    for k in range(block - 1):
+        assert abs(pos_eng[k] / n_eng - pos_off[k] / n_off) <= TOLERANCE["p_abs"], table[k]
+
+
+def test_metrics_page_parses_to_the_run_totals(servers, dflash_run):
+    """The live /metrics page: counters at least the run's totals (the session may have run more)."""
+    import urllib.request
+
+    srv = servers.get("dflash")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    page = opener.open(srv.root + "/metrics", timeout=30).read().decode()
+    c = read_counters(page, srv.cfg.served_name)
+    assert c.spec_enabled and len(c.per_position) == 7
+    assert c.drafts >= dflash_run["spec"]["rounds"] and c.accepted >= dflash_run["spec"]["drafts_accepted"]
+    assert read_counters(page, "some-other-model").drafts == 0  # samples are filtered by model_name
