@@ -1,4 +1,4 @@
-"""Reading drafter checkpoints in the three formats, validating them, and stripping training checkpoints.
+"""Reading drafter checkpoints in the three formats (validation: ``validation.py``; writing: ``export.py``).
 
 One reader per format, all ending in (DrafterSpec, drafter weights in z-lab naming, extra tensors).
 The team's training checkpoint reader is shared by the eval and by ``strip-checkpoint``.
@@ -23,15 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload.models import spec as specmod
 from remote_payload.errors import PayloadError
+from remote_payload.models import spec as specmod
 from remote_payload.models.spec import DrafterSpec
+from remote_payload.models.validation import validate_weights
 
 MODEL_KEYS = ("model", "model_state_dict", "state_dict")
 KNOWN_TOP_KEYS = set(MODEL_KEYS) | {"optimizer", "optimizer_state_dict", "scheduler", "lr_scheduler", "step",
@@ -121,11 +119,11 @@ def _folder_weights(folder: Path) -> tuple[dict, list[Path]]:
     return weights, files
 
 
-def _shapes(weights: dict) -> dict:
+def weight_shapes(weights: dict) -> dict:
     return {k: list(v.shape) for k, v in weights.items()}
 
 
-def _float_dtypes(weights: dict) -> set[str]:
+def float_dtypes(weights: dict) -> set[str]:
     return {str(t.dtype).replace("torch.", "") for t in weights.values() if t.is_floating_point()}
 
 
@@ -278,69 +276,81 @@ NO_SPEC = ("has no drafter spec: no 'config' entry, no spec.json/spec.yaml besid
 
 def load_drafter(path: str | os.PathLike, spec_file: str | os.PathLike | None = None,
                  allow_fp16: bool = False) -> LoadedDrafter:
-    from remote_payload.models.target import read_json, weights_digest
-
     p = Path(path)
     fmt = detect_format(p)
     if fmt == "training":
-        ck = read_training_checkpoint(p)
-        weights, extras = _set_aside_copies(ck["weights"])
-        extras.update(ck["extras"])
-        spec_dict, where, used = training_spec(spec_file, ck["config"], p)
-        if spec_dict is None:
-            raise PayloadError(f"training checkpoint {p} {NO_SPEC}")
-        spec = specmod.from_training(spec_dict, _shapes(weights), where)
-        meta = training_metadata(spec_dict, where)
-        digest = {"algorithm": "sha256", "value": file_sha256(p)} if p.stat().st_size <= 2 * 2**30 else \
-            weights_digest_file(p)
-        source = {"path": str(p), "format": "training", "digest": digest, "spec_file": used,
-                  "top_keys": ck["top_keys"], "dropped": ck["dropped"], "step": ck["step"]}
+        spec, weights, extras, source, meta = _read_training(p, spec_file)
     else:
-        folder = p if p.is_dir() else p.parent
-        cfg = read_json(folder / "config.json", f"drafter {folder}")
-        weights, _files = _folder_weights(folder)
-        where = f"drafter {folder}/config.json"
-        source = {"path": str(folder), "format": fmt, "digest": weights_digest(folder)}
-        if fmt == "training-stripped":
-            weights, extras = _set_aside_copies(weights)
-            source["stripped_from"] = read_json(folder / "dfo-source.json", f"drafter {folder}")
-            if spec_file:
-                spec_dict = read_spec_file(spec_file)
-                spec = specmod.from_training(spec_dict, _shapes(weights), f"drafter spec {spec_file}")
-                meta = training_metadata(spec_dict, f"drafter spec {spec_file}")
-                source["spec_file"] = str(spec_file)
-            elif "dflash_config" in cfg:
-                spec = specmod.from_zlab(cfg, _shapes(weights), where, fmt="training")
-                meta = training_metadata(cfg, where)
-            else:
-                raise PayloadError(f"stripped training checkpoint {folder} {NO_SPEC}")
-            spec.format = "training (stripped)"
-        elif fmt == "speculators":
-            if spec_file:
-                cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
-            extras = {k: weights.pop(k) for k in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d",
-                                                  "verifier_norm.weight", "verifier_lm_head.weight") if k in weights}
-            spec = specmod.from_speculators(cfg, {**_shapes(weights), **_shapes(extras)}, where)
-            meta = training_metadata(cfg, where)
-        else:
-            if spec_file:
-                cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
-            weights, extras = _set_aside_copies(weights)
-            spec = specmod.from_zlab(cfg, _shapes(weights), where)
-            meta = training_metadata(cfg, where)
-        if spec_file and fmt != "training-stripped":
-            spec.notes.append(f"fields overridden by {spec_file}")
+        spec, weights, extras, source, meta = _read_folder(p, fmt, spec_file)
     if meta is not None:
         source["training_metadata"] = meta
     for k in IGNORED_BUFFERS:
         weights.pop(k, None)
-    dtypes = _float_dtypes(weights)
+    dtypes = float_dtypes(weights)
     spec.weights_dtype = ",".join(sorted(dtypes)) or None
     if "float16" in dtypes and not allow_fp16:
         raise PayloadError(f"{p}: weights are float16; DFlash drafters are trained in bfloat16 and fp16's narrow "
                            "range gives near-0% acceptance (pitfall 5). Convert to bfloat16, or pass --allow-fp16")
     validate_weights(spec, weights, extras, str(p))
     return LoadedDrafter(spec=spec, weights=weights, extras=extras, source=source)
+
+
+def _read_training(p: Path, spec_file) -> tuple:
+    """A training checkpoint (torch file): (spec, weights, extras, source, training metadata)."""
+    ck = read_training_checkpoint(p)
+    weights, extras = set_aside_copies(ck["weights"])
+    extras.update(ck["extras"])
+    spec_dict, where, used = training_spec(spec_file, ck["config"], p)
+    if spec_dict is None:
+        raise PayloadError(f"training checkpoint {p} {NO_SPEC}")
+    spec = specmod.from_training(spec_dict, weight_shapes(weights), where)
+    meta = training_metadata(spec_dict, where)
+    digest = {"algorithm": "sha256", "value": file_sha256(p)} if p.stat().st_size <= 2 * 2**30 else \
+        weights_digest_file(p)
+    source = {"path": str(p), "format": "training", "digest": digest, "spec_file": used,
+              "top_keys": ck["top_keys"], "dropped": ck["dropped"], "step": ck["step"]}
+    return spec, weights, extras, source, meta
+
+
+def _read_folder(p: Path, fmt: str, spec_file) -> tuple:
+    """A z-lab, speculators or stripped folder: (spec, weights, extras, source, training metadata)."""
+    from remote_payload.models.target import read_json, weights_digest
+
+    folder = p if p.is_dir() else p.parent
+    cfg = read_json(folder / "config.json", f"drafter {folder}")
+    weights, _files = _folder_weights(folder)
+    where = f"drafter {folder}/config.json"
+    source = {"path": str(folder), "format": fmt, "digest": weights_digest(folder)}
+    if fmt == "training-stripped":
+        weights, extras = set_aside_copies(weights)
+        source["stripped_from"] = read_json(folder / "dfo-source.json", f"drafter {folder}")
+        if spec_file:
+            spec_dict = read_spec_file(spec_file)
+            spec = specmod.from_training(spec_dict, weight_shapes(weights), f"drafter spec {spec_file}")
+            meta = training_metadata(spec_dict, f"drafter spec {spec_file}")
+            source["spec_file"] = str(spec_file)
+        elif "dflash_config" in cfg:
+            spec = specmod.from_zlab(cfg, weight_shapes(weights), where, fmt="training")
+            meta = training_metadata(cfg, where)
+        else:
+            raise PayloadError(f"stripped training checkpoint {folder} {NO_SPEC}")
+        spec.format = "training (stripped)"
+    elif fmt == "speculators":
+        if spec_file:
+            cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
+        extras = {k: weights.pop(k) for k in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d",
+                                              "verifier_norm.weight", "verifier_lm_head.weight") if k in weights}
+        spec = specmod.from_speculators(cfg, {**weight_shapes(weights), **weight_shapes(extras)}, where)
+        meta = training_metadata(cfg, where)
+    else:
+        if spec_file:
+            cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
+        weights, extras = set_aside_copies(weights)
+        spec = specmod.from_zlab(cfg, weight_shapes(weights), where)
+        meta = training_metadata(cfg, where)
+    if spec_file and fmt != "training-stripped":
+        spec.notes.append(f"fields overridden by {spec_file}")
+    return spec, weights, extras, source, meta
 
 
 def weights_digest_file(path: Path) -> dict:
@@ -375,248 +385,6 @@ def _apply_overrides(cfg: dict, overrides: dict, fmt: str, spec_file) -> dict:
     return cfg
 
 
-def _set_aside_copies(weights: dict) -> tuple[dict, dict]:
+def set_aside_copies(weights: dict) -> tuple[dict, dict]:
     extras = {k: weights.pop(k) for k in TARGET_COPIES if k in weights}
     return weights, extras
-
-
-# ---------------------------------------------------------------------------------------------------
-# validation
-
-
-def expected_shapes(spec: DrafterSpec) -> dict:
-    H, hd = spec.hidden_size, spec.head_dim
-    q, kv, inter = spec.num_heads * hd, spec.num_kv_heads * hd, spec.intermediate_size
-    shapes = {"fc.weight": [H, spec.fc_in_features], "hidden_norm.weight": [H], "norm.weight": [H]}
-    for i in range(spec.num_layers):
-        p = f"layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": [H], p + "post_attention_layernorm.weight": [H],
-            p + "self_attn.q_proj.weight": [q, H], p + "self_attn.k_proj.weight": [kv, H],
-            p + "self_attn.v_proj.weight": [kv, H], p + "self_attn.o_proj.weight": [H, q],
-            p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd],
-            p + "mlp.gate_proj.weight": [inter, H], p + "mlp.up_proj.weight": [inter, H],
-            p + "mlp.down_proj.weight": [H, inter],
-        })
-        if spec.attention_bias:
-            shapes.update({p + "self_attn.q_proj.bias": [q], p + "self_attn.k_proj.bias": [kv],
-                           p + "self_attn.v_proj.bias": [kv], p + "self_attn.o_proj.bias": [H]})
-    return shapes
-
-
-def _names(keys) -> str:
-    keys = sorted(keys)
-    return ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
-
-
-def validate_weights(spec: DrafterSpec, weights: dict, extras: dict, where: str) -> None:
-    fc = weights.get("fc.weight")
-    if fc is not None and fc.dim() == 2 and fc.shape[1] != spec.fc_in_features:
-        n_in, H = int(fc.shape[1]), spec.hidden_size
-        have = f"{n_in} = {n_in // H} × {H}" if n_in % H == 0 else f"{n_in} (not a multiple of hidden size {H})"
-        layers = str(spec.fc_layer_ids) + (f", reserved {spec.reserved_layer_ids}" if spec.reserved_layer_ids else "")
-        hint = ""
-        if n_in == (len(spec.fc_layer_ids) + len(spec.reserved_layer_ids)) * H and spec.reserved_layer_ids:
-            hint = "; fc uses every listed layer: set reserve_last_target_layer: false"
-        elif spec.format == "training" and n_in == (len(spec.fc_layer_ids) - 1) * H:
-            hint = "; fc skips one listed layer: reserve_last_target_layer: true?"
-        raise PayloadError(f"{where}: fc expects {have} inputs but the spec lists {len(spec.fc_layer_ids)} layers "
-                           f"{layers}{hint}")
-    expected = expected_shapes(spec)
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing keys: {_names(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys: {_names(unexpected)}")
-        raise PayloadError(f"{where}: weights do not match the spec ({spec.num_layers} layers) — {'; '.join(parts)}")
-    wrong = [f"{k} {list(weights[k].shape)} (expected {v})" for k, v in expected.items()
-             if list(weights[k].shape) != v]
-    if wrong:
-        raise PayloadError(f"{where}: wrong tensor shape(s): {'; '.join(wrong[:4])}"
-                           + (f" (+{len(wrong) - 4} more)" if len(wrong) > 4 else ""))
-    if spec.embed_source == "checkpoint":
-        emb = extras["embed_tokens.weight"]
-        if emb.dim() != 2 or emb.shape[1] != spec.hidden_size:
-            raise PayloadError(f"{where}: embed_tokens.weight {list(emb.shape)} does not match hidden size "
-                               f"{spec.hidden_size}")
-    if spec.lm_head_source == "checkpoint":
-        head = extras["lm_head.weight"]
-        if head.dim() != 2 or head.shape[1] != spec.hidden_size:
-            raise PayloadError(f"{where}: lm_head.weight {list(head.shape)} does not match hidden size "
-                               f"{spec.hidden_size}")
-        if spec.draft_vocab_size is not None and head.shape[0] != spec.draft_vocab_size:
-            raise PayloadError(f"{where}: lm_head.weight has {head.shape[0]} rows but draft_vocab_size is "
-                               f"{spec.draft_vocab_size}")
-    if spec.vocab_map == "d2t":
-        d2t = extras["d2t"]
-        if d2t.dim() != 1 or spec.lm_head_source != "checkpoint" or d2t.shape[0] != extras["lm_head.weight"].shape[0]:
-            raise PayloadError(f"{where}: d2t {list(d2t.shape)} must have one entry per lm_head row")
-
-
-def validate_against_target(spec: DrafterSpec, target_cfg, tokenizer, stop_ids: list[int], where: str,
-                            extras: dict | None = None) -> None:
-    """Checks that need the target: hidden size, layer ids, mask id, vocabulary sizes."""
-    import torch
-
-    if spec.hidden_size != target_cfg.hidden_size:
-        raise PayloadError(f"{where}: drafter hidden size {spec.hidden_size} but the target "
-                           f"({target_cfg.name}) has hidden size {target_cfg.hidden_size}")
-    n = target_cfg.num_layers
-    out = [i for i in spec.fc_layer_ids + spec.reserved_layer_ids if not 0 <= i < n]
-    if out:
-        raise PayloadError(f"{where}: target layer id(s) {out} outside the target's decoder layers 0..{n - 1} "
-                           f"(ids from {spec.layer_ids_source})")
-    vocab = target_cfg.vocab_size
-    if spec.embed_source == "checkpoint" and extras is not None:
-        vocab = int(extras["embed_tokens.weight"].shape[0])
-    mask = spec.mask_token_id
-    if not 0 <= mask < vocab:
-        raise PayloadError(f"{where}: mask_token_id {mask} is outside the vocabulary (0..{vocab - 1})")
-    specials = {"eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id, "bos": tokenizer.bos_token_id}
-    for label, tid in specials.items():
-        if tid is not None and tid == mask:
-            raise PayloadError(f"{where}: mask_token_id {mask} is the tokenizer's {label} token — a fallback, not the "
-                               "drafter's mask token (pitfall 3)")
-    if mask in stop_ids:
-        raise PayloadError(f"{where}: mask_token_id {mask} is a stop token of the target (pitfall 3)")
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    if mask < len(tokenizer) and mask not in added:
-        piece = tokenizer.convert_ids_to_tokens(mask)
-        raise PayloadError(f"{where}: mask_token_id {mask} is the regular vocabulary token {piece!r}; the mask must be "
-                           "a reserved/special token (Qwen3.5/3.6: 248070 or 248077 by revision)")
-    if mask in added and added[mask].content in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>",
-                                                  "</think>"):
-        raise PayloadError(f"{where}: mask_token_id {mask} is the chat-template token {added[mask].content!r}")
-    if spec.vocab_map == "d2t" and extras is not None:
-        d2t = extras["d2t"].to(torch.int64)
-        ids = torch.arange(d2t.shape[0]) + d2t
-        if int(ids.min()) < 0 or int(ids.max()) >= target_cfg.vocab_size:
-            raise PayloadError(f"{where}: d2t maps draft ids outside the target vocabulary 0..{target_cfg.vocab_size - 1}")
-    elif spec.lm_head_source == "checkpoint" and extras is not None:
-        rows = extras["lm_head.weight"].shape[0]
-        if rows != target_cfg.vocab_size:
-            raise PayloadError(f"{where}: lm_head has {rows} rows (draft vocabulary) but no d2t map to the target's "
-                               f"{target_cfg.vocab_size}-token vocabulary")
-
-
-# ---------------------------------------------------------------------------------------------------
-# writing
-
-
-def spec_to_zlab_config(spec: DrafterSpec) -> dict:
-    """A z-lab (new schema) config.json that this payload reads back to the same spec."""
-    types = [a.kind for a in spec.attn]
-    default_rule = all(a.causal == (a.kind == specmod.SLIDING) for a in spec.attn)
-    cfg = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-        "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-        "intermediate_size": spec.intermediate_size, "rms_norm_eps": spec.rms_norm_eps,
-        "hidden_act": spec.hidden_act, "attention_bias": spec.attention_bias,
-        "max_position_embeddings": spec.max_position_embeddings, "rope_parameters": dict(spec.rope),
-        "layer_types": types, "sliding_window": next((a.window for a in spec.attn if a.window), None),
-        "dflash_config": {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
-                          "target_layer_ids": list(spec.fc_layer_ids)},
-    }
-    if spec.reserved_layer_ids:
-        cfg["dflash_config"]["reserved_target_layer_ids"] = list(spec.reserved_layer_ids)
-    if not default_rule:
-        flags = {a.causal for a in spec.attn}
-        if len(flags) != 1:
-            raise PayloadError("this drafter's per-layer causality cannot be written as a z-lab config")
-        cfg["is_causal"] = flags.pop()
-    if spec.input_embedding_scale != 1.0:
-        cfg["dflash_config"]["input_embedding_scale"] = spec.input_embedding_scale
-    if spec.output_multiplier != 1.0:
-        cfg["dflash_config"]["output_multiplier"] = spec.output_multiplier
-    if spec.logit_softcap:
-        cfg["dflash_config"]["final_logit_softcapping"] = spec.logit_softcap
-    return cfg
-
-
-def write_zlab_folder(out_dir: Path, spec: DrafterSpec, weights: dict, extra_files: dict | None = None) -> None:
-    write_folder(out_dir, spec_to_zlab_config(spec), weights, extra_files)
-
-
-def write_folder(out_dir: Path, config: dict, weights: dict, extra_files: dict | None = None) -> None:
-    """Write model.safetensors + config.json (+ extra JSON files) into out_dir atomically (temp dir, rename)."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for name, obj in (extra_files or {}).items():
-            (tmp / name).write_text(json.dumps(obj, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _incomplete_config(weights: dict) -> dict:
-    """What the weights alone say, for a strip made without a spec (the eval then needs --drafter-spec)."""
-    cfg = {"dfo_incomplete": "no drafter spec was available when stripping; give one at eval time with "
-                             "--drafter-spec NAME=SPECFILE"}
-    shapes = _shapes(weights)
-    try:
-        arch = specmod._arch({}, shapes, "weights")
-        cfg.update({k: arch[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                          "num_key_value_heads", "head_dim", "intermediate_size")})
-        cfg["fc_in_features"] = shapes.get("fc.weight", [None, None])[1]
-    except PayloadError:
-        pass
-    return cfg
-
-
-def strip_checkpoint(src: str | os.PathLike, out_dir: str | os.PathLike, spec_file=None) -> dict:
-    """Training checkpoint -> OUT_DIR with model.safetensors, config.json (z-lab schema) and dfo-source.json.
-
-    Without any spec (none given, none embedded, no sidecar beside the checkpoint) the weights are still
-    written, with a config.json marked incomplete; the eval then asks for --drafter-spec.
-    """
-    src, out = Path(src), Path(out_dir)
-    if not src.is_file():
-        raise PayloadError(f"training checkpoint {src} not found")
-    sha = file_sha256(src)
-    if out.exists():
-        try:
-            previous = json.loads((out / "dfo-source.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            previous = None
-        if previous and previous.get("sha256") == sha and (out / "model.safetensors").exists():
-            return {**previous, "out_dir": str(out), "status": "unchanged"}
-        if out.is_dir() and any(out.iterdir()):
-            raise PayloadError(f"strip-checkpoint: {out} exists and does not hold a strip of {src}; remove it first")
-    started = time.time()
-    ck = read_training_checkpoint(src)
-    weights, extras = _set_aside_copies(ck["weights"])
-    extras.update(ck["extras"])
-    for k in IGNORED_BUFFERS:
-        weights.pop(k, None)
-    spec_dict, where, used = training_spec(spec_file, ck["config"], src)
-    if spec_dict is not None:
-        spec = specmod.from_training(spec_dict, _shapes(weights), where)
-        validate_weights(spec, weights, extras, str(src))
-        config = spec_to_zlab_config(spec)
-        meta = training_metadata(spec_dict, where)
-        if meta is not None:
-            config[TRAINING_BLOCK] = meta
-    else:
-        spec, config = None, _incomplete_config(weights)
-    record = {"format": "training", "source_path": str(src.resolve()), "sha256": sha, "bytes": src.stat().st_size,
-              "top_keys": ck["top_keys"], "model_key": ck["model_key"], "dropped": ck["dropped"], "step": ck["step"],
-              "extras_not_kept": sorted(extras), "spec_file": used, "spec": "complete" if spec else "missing",
-              "stripped_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
-    write_folder(out, config, weights, {"dfo-source.json": record})
-    return {**record, "out_dir": str(out), "status": "written",
-            "weights_bytes": (out / "model.safetensors").stat().st_size,
-            "weights_dtype": ",".join(sorted(_float_dtypes(weights))) or None}
