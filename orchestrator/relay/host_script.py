@@ -118,6 +118,11 @@ def _final(root, rel):
     if not rel:
         return root
     _confine(root, rel)
+    folder = root
+    for part in rel.split("/")[:-1]:  # no folder below ROOT may be a link (the file's own name may: it is
+        folder = os.path.join(folder, part)  # replaced by a rename, never written through)
+        if os.path.islink(folder):
+            raise RuntimeError("refused name %r: %s is a symlink (dfo never writes through a link)" % (rel, folder))
     return os.path.join(root, rel)
 
 

@@ -252,6 +252,21 @@ def test_writer_confines_names_itself(tmp_path, rel):
     assert not (tmp_path / "escaped.bin").exists() and list(root.iterdir()) == []
 
 
+def test_writer_never_writes_through_a_linked_folder(tmp_path):
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    os.symlink(root / "real", root / "linked")  # inside the root, but a link all the same
+    proc, send = _local_writer(tmp_path)
+    try:
+        answer = send("open", {"root": str(root), "rel": "linked/x.bin", "size": 10, "chunk_size": 4 * MiB,
+                               "hash": "chunk", "prepare": {"header": {}, "reset": True}})
+        assert answer.startswith("error refused") and "symlink" in answer, answer
+    finally:
+        proc.kill()
+        proc.wait()
+    assert list((root / "real").iterdir()) == []
+
+
 @pytest.mark.parametrize("how", ["replayed", "unknown key"])
 def test_writer_refuses_replayed_or_unsealed_commands(tmp_path, how):
     from orchestrator.relay import protocol as wire
