@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import PayloadError
 from .spec_metrics import SpecCounters, read_counters
-from .vllm_server import EngineError, ServerConfig, VllmServer
+from .vllm_server import EngineError, ServerConfig, VllmServer, log_tail
 
 try:  # the --reference client's request and response handling (moving to remote_payload/inputs/)
     from ..inputs.server_reference import parse_completion, request_body
@@ -135,6 +135,11 @@ def _served(cfg: ServerConfig, log: Path, prompts, max_tokens, stop_ids, start_t
     server.start(timeout_s=start_timeout_s)
     try:
         result = run_prompts(server, prompts, max_tokens, stop_ids)
+    except EngineError as exc:
+        # An engine can pass its health check and die at the first request (e.g. an unsupported CPU
+        # attention head size): the log says why, the HTTP 500 does not.
+        server.stop()
+        raise EngineError(f"{exc}\nvLLM log {log}, last lines:\n{log_tail(log)}") from None
     finally:
         status = server.stop()
     return {**result, "start_seconds": round(server.start_seconds or 0.0, 1), "exit_status": status,

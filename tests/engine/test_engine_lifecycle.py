@@ -171,3 +171,16 @@ def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_engine_failing_after_its_health_check_names_the_log(tmp_path):
+    """Healthy, then unusable (vLLM does this for an unsupported CPU head size): the error carries the log."""
+    from remote_payload.engines import run as engine_run
+
+    py = _fake_python(tmp_path, f"#!{sys.executable}\n{FAKE_SERVER}")  # serves /health only
+    cfg = vs.ServerConfig(python=py, target=str(tmp_path), extra_env={"FAKE_CHILD_PID_FILE": str(tmp_path / "c")})
+    with pytest.raises(vs.EngineError) as err:
+        engine_run._served(cfg, tmp_path / "vllm.log", [engine_run.EnginePrompt("a", [1, 2])], 4, [0], 60)
+    msg = str(err.value)
+    assert "HTTP 404 from GET" in msg and "/metrics" in msg and "engine core started" in msg, msg
+    assert not _alive(int((tmp_path / "c").read_text()))
