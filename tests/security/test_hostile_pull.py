@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 from cli_runner import dfo
@@ -43,8 +42,9 @@ def _no_traceback(proc) -> None:
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
 
 
-@pytest.mark.parametrize("evil_id", ["../../../escaped", "/tmp/dfo-evil-abs", "..", "ok/../../../escaped"])
+@pytest.mark.parametrize("evil_id", ["../../../escaped", "{tmp}/abs-evil", "..", "ok/../../../escaped"])
 def test_jobs_pull_refuses_a_job_id_that_leaves_runs(sandbox, tmp_path, evil_id):
+    evil_id = evil_id.format(tmp=tmp_path)
     job_id, _, honest = _finished_job(sandbox, ["sh", "-c", "echo hi > \"$DFO_RESULTS_DIR/r.txt\""])
     evil = HostileHost(sandbox, HOST, tmp_path / "hostile")
     # The host answers an escaping id for `last`, then the real job's results for whatever id is asked.
@@ -58,7 +58,6 @@ def test_jobs_pull_refuses_a_job_id_that_leaves_runs(sandbox, tmp_path, evil_id)
     _no_traceback(proc)
     assert f"{HOST}: refused job id {evil_id!r}" in proc.stderr
     assert tree(tmp_path) - before <= {"hostile/tamper.py.log"}, "something was written"
-    assert not Path("/tmp/dfo-evil-abs-ct129").exists()
 
 
 @pytest.mark.parametrize("files", [
