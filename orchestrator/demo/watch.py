@@ -48,7 +48,8 @@ def _start_trainer(connector: Connector, box: Sandbox, python: str, folder: str)
     connector.session("kpro6").put(TRAINER, script)
     source = posixpath.join(str(kpro6.checkpoints), "trained-drafter", "checkpoint.pt")
     argv = [python, script, "--source", source, "--out", folder, "--steps", ",".join(map(str, STEPS)),
-            "--chunks", "4", "--chunk-delay", "0.5", "--gap", "5", "--log", posixpath.join(folder, "trainer.log")]
+            "--chunks", "4", "--chunk-delay", "0.5", "--gap", "5", "--max-noise", "0.16",
+            "--log", posixpath.join(folder, "trainer.log")]
     return launch_job(connector, "kpro6", argv, lock=None, job_name="demo fake trainer").job_id
 
 
@@ -66,7 +67,7 @@ def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, 
                                             events=events))
             prov = provision_hosts(connector, ["kpro6", "ct129"], events=events)
             raise_failures("provision", prov)
-            pythons = {h: o.value.python for h, o in prov.items()}
+            pythons = {h: o.value.python for h, o in prov.items() if o.value}  # raise_failures: all ok
             models, ckpts = str(box.hosts["ct129"].models), str(box.hosts["kpro6"].checkpoints)
             for host, out in (("ct129", models), ("kpro6", ckpts)):
                 _build_fixtures(connector, host, pythons[host], out, FIXTURES_ON[host], events)
