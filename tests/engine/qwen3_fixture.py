@@ -18,13 +18,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from remote_payload.fixtures import build as fxbuild
 from remote_payload.fixtures import models as fxmodels
 
-TARGET = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, tie_word_embeddings=False,
-              rope_theta=10000.0)
+TARGET: dict[str, Any] = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                              tie_word_embeddings=False, rope_theta=10000.0)
 DRAFTER_SPEC = {**fxmodels.DRAFTER_SPEC, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
                 "layer_types": ["full_attention", "full_attention"]}
 TARGET_TRAIN = {**fxmodels.TARGET_TRAIN, "steps": 150}  # the dense model needs more steps than the hybrid one
@@ -59,7 +60,7 @@ def _train_target(out: Path, tokenizer_dir: Path) -> None:
         ids[i, :len(s)] = labels[i, :len(s)] = torch.tensor(s)
     train = TARGET_TRAIN
     opt = torch.optim.AdamW(model.parameters(), lr=train["lr"], weight_decay=0.0)
-    steps, warm = train["steps"], train["warmup"]
+    steps, warm = int(train["steps"]), int(train["warmup"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.05, 1 - s / steps))
     model.train()
     for _ in range(steps):
