@@ -130,7 +130,8 @@ class RemoteProcess:
 
 class SshProcess(RemoteProcess):
     """``ssh HOST python3 -c BOOT``. ``stdin``/``stdout`` given as file descriptors are one end of a pipe
-    to another process; then its bootstrap is written into that pipe by the caller, not here."""
+    to another process; then its bootstrap is written into that pipe by the caller, not here.
+    (Eight parameters: where, with which interpreter and cipher, what to run, its name, and the pipe ends.)"""
 
     def __init__(self, host: ResolvedHost, python: str, kind: str, kwargs: dict, *, cipher: str | None, what: str,
                  stdin: int | None = None, stdout: int | None = None):
