@@ -50,15 +50,15 @@ def main() -> int:
     import transformers
 
     torch.set_num_threads(args.threads)
-    from remote_payload.fixtures import build as fixtures
-    from remote_payload.models.checkpoint import load_drafter
-    from remote_payload.models.drafter import DrafterRuntime
-    from remote_payload.inputs.features import extract
-    from remote_payload.metrics.chain import summarize
     from remote_payload.eval.offline import draft_sample, replay
     from remote_payload.eval.online import online_generate
+    from remote_payload.fixtures import build as fixtures
+    from remote_payload.inputs.features import extract
     from remote_payload.inputs.prompts import load_prompts
     from remote_payload.inputs.reference import greedy_decode
+    from remote_payload.metrics.chain import summarize
+    from remote_payload.models.checkpoint import load_drafter
+    from remote_payload.models.drafter import DrafterRuntime
     from remote_payload.models.target import load_target, render_prompt
 
     fx = Path(args.fixtures) if args.fixtures else Path(tempfile.mkdtemp(prefix="dfo-bench-"))
@@ -77,7 +77,8 @@ def main() -> int:
     ext_tokens = sum(len(r.tokens) for r in refs)
 
     def offline():
-        return [replay(draft_sample(rt, f.layers, r.tokens, len(r.prompt_ids))) for r, f in zip(refs, feats)]
+        return [replay(draft_sample(rt, f.layers, r.tokens, len(r.prompt_ids)))
+                for r, f in zip(refs, feats, strict=False)]
 
     def online():
         return [online_generate(target, rt, r.prompt_ids, args.max_new_tokens) for r in refs]
@@ -88,8 +89,8 @@ def main() -> int:
     tau_off = summarize(off_rounds, B)
     tau_on = summarize([o.rounds for o in on_results], B)
     rounds_identical = all([r.as_dict() for r in a] == [r.as_dict() for r in o.rounds]
-                           for a, o in zip(off_rounds, on_results))
-    lossless = all(o.continuation == r.continuation for o, r in zip(on_results, refs))
+                           for a, o in zip(off_rounds, on_results, strict=False))
+    lossless = all(o.continuation == r.continuation for o, r in zip(on_results, refs, strict=False))
     figures = {
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
                     "transformers": transformers.__version__, "threads": args.threads, "cpus": os.cpu_count(),

@@ -79,7 +79,7 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_strip(args) -> int:
-    from remote_payload.models.checkpoint import strip_checkpoint
+    from remote_payload.models.export import strip_checkpoint
     from remote_payload.progress import Progress
 
     summary = strip_checkpoint(args.src, args.out_dir, args.spec)
@@ -119,7 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="remote_payload", description="dfo remote payload: DFlash drafter evaluation on this host")
     p.add_argument("--version", action="version", version=f"dfo-payload {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_eval(sub)
+    _add_tools(sub)
+    return p
 
+
+def _add_eval(sub) -> None:
     e = sub.add_parser("eval", help="reference completions -> hidden states -> offline eval of every drafter")
     e.add_argument("--target", required=True, help="target model folder (HF format)")
     e.add_argument("--drafter", action="append", required=True, metavar="NAME=PATH",
@@ -148,11 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="top-k depth acceptance ('DDTree-K', headline DDTree-8): k per depth (default 8)")
     e.add_argument("--tree-budget", type=int, default=16, metavar="N",
                    help="budgeted DDTree: nodes per round (default 16)")
+    _add_reference_options(e)
+    _add_diagnose_options(e)
+    e.add_argument("--threads", type=int, help="torch CPU threads")
+    e.set_defaults(func=_cmd_eval)
+
+
+def _add_reference_options(e) -> None:
     e.add_argument("--reference", metavar="URL",
                    help="take reference completions from this OpenAI-compatible server (SGLang/vLLM, e.g. "
                         "http://127.0.0.1:30000/v1) instead of decoding with the target here; API key from "
                         "$DFO_REFERENCE_API_KEY")
-    e.add_argument("--reference-model", metavar="NAME", help="model name on the server (default: the only one it lists)")
+    e.add_argument("--reference-model", metavar="NAME",
+                   help="model name on the server (default: the only one it lists)")
     e.add_argument("--reference-timeout", type=float, default=900.0, metavar="S",
                    help="seconds per completion request (default 900)")
     e.add_argument("--reference-concurrency", type=int, default=4, metavar="N",
@@ -163,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send the templated prompt as token ids (default) or text")
     e.add_argument("--reference-strict-roundtrip", action="store_true",
                    help="stop when the server's text does not re-tokenise to its token ids (default: report it)")
+
+
+def _add_diagnose_options(e) -> None:
     e.add_argument("--diagnose", action="store_true",
                    help="diagnostics: hidden-state and fc statistics, embedding copies, probes for the pitfalls "
                         "(layer shift, slot 0, mask id), decoded first rounds; a report in results and on stdout")
@@ -173,9 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--expect-p1", action="append", metavar="[NAME=]P",
                    help="position-1 acceptance expected from training (every drafter, or NAME=P); a run far "
                         "below it is flagged (repeatable)")
-    e.add_argument("--threads", type=int, help="torch CPU threads")
-    e.set_defaults(func=_cmd_eval)
 
+
+def _add_tools(sub) -> None:
     s = sub.add_parser("strip-checkpoint", help="training checkpoint -> drafter folder (safetensors + config)")
     s.add_argument("src", help="training checkpoint (torch file with 'model' and optimizer state)")
     s.add_argument("out_dir", help="output folder (model.safetensors, config.json, dfo-source.json)")
@@ -202,7 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--out", help="write the report JSON here too")
     g.set_defaults(func=_cmd_gpu_check)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

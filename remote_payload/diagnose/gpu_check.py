@@ -90,7 +90,7 @@ def build_synthetic(folder: Path, shapes: dict = REAL_SHAPES, seed: int = 0) -> 
     from transformers import GenerationConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     from remote_payload.fixtures import models as fixtures
-    from remote_payload.models.checkpoint import write_zlab_folder
+    from remote_payload.models.export import write_zlab_folder
     from remote_payload.models.spec import from_training
 
     folder = Path(folder)
@@ -119,6 +119,7 @@ def build_synthetic(folder: Path, shapes: dict = REAL_SHAPES, seed: int = 0) -> 
 
 def run(target: str | None, drafter: str | None = None, samples: int = 4, max_new_tokens: int = 128,
         out: str | None = None, progress: Progress = SILENT, device: str = "cuda", synthetic: bool = False) -> dict:
+    # One parameter per `gpu-check` flag (plus progress/device for the tests): the CLI passes them as parsed.
     import tempfile
 
     from remote_payload.models.target import resolve_device
@@ -131,9 +132,10 @@ def run(target: str | None, drafter: str | None = None, samples: int = 4, max_ne
     kernels.apply_policy(device)
     from remote_payload.inputs.prompts import load_prompts
     from remote_payload.inputs.reference import greedy_decode
-    from remote_payload.models.checkpoint import load_drafter, validate_against_target
+    from remote_payload.models.checkpoint import load_drafter
     from remote_payload.models.drafter import DrafterRuntime
     from remote_payload.models.target import load_target, render_prompt
+    from remote_payload.models.validation import validate_against_target
     from remote_payload.results import versions
 
     started = time.perf_counter()

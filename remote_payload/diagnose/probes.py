@@ -100,64 +100,70 @@ def mask_candidates(spec, tokenizer, embed_rows: int) -> list[tuple[int, str | N
 def run_probes(name: str, runtime, samples: Sequence[ProbeSample], *, num_target_layers: int, final_norm,
                tokenizer) -> tuple[dict, list]:
     """Re-draft the diagnosed samples' blocks with one thing changed at a time; see the module doc."""
-    import torch
-
     spec = runtime.spec
-    embed_rows = int(runtime.embed.weight.shape[0])
-    variants: dict[str, dict] = {}
-    scores: dict[str, _Score] = {}
     layer_sets = probe_layer_ids(spec, num_target_layers)
     last = num_target_layers - 1
-    masks = mask_candidates(spec, tokenizer, embed_rows)
-
-    def describe(label):
-        if label in layer_sets:
-            return {"layers": layer_sets[label]}
-        return {}
-
+    masks = mask_candidates(spec, tokenizer, int(runtime.embed.weight.shape[0]))
+    scores: dict[str, _Score] = {}
     for smp in samples:
-        A = len(smp.tokens) - 1 - smp.prompt_len
-        n = min(A, PROBE_ANCHORS_PER_SAMPLE)
-        if n <= 0:
+        anchors = _anchors(smp)
+        if anchors is None:
             continue
-        anchors = torch.arange(smp.prompt_len, smp.prompt_len + n)
-        as_run = smp.as_run[:n].cpu()
-        configured = {lid: smp.features[lid] for lid in spec.fc_layer_ids}
-
-        def redraft(feats, **kw):
-            ctx = runtime.prepare(feats)
-            ids, _ = runtime.draft(ctx, smp.tokens, anchors, topk=1, **kw)
-            return ids[..., 0].cpu()
-
-        plan = [("as-run", None, None), ("slot0=token", configured, {}), ("slot0=mask", configured,
-                                                                         {"slot0": "mask"})]
-        for label, src in layer_sets.items():
-            plan.append((label, {lid: smp.features[s] for lid, s in zip(spec.fc_layer_ids, src)}, {}))
-        if last in spec.fc_layer_ids and final_norm is not None:
-            with torch.inference_mode():
-                h = smp.features[last]
-                w = final_norm.weight
-                post = final_norm(h.to(w.device, w.dtype)).to(h.device, h.dtype)
-            plan.append(("last-layer-post-norm", {**configured, last: post}, {}))
-        for tid, _piece in masks:
-            plan.append((f"mask={tid}", configured, {"mask_id": tid}))
-        for label, feats, kw in plan:
-            top1 = as_run if feats is None else redraft(feats, **kw)
-            scores.setdefault(label, _Score()).add(top1, smp.tokens, anchors,
-                                                   None if feats is None else as_run)
-
-    for label, sc in scores.items():
-        variants[label] = {**sc.to_json(), **describe(label)}
+        as_run = smp.as_run[:len(anchors)].cpu()
+        for label, feats, kw in _variants(smp, spec, layer_sets, final_norm, masks, last):
+            top1 = as_run if feats is None else _redraft(runtime, smp.tokens, anchors, feats, kw)
+            scores.setdefault(label, _Score()).add(top1, smp.tokens, anchors, None if feats is None else as_run)
+    variants = {label: {**sc.to_json(), **({"layers": layer_sets[label]} if label in layer_sets else {})}
+                for label, sc in scores.items()}
     for tid, piece in masks:
         if f"mask={tid}" in variants:
             variants[f"mask={tid}"].update(mask_id=tid, piece=piece)
+    if "slot0=token" not in scores:
+        return {"samples": [s.sample_id for s in samples], "variants": variants}, []
+    findings = _slot0_findings(name, scores) + _layer_findings(name, spec, scores, layer_sets, last) + \
+        _mask_findings(name, spec, scores, masks)
+    return {"samples": [s.sample_id for s in samples], "anchors_per_sample_max": PROBE_ANCHORS_PER_SAMPLE,
+            "metric": "depth-1 top-1 accuracy against the target's tokens; mean_accepted = leading drafts equal to "
+                      "the target's tokens per anchor (teacher-forced, every probed anchor)",
+            "variants": variants}, findings
 
-    findings: list[Finding] = []
-    base = scores.get("slot0=token")
-    if base is None:
-        return {"samples": [s.sample_id for s in samples], "variants": variants}, findings
+
+def _anchors(smp: ProbeSample):
+    """The probed anchors of a sample (at most PROBE_ANCHORS_PER_SAMPLE), or None when it has none."""
+    import torch
+
+    n = min(len(smp.tokens) - 1 - smp.prompt_len, PROBE_ANCHORS_PER_SAMPLE)
+    return torch.arange(smp.prompt_len, smp.prompt_len + n) if n > 0 else None
+
+
+def _variants(smp: ProbeSample, spec, layer_sets: dict, final_norm, masks: list, last: int) -> list[tuple]:
+    """(label, features — None for the eval's own drafts —, draft options) for every variant probed."""
+    import torch
+
+    configured = {lid: smp.features[lid] for lid in spec.fc_layer_ids}
+    plan = [("as-run", None, None), ("slot0=token", configured, {}), ("slot0=mask", configured, {"slot0": "mask"})]
+    for label, src in layer_sets.items():
+        plan.append((label, {lid: smp.features[s] for lid, s in zip(spec.fc_layer_ids, src, strict=True)}, {}))
+    if last in spec.fc_layer_ids and final_norm is not None:
+        with torch.inference_mode():
+            h = smp.features[last]
+            w = final_norm.weight
+            post = final_norm(h.to(w.device, w.dtype)).to(h.device, h.dtype)
+        plan.append(("last-layer-post-norm", {**configured, last: post}, {}))
+    for tid, _piece in masks:
+        plan.append((f"mask={tid}", configured, {"mask_id": tid}))
+    return plan
+
+
+def _redraft(runtime, tokens, anchors, feats: dict, options: dict):
+    ids, _ = runtime.draft(runtime.prepare(feats), tokens, anchors, topk=1, **options)
+    return ids[..., 0].cpu()
+
+
+def _slot0_findings(name: str, scores: dict) -> list[Finding]:
+    findings = []
+    base, mask_sc = scores["slot0=token"], scores["slot0=mask"]
     tok_agree = base.agreement
-    mask_sc = scores["slot0=mask"]
     if tok_agree is not None and tok_agree < AGREE_OK:
         if mask_sc.agreement is not None and mask_sc.agreement >= AGREE_OK:
             findings.append(Finding("warning", "slot0-harness", f"the eval's drafts equal re-drafts with the MASK "
@@ -173,6 +179,12 @@ def run_probes(name: str, runtime, samples: Sequence[ProbeSample], *, num_target
         findings.append(Finding("warning", "slot0-trained-masked", f"with slot 0 mask-filled the drafter's depth-1 "
                                 f"accuracy is {mask_sc.acc:.2f} vs {base.acc:.2f} with the committed token: it was "
                                 "probably trained with a mask-filled slot 0 (pitfall 2) — a training-side bug", name))
+    return findings
+
+
+def _layer_findings(name: str, spec, scores: dict, layer_sets: dict, last: int) -> list[Finding]:
+    findings = []
+    base = scores["slot0=token"]
     best = max(((lbl, scores[lbl]) for lbl in layer_sets if lbl in scores), key=lambda x: x[1].acc or 0.0,
                default=None)
     if best and _clearly_better(best[1], base):
@@ -188,15 +200,17 @@ def run_probes(name: str, runtime, samples: Sequence[ProbeSample], *, num_target
                                 f"its last layer {last} gives depth-1 accuracy {post.acc:.2f} vs {base.acc:.2f}: the "
                                 "drafter was trained on HF hidden_states[N] (post-norm) for that layer, not the "
                                 "decoder layer's own output", name))
-    best_mask = max(((tid, piece, scores[f"mask={tid}"]) for tid, piece in masks if f"mask={tid}" in scores),
-                    key=lambda x: x[2].acc or 0.0, default=None)
-    if best_mask and _clearly_better(best_mask[2], base):
-        tid, piece, sc = best_mask
-        findings.append(Finding("warning", "mask-id", f"with mask id {tid}" + (f" ({piece!r})" if piece else "")
-                                + f" the depth-1 accuracy is {sc.acc:.2f} vs {base.acc:.2f} with the configured "
-                                f"{spec.mask_token_id}: the configured mask id is probably wrong (pitfall 3); fix "
-                                "dflash_config.mask_token_id (or --drafter-spec NAME=FILE with mask_token_id)", name))
-    return {"samples": [s.sample_id for s in samples], "anchors_per_sample_max": PROBE_ANCHORS_PER_SAMPLE,
-            "metric": "depth-1 top-1 accuracy against the target's tokens; mean_accepted = leading drafts equal to "
-                      "the target's tokens per anchor (teacher-forced, every probed anchor)",
-            "variants": variants}, findings
+    return findings
+
+
+def _mask_findings(name: str, spec, scores: dict, masks: list) -> list[Finding]:
+    base = scores["slot0=token"]
+    best = max(((tid, piece, scores[f"mask={tid}"]) for tid, piece in masks if f"mask={tid}" in scores),
+               key=lambda x: x[2].acc or 0.0, default=None)
+    if not (best and _clearly_better(best[2], base)):
+        return []
+    tid, piece, sc = best
+    return [Finding("warning", "mask-id", f"with mask id {tid}" + (f" ({piece!r})" if piece else "")
+                    + f" the depth-1 accuracy is {sc.acc:.2f} vs {base.acc:.2f} with the configured "
+                    f"{spec.mask_token_id}: the configured mask id is probably wrong (pitfall 3); fix "
+                    "dflash_config.mask_token_id (or --drafter-spec NAME=FILE with mask_token_id)", name)]

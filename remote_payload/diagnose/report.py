@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from remote_payload.diagnose.findings import AGREE_OK, BETTER_ABS, BETTER_REL, MIN_POSITIONS
+from remote_payload.diagnose.probes import ProbeSample
 from remote_payload.diagnose.tensors import TensorStats
 
 
@@ -14,18 +15,18 @@ def _piece(tokenizer, tid: int) -> str:
     return tokenizer.decode([int(tid)], skip_special_tokens=False)
 
 
-def decoded_rounds(tokenizer, sample_id: str, tokens: Sequence[int], as_run_top1, prompt_len: int, rounds,
-                   limit: int) -> dict:
-    """The first ``limit`` chain rounds: the anchor, the drafts and the target's tokens, decoded."""
+def decoded_rounds(tokenizer, sample: ProbeSample, rounds, limit: int) -> dict:
+    """The first ``limit`` chain rounds: the anchor, the eval's drafts and the target's tokens, decoded."""
     out = []
+    tokens = sample.tokens
     for n, r in enumerate(rounds[:limit]):
-        row = as_run_top1[r.anchor - prompt_len].tolist()
+        row = sample.as_run[r.anchor - sample.prompt_len].tolist()
         target = list(tokens[r.anchor + 1:r.anchor + 1 + len(row)])
         out.append({"round": n + 1, "anchor": r.anchor, "anchor_token": _piece(tokenizer, tokens[r.anchor]),
                     "accepted": r.accepted, "produced": r.produced, "drafts": row, "target": target,
                     "drafts_text": [_piece(tokenizer, t) for t in row],
                     "target_text": [_piece(tokenizer, t) for t in target]})
-    return {"sample": sample_id, "rounds": out}
+    return {"sample": sample.sample_id, "rounds": out}
 
 
 @dataclass
@@ -83,56 +84,70 @@ def render_text(diag: dict) -> str:
     for lid, st in (hs.get("layers") or {}).items():
         lines.append(_stats_row(str(lid), st))
     for name, d in (diag.get("drafters") or {}).items():
-        mask = d.get("mask") or {}
-        lines += ["", f"Drafter '{name}' ({d['format']}, block {d['block_size']}, fc layers {d['fc_layer_ids']}"
-                  + (f", reserved {d['reserved_layer_ids']}" if d["reserved_layer_ids"] else "")
-                  + f", weights {d['weights_dtype']})",
-                  f"  mask id {mask.get('id')}" + (f" = {mask['piece']!r}" if mask.get("piece") is not None else "")
-                  + f": {mask.get('kind')}; in the eval's text {mask.get('occurrences_in_text')} time(s)",
-                  "  attention: " + ", ".join(f"{a['kind'].split('_')[0]}"
-                                              + (f"(window {a['window']})" if a["window"] else "")
-                                              + ("/causal" if a["causal"] else "/bidirectional")
-                                              for a in d["attention"]),
-                  f"  training metadata: {json.dumps(d['training_metadata']) if d['training_metadata'] else 'none'}",
-                  f"  {'fc':>8}  {'mean':>10}  {'std':>10}  {'abs-max':>10}  {'nan':>5}  {'inf':>5}",
-                  _stats_row("fc(x)", d["fc_pre_norm"]), _stats_row("normed", d["fc_output"])]
-        emb = d.get("embeddings") or {}
-        for key, res in emb.items():
-            label = key.split(".")[0]
-            if res is None:
-                lines.append(f"  {label}: from the target (no copy in the checkpoint)")
-            else:
-                lines.append(f"  {label}: checkpoint copy {'matches' if res['match'] else 'DIFFERS FROM'} the target's "
-                             f"({res['detail']}){'; used for drafting' if res.get('used_by_the_eval') else ''}")
-        p1 = d.get("p1")
-        if p1:
-            lines.append(f"  position-1 acceptance {_fmt(p1.get('measured'), '.3f')}"
-                         + (f", expected {p1['expected']:.3f} ({p1['expected_source']})" if p1.get("expected")
-                            else " (no expected value: --expect-p1 or training.expected_p1)"))
-        probes = (d.get("probes") or {}).get("variants") or {}
-        if probes:
-            lines.append("  probes (re-drafted blocks; depth-1 accuracy, mean accepted, agreement with the eval's "
-                         "drafts):")
-            for label, v in probes.items():
-                extra = f"  layers {v['layers']}" if "layers" in v else ""
-                if "piece" in v and v["piece"] is not None:
-                    extra = f"  {v['piece']!r}"
-                agree = v.get("agreement_with_as_run")
-                lines.append(f"    {label:<22} {_fmt(v['depth1_accuracy'], '>6.3f')}  "
-                             f"{_fmt(v['mean_accepted'], '>6.3f')}  {'' if agree is None else format(agree, '>7.1%')}"
-                             f"{extra}")
-        for smp in d.get("drafts") or []:
-            lines.append(f"  first rounds of {smp['sample']} ([drafts] in brackets differ from the target's token):")
-            for r in smp["rounds"]:
-                lines.append(f"    round {r['round']} @ {r['anchor']} after {r['anchor_token']!r}: accepted "
-                             f"{r['accepted']}/{len(r['drafts'])}")
-                lines.append("      draft : " + " ".join(_mark(t, ok) for t, ok in
-                                                         zip(r["drafts_text"], _oks(r["drafts"], r["target"]))))
-                lines.append("      target: " + " ".join(repr(t) for t in r["target_text"]))
+        lines += ["", *_drafter_lines(name, d), *_probe_lines(d), *_draft_lines(d)]
     lines += ["", "Probe rule: a variant is flagged when its depth-1 accuracy is >= "
               f"{BETTER_ABS:g} above and >= {BETTER_REL:g}x the design's block (slot0=token) over >= {MIN_POSITIONS} "
               f"positions; the eval's drafts must agree with slot0=token at >= {AGREE_OK:.0%}."]
     return "\n".join(lines)
+
+
+def _drafter_lines(name: str, d: dict) -> list[str]:
+    """A drafter's facts: format, mask token, attention, metadata, fc statistics, embeddings, p1."""
+    mask = d.get("mask") or {}
+    lines = [f"Drafter '{name}' ({d['format']}, block {d['block_size']}, fc layers {d['fc_layer_ids']}"
+             + (f", reserved {d['reserved_layer_ids']}" if d["reserved_layer_ids"] else "")
+             + f", weights {d['weights_dtype']})",
+             f"  mask id {mask.get('id')}" + (f" = {mask['piece']!r}" if mask.get("piece") is not None else "")
+             + f": {mask.get('kind')}; in the eval's text {mask.get('occurrences_in_text')} time(s)",
+             "  attention: " + ", ".join(f"{a['kind'].split('_')[0]}"
+                                         + (f"(window {a['window']})" if a["window"] else "")
+                                         + ("/causal" if a["causal"] else "/bidirectional")
+                                         for a in d["attention"]),
+             f"  training metadata: {json.dumps(d['training_metadata']) if d['training_metadata'] else 'none'}",
+             f"  {'fc':>8}  {'mean':>10}  {'std':>10}  {'abs-max':>10}  {'nan':>5}  {'inf':>5}",
+             _stats_row("fc(x)", d["fc_pre_norm"]), _stats_row("normed", d["fc_output"])]
+    for key, res in (d.get("embeddings") or {}).items():
+        label = key.split(".")[0]
+        if res is None:
+            lines.append(f"  {label}: from the target (no copy in the checkpoint)")
+        else:
+            lines.append(f"  {label}: checkpoint copy {'matches' if res['match'] else 'DIFFERS FROM'} the target's "
+                         f"({res['detail']}){'; used for drafting' if res.get('used_by_the_eval') else ''}")
+    p1 = d.get("p1")
+    if p1:
+        lines.append(f"  position-1 acceptance {_fmt(p1.get('measured'), '.3f')}"
+                     + (f", expected {p1['expected']:.3f} ({p1['expected_source']})" if p1.get("expected")
+                        else " (no expected value: --expect-p1 or training.expected_p1)"))
+    return lines
+
+
+def _probe_lines(d: dict) -> list[str]:
+    probes = (d.get("probes") or {}).get("variants") or {}
+    if not probes:
+        return []
+    lines = ["  probes (re-drafted blocks; depth-1 accuracy, mean accepted, agreement with the eval's drafts):"]
+    for label, v in probes.items():
+        extra = f"  layers {v['layers']}" if "layers" in v else ""
+        if "piece" in v and v["piece"] is not None:
+            extra = f"  {v['piece']!r}"
+        agree = v.get("agreement_with_as_run")
+        lines.append(f"    {label:<22} {_fmt(v['depth1_accuracy'], '>6.3f')}  "
+                     f"{_fmt(v['mean_accepted'], '>6.3f')}  {'' if agree is None else format(agree, '>7.1%')}"
+                     f"{extra}")
+    return lines
+
+
+def _draft_lines(d: dict) -> list[str]:
+    lines = []
+    for smp in d.get("drafts") or []:
+        lines.append(f"  first rounds of {smp['sample']} ([drafts] in brackets differ from the target's token):")
+        for r in smp["rounds"]:
+            lines.append(f"    round {r['round']} @ {r['anchor']} after {r['anchor_token']!r}: accepted "
+                         f"{r['accepted']}/{len(r['drafts'])}")
+            marks = zip(r["drafts_text"], _oks(r["drafts"], r["target"]), strict=True)
+            lines.append("      draft : " + " ".join(_mark(t, ok) for t, ok in marks))
+            lines.append("      target: " + " ".join(repr(t) for t in r["target_text"]))
+    return lines
 
 
 def _oks(drafts, target):

@@ -1,8 +1,8 @@
 """The state one `eval` run carries from stage to stage (``EvalContext``) and its parts.
 
 Each stage (``stages.py``, ``drafters.py``) reads what earlier stages put here and fills in its own part, so
-a stage can run alone on a context prepared by hand (the tests do). Fields stay ``None`` until the stage
-that owns them has run.
+a stage can run alone on a context prepared by hand (the tests do). Fields stay empty (``None``, ``[]``) until
+the stage that owns them has run.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote_payload.eval.settings import EvalSettings
+from remote_payload.eval.settings import EvalSettings, default_cache_dir
 from remote_payload.progress import SILENT, Progress
 
 
@@ -38,13 +38,13 @@ class References:
 class Extraction:
     """The target's hidden states at the drafters' layers, for every sample."""
 
-    layer_ids: list[int]
-    store: Any  # inputs.features.FeatureStore
+    layer_ids: list[int] = field(default_factory=list)
+    store: Any = None  # inputs.features.FeatureStore
     teacher_forced_mismatches: list = field(default_factory=list)  # per sample (None: not computed)
     tokens: int = 0
     seconds: float = 0.0
     cache_hits: int = 0
-    hidden_stats: dict | None = None  # layer id -> diagnose.tensors.TensorStats, with --diagnose
+    hidden_stats: dict = field(default_factory=dict)  # layer id -> diagnose.tensors.TensorStats, with --diagnose
     probe_features: dict = field(default_factory=dict)  # diagnosed sample -> {layer id: tensor}, more layers
 
 
@@ -66,8 +66,8 @@ class EvalContext:
     progress: Progress = SILENT
     started: float = field(default_factory=time.perf_counter)
     fault: str | None = None  # test-only planted fault (settings.planted_fault)
-    device: str | None = None
-    cache_dir: Path | None = None
+    device: str = "cpu"  # resolved by stages.start
+    cache_dir: Path = field(default_factory=default_cache_dir)  # resolved by stages.start
     warnings: list[str] = field(default_factory=list)
     # inputs checked before the target's weights load
     target_config: Any = None  # models.target.TargetConfig
@@ -78,10 +78,10 @@ class EvalContext:
     prompts: list = field(default_factory=list)  # the chosen inputs.prompts.Prompt, in order
     # later stages
     target: Any = None  # models.target.Target
-    references: References | None = None
+    references: References = field(default_factory=References)
     run_facts: Any = None  # diagnose.findings.RunFacts
     findings: list = field(default_factory=list)  # diagnose.findings.Finding, in the order found
-    extraction: Extraction | None = None
+    extraction: Extraction = field(default_factory=Extraction)
     diagnosed_samples: int = 0  # the first N samples get the --diagnose probes
     results: dict = field(default_factory=dict)  # name -> DrafterRun, in --drafter order
     timings: dict = field(default_factory=dict)  # load_s, reference_s, extract_s

@@ -35,8 +35,8 @@ def diagnose_drafter(ctx: EvalContext, name: str, runtime, as_run: dict) -> None
     dd.probes, more = probes.run_probes(name, runtime, samples, num_target_layers=target.config.num_layers,
                                         final_norm=final_norm, tokenizer=tok)
     new += more
-    dd.drafts = [report.decoded_rounds(tok, ctx.prompts[i].id, refs[i].tokens, as_run[i], len(refs[i].prompt_ids),
-                                       run.rounds[i], ctx.settings.diagnose_rounds) for i in range(n_diag)]
+    dd.drafts = [report.decoded_rounds(tok, smp, run.rounds[i], ctx.settings.diagnose_rounds)
+                 for i, smp in enumerate(samples)]
     expected, expected_from = run.expected_p1
     pos = run.summary["metrics"].get("per_position") or []
     dd.p1 = {"measured": pos[0].get("p") if pos else None, "expected": expected, "expected_source": expected_from,

@@ -74,7 +74,10 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
     s, refs, stage = ctx.settings, ctx.references.refs, f"eval:{name}"
     ld = ctx.drafters[name]
     dd = DrafterDiagnostics(name, ld.spec, metadata=ld.source.get("training_metadata")) if s.diagnose else None
-    rounds_all, trees, as_run, draft_s, tree_s, anchors = [], [], {}, 0.0, 0.0, 0
+    rounds_all: list = []
+    trees: list = []
+    as_run: dict = {}
+    draft_s, tree_s, anchors = 0.0, 0.0, 0
     for i, ref in enumerate(refs):
         feats = ctx.extraction.store.get(i)
         drafts = draft_sample(source, feats, ref.tokens, len(ref.prompt_ids), topk=s.draft_topk)

@@ -28,7 +28,7 @@ class SampleDrafts:
     def top1(self, anchor: int) -> list[int]:
         if not self._top1:
             rows = self.topk_ids[:, :, 0].tolist()
-            self._top1.update(zip(self.anchors, rows))
+            self._top1.update(zip(self.anchors, rows, strict=False))
         return self._top1[anchor]
 
 

@@ -29,6 +29,7 @@ from remote_payload.inputs.features import FeatureStore, cache_path, cached_feat
 from remote_payload.inputs.reference import cached_reference
 from remote_payload.models import checkpoint, kernels
 from remote_payload.models import target as targetmod
+from remote_payload.models.validation import validate_against_target
 
 
 def start(ctx: EvalContext) -> None:
@@ -55,7 +56,7 @@ def check_inputs(ctx: EvalContext) -> None:
     for name, path in s.drafters:
         try:
             ld = checkpoint.load_drafter(path, s.drafter_specs.get(name), allow_fp16=s.allow_fp16)
-            checkpoint.validate_against_target(ld.spec, ctx.target_config, ctx.tokenizer, ctx.stop_ids, str(path),
+            validate_against_target(ld.spec, ctx.target_config, ctx.tokenizer, ctx.stop_ids, str(path),
                                                ld.extras)
         except PayloadError as exc:
             raise PayloadError(f"drafter '{name}': {exc}") from None
@@ -99,11 +100,12 @@ def local_references(ctx: EvalContext) -> None:
 
 def server_references(ctx: EvalContext) -> None:
     """The ``reference`` stage from an OpenAI-compatible server (``--reference URL``), before the target loads."""
-    from remote_payload.inputs.server_reference import Endpoint, fetch_references  # stdlib only, but large
+    from remote_payload.inputs.openai_client import Endpoint  # stdlib only, loaded for --reference runs only
+    from remote_payload.inputs.server_reference import fetch_references
 
     s, progress = ctx.settings, ctx.progress
     progress.stage_start("reference")
-    endpoint = Endpoint(url=s.reference_url, model=s.reference_model, timeout_s=s.reference_timeout,
+    endpoint = Endpoint(url=str(s.reference_url), model=s.reference_model, timeout_s=s.reference_timeout,
                         prompt_format=s.reference_prompt_format, concurrency=s.reference_concurrency,
                         retries=s.reference_retries, api_key=os.environ.get(REFERENCE_API_KEY_ENV) or None)
     started = time.perf_counter()
@@ -134,12 +136,12 @@ def extract_features(ctx: EvalContext) -> None:
     layer_ids = sorted({lid for ld in ctx.drafters.values() for lid in ld.spec.fc_layer_ids})
     progress.stage_start("extract")
     ex = Extraction(layer_ids=layer_ids, store=FeatureStore(layer_ids, ctx.cache_dir),
-                    hidden_stats={lid: TensorStats() for lid in layer_ids} if s.diagnose else None)
+                    hidden_stats={lid: TensorStats() for lid in layer_ids} if s.diagnose else {})
     for i, ref in enumerate(refs):
         feats = cached_features(ctx.target, ref.tokens, len(ref.prompt_ids), layer_ids, ctx.cache_dir, warn=ctx.warn)
         ex.store.add(i, feats, cache_path(ctx.cache_dir, ctx.target, ref.tokens))
         ex.teacher_forced_mismatches.append(feats.teacher_forced_mismatches())
-        if ex.hidden_stats is not None:
+        if ex.hidden_stats:
             for lid in layer_ids:
                 ex.hidden_stats[lid].add(feats.layers[lid])
         if feats.cached:

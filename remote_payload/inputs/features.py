@@ -42,7 +42,7 @@ class Features:
         if self.argmax is None:
             return None
         pred = self.argmax[self.prompt_len - 1:len(self.tokens) - 1].tolist()
-        return sum(int(a != b) for a, b in zip(pred, self.tokens[self.prompt_len:]))
+        return sum(int(a != b) for a, b in zip(pred, self.tokens[self.prompt_len:], strict=False))
 
 
 def _layer_output(out):

@@ -4,23 +4,8 @@ The eval host often already serves the target with SGLang; its greedy continuati
 than decoding token by token with transformers. The target's hidden states are still extracted locally,
 over exactly the tokens the server produced.
 
-Request format (the choice, and why):
-- The chat template is applied HERE, with ``enable_thinking`` passed explicitly, and the prompt is sent
-  to ``POST {base}/completions`` as a list of token ids (``prompt_format="ids"``, the default). Both SGLang
-  and vLLM accept token-id prompts on /v1/completions and then skip their own tokenisation, so the server
-  continues exactly the prompt tokens we later extract features over. /v1/chat/completions is not used:
-  there the server applies its own template and thinking switch, which is what the eval must control.
-  ``prompt_format="text"`` sends the rendered template text instead, for servers that refuse id prompts;
-  the server then tokenises, and the prompt ids it reports (when it reports them) are checked against ours.
-- Greedy: ``temperature 0, top_p 1, n 1``, no penalties, ``max_tokens``, and the target's end tokens as
-  ``stop_token_ids`` (no stop strings: a string can match inside ordinary text).
-- ``return_token_ids: true`` asks the server for the generated ids (``choices[0].token_ids``) and the prompt
-  ids it used (``choices[0].prompt_token_ids``); SGLang and vLLM (>= 0.10.2) both name them so. Servers that
-  do not know the field ignore it; the continuation ids then come from re-tokenising the text, and the
-  round trip cannot be checked (said once per run, and per sample in the results).
-- ``skip_special_tokens: false`` / ``spaces_between_special_tokens: false`` / ``no_stop_trim: true`` keep
-  the text a faithful rendering of the ids (special tokens such as ``</think>`` included), which is what
-  the round-trip check compares.
+The request (token-id prompts on ``/completions``, greedy, the target's stop ids, ids back) and why it is so:
+``openai_client.py``.
 
 Round trip: the server's text re-tokenised with our tokenizer vs the server's token ids. A mismatch (e.g.
 the model emitted a non-canonical split of its text, or the server's tokenizer differs from ours) is
@@ -29,47 +14,39 @@ generated, so those are the reference tokens either way.
 
 Resumable: each finished sample is written to its own cache file (atomic rename) keyed by (endpoint model,
 prompt digest, settings); the endpoint URL is not in the key, so a server restarted on another port still
-hits the cache. Stdlib only (urllib, json); the tokenizer is passed in.
+hits the cache. Stdlib only; the tokenizer is passed in.
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
-import socket
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from remote_payload.inputs import cache as cachemod
 from remote_payload.errors import PayloadError
+from remote_payload.inputs import cache as cachemod
+from remote_payload.inputs.openai_client import (
+    REQUEST_FIELDS,
+    Endpoint,
+    RequestFailed,
+    base_url,
+    http_json,
+    parse_completion,
+    request_body,
+    resolve_model,
+    with_retries,
+)
 
 SCHEMA = "dfo.server-reference/1"
 PROMPT_FORMATS = ("ids", "text")
 CACHE_SUBDIR = "server-references"
-EXCERPT_CHARS = 300
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # Fields of a cache entry that must equal the current request for reuse (the key hashes them too).
 CACHE_FIELDS = ("schema", "model", "prompt_sha256", "settings")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to ask for references. ``model`` None: the single model listed by ``/models``."""
-    url: str
-    model: str | None = None
-    timeout_s: float = 900.0  # per request; a non-streaming request is silent until generation ends
-    prompt_format: str = "ids"
-    concurrency: int = 4  # requests in flight; the server batches them
-    retries: int = 2  # extra attempts after a connection failure or HTTP 5xx (not after a timeout)
-    retry_backoff_s: float = 2.0
-    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -131,187 +108,7 @@ class ReferenceBatch:
                 "requested": self.requests, "cache_hits": sum(1 for s in self.samples if s.cached),
                 "tokens_generated": sum(len(s.continuation) for s in self.samples if not s.cached),
                 "roundtrip_mismatches": self.mismatched, "roundtrip_unchecked": len(self.unchecked),
-                "ids_source": _count(s.ids_source for s in self.samples), "cache_dir": self.cache_dir}
-
-
-class _RequestFailed(Exception):
-    def __init__(self, message: str, retryable: bool, kind: str = ""):
-        super().__init__(message)
-        self.retryable = retryable
-        self.kind = kind or message  # what went wrong, to tell a repeated failure from a different one
-
-
-# ----------------------------------------------------------------------------------------------- URLs/HTTP
-
-
-def base_url(url: str) -> str:
-    """``http://host:port`` -> ``http://host:port/v1``; a trailing ``/completions`` or ``/models`` is dropped."""
-    parsed = urllib.parse.urlsplit(url.strip())
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise PayloadError(f"reference server URL {url!r}: expected http(s)://HOST:PORT[/v1], e.g. "
-                           "http://127.0.0.1:30000/v1")
-    try:
-        parsed.port
-    except ValueError:
-        raise PayloadError(f"reference server URL {url!r}: the port is not a number") from None
-    path = parsed.path.rstrip("/")
-    for tail in ("/completions", "/chat/completions", "/models"):
-        if path.endswith(tail):
-            path = path[: -len(tail)]
-            break
-    if not path:
-        path = "/v1"
-    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
-
-
-def _opener(url: str):
-    # Loopback endpoints (the usual case: SGLang on the eval host itself) never go through an env proxy.
-    host = urllib.parse.urlsplit(url).hostname or ""
-    handlers = [urllib.request.ProxyHandler({})] if host in LOOPBACK else []
-    return urllib.request.build_opener(*handlers)
-
-
-def _excerpt(data: bytes | str) -> str:
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    text = " ".join(text.split())
-    return (text[:EXCERPT_CHARS] + "…") if len(text) > EXCERPT_CHARS else (text or "(empty body)")
-
-
-def _http_json(method: str, url: str, body: dict | None, timeout: float, api_key: str | None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    where = urllib.parse.urlsplit(url)
-    try:
-        with _opener(url).open(req, timeout=timeout) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = _excerpt(exc.read())
-        except OSError:
-            detail = "(body unreadable)"
-        raise _RequestFailed(f"HTTP {exc.code} {exc.reason} from {method} {where.path}: {detail}",
-                             retryable=exc.code >= 500 and exc.code != 501, kind=f"http {exc.code}") from None
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, ConnectionRefusedError):
-            msg = f"connection refused: nothing listens at {where.hostname}:{where.port} (is the server running?)"
-        elif isinstance(reason, TimeoutError):
-            msg = f"no connection within {timeout:g} s to {where.hostname}:{where.port}"
-        elif isinstance(reason, socket.gaierror):
-            msg = f"cannot resolve host {where.hostname!r} ({reason})"
-        else:
-            msg = f"cannot connect to {where.hostname}:{where.port} ({type(reason).__name__}: {reason})"
-        raise _RequestFailed(msg, retryable=not isinstance(reason, socket.gaierror),
-                             kind=type(reason).__name__) from None
-    except TimeoutError:
-        raise _RequestFailed(f"no response within {timeout:g} s (timeout per request; raise it for long "
-                             "generations or a busy server)", retryable=False) from None
-    except http.client.RemoteDisconnected:
-        raise _RequestFailed("the server closed the connection without a response (did it crash or restart?)",
-                             retryable=True) from None
-    except (http.client.HTTPException, ConnectionError) as exc:
-        raise _RequestFailed(f"connection broken while reading the response ({type(exc).__name__}: {exc})",
-                             retryable=True) from None
-    except OSError as exc:
-        raise _RequestFailed(f"network error ({type(exc).__name__}: {exc})", retryable=True) from None
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _RequestFailed(f"response to {method} {where.path} is not valid JSON ({exc}): {_excerpt(raw)}",
-                             retryable=False) from None
-
-
-def _with_retries(endpoint: Endpoint, call: Callable[[], Any]) -> Any:
-    first: _RequestFailed | None = None
-    for attempt in range(endpoint.retries + 1):
-        try:
-            return call()
-        except _RequestFailed as exc:
-            first = first or exc
-            if exc.retryable and attempt < endpoint.retries:
-                time.sleep(endpoint.retry_backoff_s * (attempt + 1))
-                continue
-            if attempt == 0:
-                raise
-            earlier = f"; the first failed with: {first}" if first.kind != exc.kind else ""
-            raise _RequestFailed(f"{exc} (after {attempt + 1} attempts{earlier})", False) from None
-    raise AssertionError("unreachable")
-
-
-def list_models(endpoint: Endpoint) -> list[str]:
-    base = base_url(endpoint.url)
-    try:
-        obj = _with_retries(endpoint, lambda: _http_json("GET", base + "/models", None, min(endpoint.timeout_s, 60),
-                                                         endpoint.api_key))
-    except _RequestFailed as exc:
-        raise PayloadError(f"reference server {base}: cannot list its models: {exc}") from None
-    data = obj.get("data") if isinstance(obj, dict) else None
-    if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
-        raise PayloadError(f"reference server {base}: GET /models did not return {{\"data\": [{{\"id\": ...}}]}}: "
-                           f"{_excerpt(json.dumps(obj))}")
-    return [m["id"] for m in data]
-
-
-def resolve_model(endpoint: Endpoint) -> str:
-    if endpoint.model:
-        return endpoint.model
-    models = list_models(endpoint)
-    if len(models) != 1:
-        found = ", ".join(models) if models else "none"
-        raise PayloadError(f"reference server {base_url(endpoint.url)} serves {len(models)} models ({found}); "
-                           "name the target's with --reference-model")
-    return models[0]
-
-
-# ----------------------------------------------------------------------------------------------- pure logic
-
-
-# Constant request fields: greedy, no penalties, text that renders the ids faithfully, ids back.
-REQUEST_FIELDS = {"temperature": 0.0, "top_p": 1.0, "n": 1, "stream": False, "presence_penalty": 0.0,
-                  "frequency_penalty": 0.0, "repetition_penalty": 1.0, "ignore_eos": False,
-                  "skip_special_tokens": False, "spaces_between_special_tokens": False, "no_stop_trim": True,
-                  "return_token_ids": True}
-
-
-def request_body(model: str, prompt: list[int] | str, max_tokens: int, stop_ids: Sequence[int]) -> dict:
-    """The /completions request: prompt, max_tokens and the target's end tokens as stop_token_ids."""
-    return {"model": model, "prompt": prompt, "max_tokens": int(max_tokens),
-            "stop_token_ids": [int(i) for i in stop_ids], **REQUEST_FIELDS}
-
-
-def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
-
-
-def parse_completion(obj: Any) -> dict:
-    """The fields we use from a /completions response; raises ValueError naming what is wrong."""
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    if "error" in obj and "choices" not in obj:
-        raise ValueError(f"the server answered with an error: {_excerpt(json.dumps(obj['error']))}")
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-        raise ValueError(f"expected \"choices\" with exactly one object (n=1), got {_excerpt(json.dumps(choices))}"
-                         if "choices" in obj else f"no \"choices\" field (keys: {', '.join(sorted(obj)) or 'none'})")
-    ch = choices[0]
-    if not isinstance(ch.get("text"), str):
-        raise ValueError(f"choices[0].text missing or not a string ({_excerpt(json.dumps(ch.get('text')))})")
-    finish = ch.get("finish_reason")
-    if finish == "abort":
-        raise ValueError(f"the server aborted the generation (finish_reason abort): {_excerpt(json.dumps(ch))}")
-    if finish not in ("stop", "length"):
-        raise ValueError(f"choices[0].finish_reason is {finish!r}, expected \"stop\" or \"length\"")
-    out = {"text": ch["text"], "finish_reason": finish, "token_ids": None, "prompt_token_ids": None,
-           "matched_stop": ch.get("matched_stop", ch.get("stop_reason"))}
-    for key in ("token_ids", "prompt_token_ids"):
-        if ch.get(key) is not None:
-            if not _int_list(ch[key]):
-                raise ValueError(f"choices[0].{key} is not a list of token ids: {_excerpt(json.dumps(ch[key]))}")
-            out[key] = list(ch[key])
-    return out
+                "ids_source": dict(Counter(s.ids_source for s in self.samples)), "cache_dir": self.cache_dir}
 
 
 def retokenize(tokenizer, text: str) -> list[int]:
@@ -338,7 +135,7 @@ def roundtrip_check(tokenizer, text: str, server_ids: Sequence[int], stop_ids: S
     if ours and ours[-1] in stops and ours[:-1] == server:
         result["detail"] = "equal apart from the stop token, which the ids leave out"
         return result
-    i = next((k for k, (a, b) in enumerate(zip(server, ours)) if a != b), min(len(server), len(ours)))
+    i = next((k for k, (a, b) in enumerate(zip(server, ours, strict=False)) if a != b), min(len(server), len(ours)))
 
     def show(ids):
         piece = ids[i:i + 4]
@@ -367,7 +164,7 @@ def derive(sample_id: str, prompt_ids: list[int], raw: dict, tokenizer, stop_ids
     server_prompt = raw.get("prompt_token_ids")
     if server_prompt is not None and server_prompt != used_prompt:
         # The continuation follows the server's prompt tokens, so those are the ones to extract features over.
-        j = next((k for k, (a, b) in enumerate(zip(server_prompt, used_prompt)) if a != b),
+        j = next((k for k, (a, b) in enumerate(zip(server_prompt, used_prompt, strict=False)) if a != b),
                  min(len(server_prompt), len(used_prompt)))
         notes.append(f"the server's prompt ids differ from ours at token {j} ({len(server_prompt)} vs "
                      f"{len(used_prompt)} tokens); the server's are used")
@@ -418,13 +215,6 @@ def cache_file(cache_dir: Path, model: str, prompt_sha: str, settings: dict) -> 
     return cache_dir / CACHE_SUBDIR / f"{cachemod.safe_name(model)[-40:]}-{key}.json"
 
 
-def _count(items) -> dict:
-    out: dict = {}
-    for it in items:
-        out[it] = out.get(it, 0) + 1
-    return out
-
-
 # ----------------------------------------------------------------------------------------------- the run
 
 
@@ -439,7 +229,9 @@ class _Job:
 
 
 def _render(tokenizer, prompt, enable_thinking: bool, prompt_format: str) -> tuple[list[int], str | None]:
-    from remote_payload.models.target import render_prompt  # the eval's own rendering, so local and server references agree
+    from remote_payload.models.target import (
+        render_prompt,  # the eval's own rendering, so local and server references agree
+    )
 
     messages = prompt.message_dicts()
     ids = render_prompt(tokenizer, messages, enable_thinking)
@@ -478,8 +270,23 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
 
     Returns them in prompt order. Samples found in ``cache_dir`` are not requested again; each finished
     sample is cached as soon as it arrives, so a failure part-way (server died, timeout) loses nothing:
-    the PayloadError says how many samples are done, and a re-run requests only the rest.
+    the PayloadError says how many samples are done, and a re-run requests only the rest. (Ten parameters:
+    the keyword-only ones are the eval's ``--reference-*`` settings and its callbacks, passed as they are.)
     """
+    _check_request(endpoint, max_tokens, stop_ids)
+    run = _Fetch(endpoint, tokenizer, max_tokens, stop_ids, Path(cache_dir) if cache_dir is not None else None,
+                 on_sample)
+    run.plan(prompts, enable_thinking)
+    run.request(run.reuse_cached())
+    batch = ReferenceBatch(url=run.base, model=run.model, prompt_format=endpoint.prompt_format,
+                           settings=run.settings, samples=[r for r in run.results if r is not None],
+                           requests=run.requested, cache_dir=str(run.cache_root / CACHE_SUBDIR)
+                           if run.cache_root is not None else None)
+    _report(batch, strict_roundtrip, warn or (lambda _msg: None))
+    return batch
+
+
+def _check_request(endpoint: Endpoint, max_tokens: int, stop_ids: Sequence[int]) -> None:
     if max_tokens < 1:
         raise PayloadError("reference max_tokens must be >= 1")
     if endpoint.prompt_format not in PROMPT_FORMATS:
@@ -489,97 +296,118 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
         raise PayloadError("reference endpoint: concurrency >= 1, retries >= 0 and timeout > 0 required")
     if not stop_ids:
         raise PayloadError("reference endpoint: the target has no end tokens to stop on")
-    base = base_url(endpoint.url)
-    model = resolve_model(endpoint)
-    cache_root = Path(cache_dir) if cache_dir is not None else None
-    settings = settings_for(max_tokens, stop_ids, endpoint.prompt_format, enable_thinking)
-    say = warn or (lambda _msg: None)
 
-    jobs: list[_Job] = []
-    for i, p in enumerate(prompts):
-        ids, text = _render(tokenizer, p, enable_thinking, endpoint.prompt_format)
-        sha = prompt_digest(ids, text)
-        path = cache_file(cache_root, model, sha, settings) if cache_root is not None else None
-        jobs.append(_Job(i, str(p.id), ids, ids if text is None else text, sha, path))
 
-    results: list[ServerReference | None] = [None] * len(jobs)
-    done = 0
+class _Fetch:
+    """One fetch: the jobs, the results in prompt order, and the requests in flight."""
 
-    def record(job: _Job, ref: ServerReference, seconds: float, cached: bool) -> None:
-        nonlocal done
+    def __init__(self, endpoint: Endpoint, tokenizer, max_tokens: int, stop_ids: Sequence[int],
+                 cache_root: Path | None, on_sample):
+        self.endpoint, self.tokenizer, self.max_tokens, self.stop_ids = endpoint, tokenizer, max_tokens, stop_ids
+        self.cache_root, self.on_sample = cache_root, on_sample
+        self.base = base_url(endpoint.url)
+        self.model = resolve_model(endpoint)
+        self.settings: dict = {}
+        self.jobs: list[_Job] = []
+        self.results: list[ServerReference | None] = []
+        self.done = self.requested = 0
+
+    def plan(self, prompts: Sequence[Any], enable_thinking: bool) -> None:
+        fmt = self.endpoint.prompt_format
+        self.settings = settings_for(self.max_tokens, self.stop_ids, fmt, enable_thinking)
+        for i, p in enumerate(prompts):
+            ids, text = _render(self.tokenizer, p, enable_thinking, fmt)
+            sha = prompt_digest(ids, text)
+            path = cache_file(self.cache_root, self.model, sha, self.settings) if self.cache_root is not None else None
+            self.jobs.append(_Job(i, str(p.id), ids, ids if text is None else text, sha, path))
+        self.results = [None] * len(self.jobs)
+
+    def record(self, job: _Job, ref: ServerReference, seconds: float, cached: bool) -> None:
         ref.cached, ref.seconds = cached, seconds
-        results[job.index] = ref
-        done += 1
-        if on_sample:
-            on_sample(done, len(jobs), ref)
+        self.results[job.index] = ref
+        self.done += 1
+        if self.on_sample:
+            self.on_sample(self.done, len(self.jobs), ref)
 
-    pending: list[_Job] = []
-    for job in jobs:
-        hit = _load_cached(job, model, settings)
-        try:
-            ref = derive(job.sample_id, job.prompt_ids, hit["raw"], tokenizer, stop_ids, max_tokens) if hit else None
-        except ValueError:
-            ref = None
-        if ref is None:
-            pending.append(job)
-        else:
-            record(job, ref, hit["seconds"], True)
+    def derive(self, job: _Job, raw: dict) -> ServerReference:
+        return derive(job.sample_id, job.prompt_ids, raw, self.tokenizer, self.stop_ids, self.max_tokens)
 
-    def fail(job: _Job, what: str) -> PayloadError:
-        kept = (f"{done} of {len(jobs)} sample(s) done and cached under {cache_root / CACHE_SUBDIR}; re-run to "
-                "resume from there" if cache_root is not None else
-                f"{done} of {len(jobs)} sample(s) were done (no cache dir: they are not kept)")
-        return PayloadError(f"reference server {base} (model {model!r}): sample {job.sample_id!r}: {what}; {kept}")
+    def reuse_cached(self) -> list[_Job]:
+        """Record the samples the cache holds; returns the jobs still to request."""
+        pending = []
+        for job in self.jobs:
+            hit = _load_cached(job, self.model, self.settings)
+            try:
+                ref = self.derive(job, hit["raw"]) if hit else None
+            except ValueError:
+                ref = None
+            if ref is None:
+                pending.append(job)
+            else:
+                self.record(job, ref, hit["seconds"], True)
+        return pending
 
-    def request(job: _Job) -> tuple[Any, float]:
-        body = request_body(model, job.prompt, max_tokens, stop_ids)
+    def fail(self, job: _Job, what: str) -> PayloadError:
+        n = len(self.jobs)
+        kept = (f"{self.done} of {n} sample(s) done and cached under {self.cache_root / CACHE_SUBDIR}; re-run to "
+                "resume from there" if self.cache_root is not None else
+                f"{self.done} of {n} sample(s) were done (no cache dir: they are not kept)")
+        return PayloadError(f"reference server {self.base} (model {self.model!r}): sample {job.sample_id!r}: {what}; "
+                            f"{kept}")
+
+    def post(self, job: _Job) -> tuple[Any, float]:
+        body = request_body(self.model, job.prompt, self.max_tokens, self.stop_ids)
+        ep = self.endpoint
         start = time.perf_counter()
-        obj = _with_retries(endpoint, lambda: _http_json("POST", base + "/completions", body, endpoint.timeout_s,
-                                                         endpoint.api_key))
+        obj = with_retries(ep, lambda: http_json("POST", self.base + "/completions", body, ep.timeout_s, ep.api_key))
         return obj, time.perf_counter() - start
 
-    first_error: PayloadError | None = None
-    requested = 0
-    if pending:
-        with ThreadPoolExecutor(max_workers=min(endpoint.concurrency, len(pending)),
-                                thread_name_prefix="dfo-reference") as pool:
+    def request(self, pending: list[_Job]) -> None:
+        """Up to ``concurrency`` requests in flight; after the first failure no new ones, then it is raised."""
+        if not pending:
+            return
+        first_error: PayloadError | None = None
+        limit = self.endpoint.concurrency
+        with ThreadPoolExecutor(max_workers=min(limit, len(pending)), thread_name_prefix="dfo-reference") as pool:
             queue = list(pending)
             running: dict[Future, _Job] = {}
             while queue or running:
-                while queue and first_error is None and len(running) < endpoint.concurrency:
+                while queue and first_error is None and len(running) < limit:
                     job = queue.pop(0)
-                    running[pool.submit(request, job)] = job
-                    requested += 1
+                    running[pool.submit(self.post, job)] = job
+                    self.requested += 1
                 if not running:
                     break
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    job = running.pop(fut)
-                    try:
-                        obj, seconds = fut.result()
-                        # Checked before caching: a response that cannot become a reference is not kept.
-                        ref = derive(job.sample_id, job.prompt_ids, parse_completion(obj), tokenizer, stop_ids,
-                                     max_tokens)
-                    except _RequestFailed as exc:
-                        first_error = first_error or fail(job, str(exc))
-                        continue
-                    except ValueError as exc:
-                        first_error = first_error or fail(job, f"malformed response from POST /completions: {exc}")
-                        continue
-                    if job.path is not None:
-                        cachemod.atomic_write_json(job.path, {
-                            "schema": SCHEMA, "model": model, "prompt_sha256": job.prompt_sha, "settings": settings,
-                            "sample_id": job.sample_id, "url": base, "prompt_ids": job.prompt_ids,
-                            "response": obj,  # as received; parsed again (and re-checked) on reuse
-                            "seconds": round(seconds, 3), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                       time.gmtime())})
-                    record(job, ref, seconds, False)
-    if first_error is not None:
-        raise first_error
+                    error = self.finish(running.pop(fut), fut)
+                    first_error = first_error or error
+        if first_error is not None:
+            raise first_error
 
-    batch = ReferenceBatch(url=base, model=model, prompt_format=endpoint.prompt_format, settings=settings,
-                           samples=[r for r in results if r is not None], requests=requested,
-                           cache_dir=str(cache_root / CACHE_SUBDIR) if cache_root is not None else None)
+    def finish(self, job: _Job, fut: Future) -> PayloadError | None:
+        """A finished request: checked, cached and recorded, or the error it ends the run with."""
+        try:
+            obj, seconds = fut.result()
+            # Checked before caching: a response that cannot become a reference is not kept.
+            ref = self.derive(job, parse_completion(obj))
+        except RequestFailed as exc:
+            return self.fail(job, str(exc))
+        except ValueError as exc:
+            return self.fail(job, f"malformed response from POST /completions: {exc}")
+        if job.path is not None:
+            cachemod.atomic_write_json(job.path, {
+                "schema": SCHEMA, "model": self.model, "prompt_sha256": job.prompt_sha, "settings": self.settings,
+                "sample_id": job.sample_id, "url": self.base, "prompt_ids": job.prompt_ids,
+                "response": obj,  # as received; parsed again (and re-checked) on reuse
+                "seconds": round(seconds, 3), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        self.record(job, ref, seconds, False)
+        return None
+
+
+def _report(batch: ReferenceBatch, strict_roundtrip: bool, say: Callable[[str], None]) -> None:
+    """Warnings about ids the server did not return and round trips that failed (fatal when strict)."""
+    base = batch.url
     if batch.unchecked:
         say(f"reference server {base} returned no token ids for {len(batch.unchecked)} sample(s) (it ignores "
             "return_token_ids; SGLang and vLLM >= 0.10.2 support it): continuation ids are the re-tokenised text "
@@ -597,4 +425,3 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
     for ref in batch.samples:
         for note in ref.notes:
             say(f"reference {ref.sample_id}: {note}")
-    return batch

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
 from remote_payload.errors import PayloadError
-from remote_payload.metrics.chain import sample_tau, summarize
+from remote_payload.metrics.chain import summarize
+from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
 from remote_payload.metrics.sample_rounds import rounds_from_entry
 from remote_payload.metrics.tree import tree_summary
 
@@ -35,37 +35,15 @@ def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[d
     results_list = [r for r, _ in parts]
     first = results_list[0]
     _check_compatible(results_list)
-    warnings: list[str] = []
-    for r in results_list:
-        warnings += [w for w in (r.get("warnings") or []) if w not in warnings]
-
     samples = _merge_samples(parts)
     names = list(first.get("drafters") or {})
     shard_count = (first.get("settings") or {}).get("shard", {}).get("count")
     indices = sorted((r.get("settings") or {}).get("shard", {}).get("index") for r in results_list)
-    if shard_count is not None and indices != list(range(shard_count)):
-        warnings.append(f"merged shards {indices} of {shard_count}: the results cover only part of the prompts")
-
     kernel_paths = _distinct((r.get("extraction") or {}).get("kernel_path") for r in results_list)
-    if len(kernel_paths) > 1:
-        warnings.append(f"the parts extracted features with different linear-attention kernel paths "
-                        f"({', '.join(map(str, kernel_paths))}): their hidden states differ numerically, so the "
-                        "merged figures mix the two; compare the per-host τ before trusting them")
-    version_diffs = sorted({k for r in results_list for k, v in (r.get("versions") or {}).items()
-                            if v != (first.get("versions") or {}).get(k)})
-    if version_diffs:
-        warnings.append(f"the parts ran with different package versions ({', '.join(version_diffs)}); "
-                        "see results['shards'] for each part's versions")
-
+    warnings = _merge_warnings(results_list, shard_count, indices, kernel_paths)
     drafters = {name: _merge_drafter(name, results_list, samples) for name in names}
-    merged = {k: v for k, v in first.items() if k not in _MERGED_KEYS}
     shards = [_shard_record(r, s) for r, s in parts]
-    for key in sorted({k for r in results_list for k in r} - _MERGED_KEYS):
-        values = [r.get(key) for r in results_list]
-        if any(v != values[0] for v in values):
-            merged.pop(key, None)
-            for rec, v in zip(shards, values):
-                rec[key] = v
+    merged = _other_keys(results_list, shards)
 
     settings = dict(first.get("settings") or {})
     settings.update(samples=len(samples), sample_ids=[s.get("id") for s in samples],
@@ -100,6 +78,39 @@ def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[d
 
 # ------------------------------------------------------------------------------------------- checks
 
+
+
+def _merge_warnings(results_list: list[dict], shard_count, indices: list, kernel_paths: list) -> list[str]:
+    """Every part's warnings (once each), then what merging itself finds: missing shards, mixed kernels/versions."""
+    first = results_list[0]
+    warnings: list[str] = []
+    for r in results_list:
+        warnings += [w for w in (r.get("warnings") or []) if w not in warnings]
+    if shard_count is not None and indices != list(range(shard_count)):
+        warnings.append(f"merged shards {indices} of {shard_count}: the results cover only part of the prompts")
+    if len(kernel_paths) > 1:
+        warnings.append(f"the parts extracted features with different linear-attention kernel paths "
+                        f"({', '.join(map(str, kernel_paths))}): their hidden states differ numerically, so the "
+                        "merged figures mix the two; compare the per-host τ before trusting them")
+    version_diffs = sorted({k for r in results_list for k, v in (r.get("versions") or {}).items()
+                            if v != (first.get("versions") or {}).get(k)})
+    if version_diffs:
+        warnings.append(f"the parts ran with different package versions ({', '.join(version_diffs)}); "
+                        "see results['shards'] for each part's versions")
+    return warnings
+
+
+def _other_keys(results_list: list[dict], shards: list[dict]) -> dict:
+    """Top-level keys not merged field by field: kept when equal in all parts, else moved to each shard record."""
+    first = results_list[0]
+    merged = {k: v for k, v in first.items() if k not in _MERGED_KEYS}
+    for key in sorted({k for r in results_list for k in r} - _MERGED_KEYS):
+        values = [r.get(key) for r in results_list]
+        if any(v != values[0] for v in values):
+            merged.pop(key, None)
+            for rec, v in zip(shards, values, strict=True):
+                rec[key] = v
+    return merged
 
 def _part(i: int, r: dict) -> str:
     shard = (r.get("settings") or {}).get("shard") or {}

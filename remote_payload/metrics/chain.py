@@ -35,7 +35,7 @@ class Round:
 
 def accepted_prefix(drafts: Sequence[int], truth: Sequence[int]) -> int:
     n = 0
-    for d, t in zip(drafts, truth):
+    for d, t in zip(drafts, truth, strict=False):
         if d != t:
             break
         n += 1

@@ -39,7 +39,7 @@ def rounds_from_entry(entry: dict, prompt_tokens: int, continuation_tokens: int,
     last = prompt_tokens + continuation_tokens - 1
     rounds = []
     expected_anchor = prompt_tokens
-    for i, (a, acc, prod) in enumerate(zip(anchors, accepted, produced)):
+    for i, (a, acc, prod) in enumerate(zip(anchors, accepted, produced, strict=False)):
         remaining = last - a
         if a != expected_anchor or remaining < 1 or not 0 <= acc <= remaining or prod != min(acc + 1, remaining):
             raise PayloadError(

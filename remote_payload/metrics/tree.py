@@ -67,7 +67,7 @@ DEFINITIONS = {
 def topk_depth_accepted(depth_ids: Sequence[Sequence[int]], truth: Sequence[int], k: int) -> int:
     """Leading depths j where truth[j] is among depth_ids[j][:k] (len(truth) caps the walk)."""
     n = 0
-    for cands, t in zip(depth_ids, truth):
+    for cands, t in zip(depth_ids, truth, strict=False):
         if t not in cands[:k]:
             break
         n += 1
@@ -279,6 +279,7 @@ def sample_tree_rounds(drafts: Any, *, k: int = DEFAULT_K, budget: int = DEFAULT
 
 
 def _tensor_tree_rounds(tokens, prompt_len, anchors, ids, lps, k, budget, K) -> TreeRounds:
+    # The fields of a SampleDrafts plus the three tree settings, unpacked by sample_tree_rounds.
     import torch
 
     if ids.dim() != 3 or tuple(lps.shape) != tuple(ids.shape):

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from remote_payload.models.checkpoint import LoadedDrafter
 from remote_payload.errors import PayloadError
+from remote_payload.models.checkpoint import LoadedDrafter
 from remote_payload.models.spec import DrafterSpec
 
 # Upper bound on attention-score elements (heads × queries × keys) per batched pass on CPU; SDPA's math

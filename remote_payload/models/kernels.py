@@ -74,7 +74,7 @@ def _binding(func: object) -> dict | None:
     closure = getattr(func, "__closure__", None)
     if code is None or not closure:
         return None
-    cells = dict(zip(code.co_freevars, closure))
+    cells = dict(zip(code.co_freevars, closure, strict=False))
     if not {"implementation", "torch_function", "package"} <= cells.keys():
         return None
     impl = cells["implementation"].cell_contents
@@ -165,7 +165,8 @@ def environment() -> dict:
         path = "torch"
         reason = "no CUDA device: the payload blocks fla/causal_conv1d so transformers uses its torch code"
         if triton and fla:
-            reason += " (fla and triton are installed: importing transformers' Qwen3.5 code outside the payload would break CPU forwards)"
+            reason += (" (fla and triton are installed: importing transformers' Qwen3.5 code outside the payload "
+                       "would break CPU forwards)")
     elif fla and triton:
         path, reason = "fla", "CUDA device with fla and triton installed"
     else:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote_payload.models import kernels
 from remote_payload.errors import PayloadError
+from remote_payload.models import kernels
 from remote_payload.progress import SILENT, Progress
 
 DTYPES = ("bfloat16", "float32")
@@ -42,7 +42,8 @@ def resolve_dtype(name: str, allow_fp16: bool = False):
         if not allow_fp16:
             raise PayloadError(
                 "dtype float16 refused: DFlash drafters and Qwen3.x targets are trained in bfloat16; fp16's narrow "
-                "range gives near-0% acceptance (design note pitfall 5). Use bfloat16, or pass --allow-fp16 to force it")
+                "range gives near-0% acceptance (design note pitfall 5). Use bfloat16, or pass --allow-fp16 to "
+                "force it")
         return torch.float16
     if name not in DTYPES:
         raise PayloadError(f"--dtype must be one of {', '.join(DTYPES)}, not {name!r}")

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from payload_helpers import MAX_NEW, REPO  # noqa: E402
 
 os.environ.setdefault("DFO_FIXTURE_CACHE", str(REPO / ".cache" / "fixtures"))
@@ -29,7 +28,8 @@ from remote_payload.fixtures import build as fx  # noqa: E402
 from remote_payload.models import kernels  # noqa: E402
 
 kernels.apply_policy("cpu")  # before any transformers model code is imported in this process
-torch.set_num_threads(int(os.environ.get("DFO_TEST_THREADS", "1")))  # tiny models: 1 thread is fastest, and robust on a busy box
+# tiny models: 1 thread is fastest, and robust on a busy box
+torch.set_num_threads(int(os.environ.get("DFO_TEST_THREADS", "1")))
 
 
 @pytest.fixture(scope="session")

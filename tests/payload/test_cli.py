@@ -135,7 +135,8 @@ def test_mismatched_drafter_fails_with_one_line(fixture_dir, run_payload, tmp_pa
 
 def test_bad_arguments_and_paths_fail_with_one_line(fixture_dir, run_payload, tmp_path):
     _one_error_line(run_payload("eval", "--target", fixture_dir / "target"), "--drafter")
-    _one_error_line(run_payload("eval", "--target", tmp_path / "nope", "--drafter", f"z={fixture_dir / 'zlab-drafter'}"),
+    zlab = f"z={fixture_dir / 'zlab-drafter'}"
+    _one_error_line(run_payload("eval", "--target", tmp_path / "nope", "--drafter", zlab),
                     "target path", "does not exist")
     _one_error_line(run_payload("eval", "--target", fixture_dir / "target", "--drafter", "z",
                                 "--shard", "0/1"), "--drafter expects NAME=PATH")

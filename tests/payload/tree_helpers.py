@@ -43,7 +43,7 @@ def synthetic_drafts(tokens: list[int], prompt_len: int, block_size: int, width:
 
 
 def chain_of(drafts: dict):
-    top1 = {a: [c[0] for c in row] for a, row in zip(drafts["anchors"], drafts["topk_ids"])}
+    top1 = {a: [c[0] for c in row] for a, row in zip(drafts["anchors"], drafts["topk_ids"], strict=False)}
     return chain_rounds(drafts["tokens"], drafts["prompt_len"], top1.__getitem__)
 
 

@@ -20,7 +20,8 @@ from remote_payload.diagnose.tensors import TensorStats, stats_findings
 from remote_payload.errors import PayloadError
 from remote_payload.eval.pipeline import run_eval
 from remote_payload.eval.settings import EvalSettings, parse_expect_p1
-from remote_payload.models.checkpoint import load_drafter, strip_checkpoint
+from remote_payload.models.checkpoint import load_drafter
+from remote_payload.models.export import strip_checkpoint
 from remote_payload.models.spec import zlab_default_layer_ids
 
 WARNINGS = "warning"
@@ -65,7 +66,8 @@ def diagnosed(fixture_dir, planted, eval_cache, tmp_path_factory):
     from payload_helpers import REPO
 
     out = tmp_path_factory.mktemp("diagnosed") / "run"
-    args = ["eval", "--target", fixture_dir / "target", *[a for n, p in planted.items() for a in ("--drafter", f"{n}={p}")],
+    drafters = [a for n, p in planted.items() for a in ("--drafter", f"{n}={p}")]
+    args = ["eval", "--target", fixture_dir / "target", *drafters,
             "--samples", "2", "--max-new-tokens", MAX_NEW, "--dtype", "float32", "--threads", "1", "--allow-fp16",
             "--cache-dir", eval_cache, "--out", out, "--diagnose", "--diagnose-rounds", "3",
             "--expect-p1", "0.6", "--expect-p1", "shifted=0.9"]
@@ -121,7 +123,7 @@ def test_decoded_rounds_sit_next_to_the_targets_tokens(diagnosed, target):
     drafts = results["diagnostics"]["drafters"]["ok"]["drafts"]
     assert [s["sample"] for s in drafts] == [line["id"] for line in lines] == results["diagnostics"]["samples"]
     tok = target.tokenizer
-    for smp, line in zip(drafts, lines):
+    for smp, line in zip(drafts, lines, strict=False):
         entry = line["drafters"]["ok"]
         assert [r["anchor"] for r in smp["rounds"]] == entry["anchors"][:3]
         assert [r["accepted"] for r in smp["rounds"]] == entry["accepted"][:3]
@@ -203,7 +205,8 @@ def test_wrong_mask_id_is_flagged(fixture_dir, padded_target, tmp_path):
                    tmp_path / "out", tmp_path / "cache")
     assert "mask-id" in _codes(results, "wrong") and "mask-id" not in _codes(results, "ok")
     d = results["diagnostics"]["drafters"]["wrong"]
-    assert d["mask"]["id"] == 515 and d["mask"]["kind"].startswith("beyond the tokenizer") and d["mask"]["piece"] is None
+    assert d["mask"]["id"] == 515 and d["mask"]["kind"].startswith("beyond the tokenizer")
+    assert d["mask"]["piece"] is None
     alt = d["probes"]["variants"]["mask=5"]
     assert alt["piece"] == "<|MASK|>" and alt["depth1_accuracy"] > d["probes"]["variants"]["slot0=token"][
         "depth1_accuracy"] + dg.BETTER_ABS

@@ -97,7 +97,8 @@ def test_chain_le_budgeted_le_topk_where_the_conditions_hold(depth_run, samples,
             entry = line["drafters"][name]
             tau = {"chain": entry["tau"], "budgeted": entry["tree"]["budgeted"]["tau"],
                    "topk": entry["tree"]["topk"]["tau"]}
-            monotone = {w: all(reach[w][a] <= reach[w][b] for a, b in zip(anchors, anchors[1:])) for w in reach}
+            monotone = {w: all(reach[w][a] <= reach[w][b] for a, b in zip(anchors, anchors[1:], strict=False))
+                        for w in reach}
             for w1, w2 in held:
                 dominated = all(acc[w1][a] <= acc[w2][a] for a in anchors)
                 if dominated and (monotone[w1] or monotone[w2]):

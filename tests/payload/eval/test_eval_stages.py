@@ -35,7 +35,7 @@ def test_check_inputs_alone_validates_drafters_before_any_weights(fixture_dir, e
     stages.check_inputs(ctx)
     assert list(ctx.drafters) == ["d"] and ctx.drafters["d"].spec.fc_layer_ids == [1, 3, 5]
     assert len(ctx.prompts) == N and ctx.prompt_info["source"] == "builtin"
-    assert ctx.target is None and ctx.references is None  # the target's weights are not loaded by this stage
+    assert ctx.target is None and ctx.references.refs == []  # the target's weights are not loaded here
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(e["stage"], e["status"]) for e in events] == [("load", "start"), ("load", "drafter")]
 

@@ -14,11 +14,12 @@ import subprocess
 import sys
 
 import pytest
-from payload_helpers import MAX_NEW, REPO
 from openai_server import MODEL_NAME, Faults, OpenAIServer, load_model
+from payload_helpers import MAX_NEW, REPO
 
-from remote_payload.inputs import server_reference as sr
 from remote_payload.errors import PayloadError
+from remote_payload.inputs import openai_client as oc
+from remote_payload.inputs import server_reference as sr
 from remote_payload.inputs.prompts import load_prompts
 
 
@@ -55,7 +56,7 @@ def fetch(target, tmp_path):
         endpoint.setdefault("retry_backoff_s", 0.01)
         endpoint.setdefault("timeout_s", 120)
         endpoint.setdefault("concurrency", 1)
-        return sr.fetch_references(sr.Endpoint(url=url, **endpoint), chosen, target.tokenizer,
+        return sr.fetch_references(oc.Endpoint(url=url, **endpoint), chosen, target.tokenizer,
                                    enable_thinking=thinking, max_tokens=max_tokens, stop_ids=target.stop_ids,
                                    cache_dir=cache, strict_roundtrip=strict,
                                    warn=None if warnings is None else warnings.append)
@@ -82,7 +83,7 @@ def test_server_continuations_equal_payload_greedy_references(samples, target, s
     chosen = [p for p, _, _ in samples]
 
     def run():
-        return sr.fetch_references(sr.Endpoint(url=srv.url, concurrency=2, timeout_s=300), chosen, target.tokenizer,
+        return sr.fetch_references(oc.Endpoint(url=srv.url, concurrency=2, timeout_s=300), chosen, target.tokenizer,
                                    enable_thinking=False, max_tokens=MAX_NEW, stop_ids=target.stop_ids,
                                    cache_dir=tmp_path / "cache", on_sample=lambda d, t, r: seen.append((d, t)))
 
@@ -90,7 +91,7 @@ def test_server_continuations_equal_payload_greedy_references(samples, target, s
     assert batch.model == MODEL_NAME  # discovered through GET /v1/models
     assert batch.requests == len(samples) and srv.completion_requests == len(samples)
     assert [r.sample_id for r in batch.samples] == [p.id for p in chosen]
-    for (p, ref, _), got in zip(samples, batch.samples):
+    for (p, ref, _), got in zip(samples, batch.samples, strict=False):
         assert got.prompt_ids == ref.prompt_ids, p.id
         assert got.continuation == ref.continuation, p.id
         assert got.stop_reason == ref.stop_reason, p.id
@@ -117,7 +118,7 @@ def test_text_prompt_format_gives_the_same_tokens(samples, start_server, fetch):
     srv = start_server()
     chosen = [p for p, _, _ in samples[:3]]
     batch = fetch(srv.url, chosen, 24, prompt_format="text")
-    for (p, ref, _), got in zip(samples, batch.samples):
+    for (p, ref, _), got in zip(samples, batch.samples, strict=False):
         assert got.prompt_ids == ref.prompt_ids
         assert got.roundtrip["prompt_ids_match"] is True
         assert got.continuation == ref.continuation[:24], p.id
@@ -164,7 +165,7 @@ def test_server_dies_mid_run_then_rerun_resumes(samples, start_server, fetch, tm
     batch = fetch(restarted.url, chosen, 12)
     assert restarted.answered == [samples[2][1].prompt_ids, samples[3][1].prompt_ids]  # finished ones not redone
     assert [r.cached for r in batch.samples] == [True, True, False, False]
-    for (_, ref, _), got in zip(samples, batch.samples):
+    for (_, ref, _), got in zip(samples, batch.samples, strict=False):
         assert got.continuation == ref.continuation[:12]
 
 
@@ -251,7 +252,7 @@ def test_server_without_token_ids(samples, start_server, fetch):
     srv = start_server(token_ids=False)
     warnings: list[str] = []
     batch = fetch(srv.url, [p for p, _, _ in samples[:2]], 16, warnings=warnings)
-    for (_, ref, _), got in zip(samples, batch.samples):
+    for (_, ref, _), got in zip(samples, batch.samples, strict=False):
         assert got.ids_source == "retokenized-text" and got.roundtrip["checked"] is False
         assert got.continuation == ref.continuation[:16]
     assert len(batch.unchecked) == 2 and any("returned no token ids" in w for w in warnings)
@@ -272,12 +273,12 @@ def test_stop_token_left_out_of_ids(samples, start_server, fetch):
 
 
 def test_base_url():
-    assert sr.base_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000/v1"
-    assert sr.base_url("http://127.0.0.1:30000/v1/") == "http://127.0.0.1:30000/v1"
-    assert sr.base_url("http://127.0.0.1:30000/v1/completions") == "http://127.0.0.1:30000/v1"
+    assert oc.base_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000/v1"
+    assert oc.base_url("http://127.0.0.1:30000/v1/") == "http://127.0.0.1:30000/v1"
+    assert oc.base_url("http://127.0.0.1:30000/v1/completions") == "http://127.0.0.1:30000/v1"
     for bad in ("127.0.0.1:30000", "ftp://x/v1", "http://127.0.0.1:port/v1"):
         with pytest.raises(PayloadError, match="reference server URL"):
-            sr.base_url(bad)
+            oc.base_url(bad)
 
 
 def test_roundtrip_check_pure(target):
@@ -301,12 +302,12 @@ def test_roundtrip_check_pure(target):
 ])
 def test_parse_completion_errors(choice, expected):
     with pytest.raises(ValueError, match=expected):
-        sr.parse_completion({"choices": [choice]})
+        oc.parse_completion({"choices": [choice]})
     with pytest.raises(ValueError, match="exactly one"):
-        sr.parse_completion({"choices": [choice, choice]})
+        oc.parse_completion({"choices": [choice, choice]})
     with pytest.raises(ValueError, match="error"):
-        sr.parse_completion({"error": {"message": "boom"}})
-    assert json.dumps(sr.request_body("m", [1, 2], 4, [7]))  # serialisable
+        oc.parse_completion({"error": {"message": "boom"}})
+    assert json.dumps(oc.request_body("m", [1, 2], 4, [7]))  # serialisable
 
 
 def test_module_is_stdlib_only_at_import():

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from tree_helpers import sample_line, synthetic_drafts
 
-from remote_payload.metrics.aggregate import merge_shards
-from remote_payload.metrics.compare import compare_drafters
 from remote_payload.errors import PayloadError
+from remote_payload.metrics.aggregate import merge_shards
 from remote_payload.metrics.chain import summarize
+from remote_payload.metrics.compare import compare_drafters
 from remote_payload.metrics.sample_rounds import rounds_from_entry
 from remote_payload.metrics.tree import tree_summary
 
@@ -201,7 +201,7 @@ def test_controller_merge_reads_pulled_parts(tmp_path):
 
     lines = _all_lines()
     dirs = {}
-    for host, (results, samples) in zip(("ct129", "ct130"), _parts(lines)):
+    for host, (results, samples) in zip(("ct129", "ct130"), _parts(lines), strict=False):
         d = tmp_path / host
         d.mkdir()
         (d / "results.json").write_text(json.dumps(results))
@@ -216,8 +216,9 @@ def test_controller_merge_reads_pulled_parts(tmp_path):
 
 
 def test_modules_the_controller_imports_stay_free_of_torch():
-    code = ("import sys; import remote_payload.metrics.aggregate, remote_payload.metrics.compare, remote_payload.metrics.tree, "
-            "remote_payload.metrics.stats; bad = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]; "
+    code = ("import sys; import remote_payload.metrics.aggregate, remote_payload.metrics.compare, "
+            "remote_payload.metrics.tree, remote_payload.metrics.stats; "
+            "bad = [m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr

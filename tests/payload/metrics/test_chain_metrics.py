@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from payload_helpers import SyntheticDrafter
 
-from remote_payload.metrics.chain import Round, chain_rounds, summarize
 from remote_payload.eval.offline import draft_sample, replay
+from remote_payload.metrics.chain import Round, chain_rounds, summarize
 
 B = 4  # three drafts per round
 

@@ -7,9 +7,9 @@ import random
 import pytest
 from tree_helpers import sample_line, synthetic_drafts
 
-from remote_payload.metrics.compare import compare_drafters
 from remote_payload.errors import PayloadError
 from remote_payload.metrics.chain import Round
+from remote_payload.metrics.compare import compare_drafters
 from remote_payload.metrics.sample_rounds import entry_from_rounds
 from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci
 

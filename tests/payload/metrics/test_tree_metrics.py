@@ -11,7 +11,13 @@ from tree_helpers import chain_of, synthetic_drafts
 from remote_payload.errors import PayloadError
 from remote_payload.metrics.chain import Round, summarize
 from remote_payload.metrics.tree import (
-    DEFINITIONS, build_budgeted_tree, guarantees_chain, sample_tree_rounds, topk_depth_accepted, tree_summary)
+    DEFINITIONS,
+    build_budgeted_tree,
+    guarantees_chain,
+    sample_tree_rounds,
+    topk_depth_accepted,
+    tree_summary,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # The hand-built case. B = 4 (three draft depths), two candidates per depth, top-k with k = 2, budgeted
@@ -182,7 +188,7 @@ def test_chain_le_budgeted_le_topk_when_guaranteed():
         tr = sample_tree_rounds(drafts, k=k, budget=budget, K=K)
         chain = chain_of(drafts)
         # per anchor: build each acceptance at every anchor
-        for a, ids, lps in zip(drafts["anchors"], drafts["topk_ids"], drafts["topk_logprobs"]):
+        for a, ids, lps in zip(drafts["anchors"], drafts["topk_ids"], drafts["topk_logprobs"], strict=False):
             truth = drafts["tokens"][a + 1:]
             tree = build_budgeted_tree(ids, lps, budget, K)
             c = topk_depth_accepted(ids, truth, 1)
@@ -291,8 +297,10 @@ def test_tensor_path_equals_the_list_path():
         Bs, width = rng.choice([2, 4, 8]), rng.choice([1, 3, 5])
         tokens = [rng.randrange(5) for _ in range(rng.randint(1, 3))] + list(range(300, 300 + rng.randint(1, 30)))
         P = rng.randint(1, 2) if len(tokens) > 2 else 1
-        lps = lambda a, d: sorted((-rng.uniform(0, 3) for _ in range(width)), reverse=True)  # noqa: E731
-        d = synthetic_drafts(tokens, P, Bs, width, lambda a, d: rng.choice([0, width - 1, None]), lps)
+        def lps(a, d, width=width):
+            return sorted((-rng.uniform(0, 3) for _ in range(width)), reverse=True)
+
+        d = synthetic_drafts(tokens, P, Bs, width, lambda a, d, width=width: rng.choice([0, width - 1, None]), lps)
         sd = SampleDrafts(P, d["tokens"], d["anchors"], torch.tensor(d["topk_ids"]).reshape(-1, Bs - 1, width),
                           torch.tensor(d["topk_logprobs"]).reshape(-1, Bs - 1, width))
         k, budget = rng.randint(1, width), rng.randint(0, 3 * Bs)

@@ -8,11 +8,12 @@ import shutil
 import pytest
 import torch
 
-from remote_payload.models.checkpoint import (load_drafter, read_training_checkpoint, strip_checkpoint,
-                                       validate_against_target)
 from remote_payload.errors import PayloadError
 from remote_payload.eval.offline import draft_sample
+from remote_payload.models.checkpoint import load_drafter, read_training_checkpoint
+from remote_payload.models.export import strip_checkpoint
 from remote_payload.models.spec import from_zlab, zlab_default_layer_ids
+from remote_payload.models.validation import validate_against_target
 
 
 def test_three_formats_normalise_to_the_same_spec(loaded):

@@ -7,11 +7,11 @@ import math
 
 import torch
 
-from remote_payload.models.checkpoint import LoadedDrafter
-from remote_payload.models.drafter import DrafterRuntime, block_mask
+from remote_payload.eval.offline import draft_sample, replay
 from remote_payload.fixtures.models import _random_drafter_weights
 from remote_payload.metrics.chain import summarize
-from remote_payload.eval.offline import draft_sample, replay
+from remote_payload.models.checkpoint import LoadedDrafter
+from remote_payload.models.drafter import DrafterRuntime, block_mask
 from remote_payload.models.spec import FULL, SLIDING, AttnLayer
 
 
@@ -32,7 +32,7 @@ def _naive_hidden(rt: DrafterRuntime, features, tokens, a):
     spec, m = rt.spec, rt.model
     B, hd = spec.block_size, spec.head_dim
     with torch.no_grad():
-        c = m.hidden_norm(m.fc(torch.cat([features[l][:a] for l in spec.fc_layer_ids], -1)))
+        c = m.hidden_norm(m.fc(torch.cat([features[lid][:a] for lid in spec.fc_layer_ids], -1)))
         h = rt.embed(torch.tensor([tokens[a]] + [spec.mask_token_id] * (B - 1))).float()
         cos_c, sin_c = m.cos_sin(torch.arange(a), torch.float32)
         cos_b, sin_b = m.cos_sin(torch.arange(a, a + B), torch.float32)
@@ -86,7 +86,7 @@ def test_all_anchor_pass_equals_one_block_at_a_time(loaded, runtime_for, samples
     P = len(ref.prompt_ids)
     batch = draft_sample(rt, feats.layers, ref.tokens, P, topk=3)
     ctx = rt.prepare(feats.layers)
-    for i, a in enumerate(batch.anchors[::7]):
+    for a in batch.anchors[::7]:
         ids, lps = rt.draft(ctx, ref.tokens, [a], topk=3)
         k = batch.anchors.index(a)
         assert torch.equal(ids[0], batch.topk_ids[k]) and torch.allclose(lps[0], batch.topk_logprobs[k], atol=1e-5)

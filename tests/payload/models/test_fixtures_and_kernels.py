@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from remote_payload.errors import PayloadError
 from remote_payload.fixtures import build as fx
 from remote_payload.models import kernels
-from remote_payload.errors import PayloadError
 
 
 def test_fixture_manifest_and_trained_drafter_quality(fixture_dir):
@@ -102,9 +102,10 @@ def test_gpu_check_refuses_without_cuda(run_payload, fixture_dir):
 
 def test_gpu_check_synthetic_flow_on_cpu(tmp_path):
     """The --synthetic build (tiny shapes on CPU) loads and validates; without fla nothing is compared."""
-    from remote_payload.models.checkpoint import load_drafter, validate_against_target
     from remote_payload.diagnose.gpu_check import TINY_SHAPES, build_synthetic, run
+    from remote_payload.models.checkpoint import load_drafter
     from remote_payload.models.target import load_target
+    from remote_payload.models.validation import validate_against_target
 
     target_dir, drafter_dir = build_synthetic(tmp_path, TINY_SHAPES)
     t = load_target(target_dir, device="cpu", dtype="float32")
