@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -242,3 +243,26 @@ def test_no_secret_in_any_argv_log_results_file_or_message(sandbox, eval_hosts, 
                     continue
                 assert token.encode() not in data and key.encode() not in data, f"a secret is in {path}"
     assert any(key.encode() in d and token.encode() in d for d in env_files)
+
+
+def test_an_eval_is_refused_before_it_changes_a_host_whose_gpu_a_running_job_holds(sandbox, eval_hosts, tmp_path):
+    """The second eval must not deploy or sync the venv under a running job: it checks the GPU lock
+    first (under the host lock) and leaves the payload, the releases and the venv as they were."""
+    from orchestrator.jobs.operation import cancel_job
+
+    workdir = sandbox.hosts["ct129"].workdir
+    with Connector(load_inventory(sandbox.inventory_path)) as connector:
+        running = launch_job(connector, "ct129", ["sleep", "120"], lock="gpu")
+        try:
+            before = os.readlink(workdir / "payload"), sorted(p.name for p in (workdir / "releases").iterdir())
+            changed_payload = tmp_path / "payload"
+            shutil.copytree(REPO / "remote_payload", changed_payload / "remote_payload",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            (changed_payload / "remote_payload" / "dfo_marker.py").write_text("X = 1\n")
+            proc = dfo(sandbox, *eval_args(eval_hosts), runs=tmp_path / "runs", payload=changed_payload)
+            assert proc.returncode == 1, proc.stdout + proc.stderr
+            assert f"ct129:{running.job_id}" in proc.stderr and "refusing to start a second job" in proc.stderr
+            after = os.readlink(workdir / "payload"), sorted(p.name for p in (workdir / "releases").iterdir())
+            assert after == before  # nothing was deployed under the running job
+        finally:
+            cancel_job(connector, "ct129", running.job_id, grace=1)
