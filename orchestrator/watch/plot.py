@@ -21,7 +21,7 @@ def write_plot(folder: Path, series: dict) -> Path | None:
     done = done_entries(series)
     if not done:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.6), dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 5.0), dpi=120)
     steps = [e["step"] for e in done]
     k = next((e["measures"]["ddtree"].get("k") for e in done if e["measures"]["ddtree"].get("k")), 8)
     for key, label, color, marker in (("tau_macro", "τ macro", "tab:blue", "o"),
@@ -47,7 +47,8 @@ def write_plot(folder: Path, series: dict) -> Path | None:
     ax.set_xticks(sorted(set(steps) | {e["step"] for e in failed}))
     ax.ticklabel_format(axis="x", style="plain", useOffset=False)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", frameon=False, fontsize=8)
+    # Below the axes: inside, it would hide the bands it explains.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=5, frameon=False, fontsize=8)
     fig.tight_layout()
     path = folder / "tau_vs_step.png"
     tmp = folder / ".tau_vs_step.png.tmp"
