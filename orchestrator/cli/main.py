@@ -13,8 +13,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from orchestrator.core.errors import DfoError
 from orchestrator.cli.context import AppContext
+from orchestrator.core.errors import DfoError
 
 app = typer.Typer(
     name="dfo",
@@ -48,20 +48,33 @@ def _global(
     ctx.call_on_close(ctx.obj.close)
 
 
-def _register() -> None:
-    # Each command group lives in its own module and adds itself to `app`.
-    from orchestrator.cli import deploy_cmd, inventory_cmd  # noqa: F401
-
-    for optional in ("relay_cmd", "provision_cmd", "jobs_cmd", "eval_cmd", "runs_cmd", "demo_cmd",
-                     "watch_cmd", "series_cmd"):
-        try:
-            __import__(f"{__package__}.{optional}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.{optional}":
-                raise
+# Command name -> the module that adds it to `app`, in `dfo --help` order. Only the module of the command
+# being run is imported (a relay never loads paramiko, an inventory edit never loads rich's progress).
+COMMAND_MODULES = {
+    "deploy": "deploy_cmd", "relay-checkpoint": "relay_cmd", "provision": "provision_cmd", "eval": "eval_cmd",
+    "demo": "demo_cmd", "inventory": "inventory_cmd", "jobs": "jobs_cmd", "runs": "runs_cmd",
+    "watch": "watch_cmd", "series": "series_cmd",
+}
+_OPTIONS_WITH_VALUES = {"-i", "--inventory", "--connect-timeout"}
 
 
-_register()
+def _command_name(argv: list[str]) -> str | None:
+    """The sub-command in ARGV, skipping dfo's own options (None for `dfo --help` and the like)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _OPTIONS_WITH_VALUES:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _register(argv: list[str]) -> None:
+    wanted = COMMAND_MODULES.get(_command_name(argv) or "")
+    for module in ([wanted] if wanted else COMMAND_MODULES.values()):
+        __import__(f"{__package__}.{module}")
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -71,6 +84,8 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _register(argv)
     debug = os.environ.get("DFO_DEBUG") == "1"
     err = AppContext().err
     try:

@@ -7,11 +7,25 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from orchestrator.core.inventory import Inventory, ResolvedHost, resolve_host
-from orchestrator.transport.control import CommandResult, HostSession, command_line, connect, fingerprint
 from orchestrator.transport.pool import HostOutcome, for_each_host
+
+if TYPE_CHECKING:
+    from orchestrator.transport.control import CommandResult, HostSession, command_line, fingerprint
+
+# paramiko (~0.4 s to import) loads on the first control-plane connection, not with the package: a relay's
+# data plane and the pure commands never need it.
+_CONTROL_NAMES = {"CommandResult", "HostSession", "command_line", "fingerprint"}
+
+
+def __getattr__(name: str):
+    if name in _CONTROL_NAMES:
+        from orchestrator.transport import control
+
+        return getattr(control, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "CommandResult", "Connector", "HostOutcome", "HostSession", "command_line", "fingerprint", "for_each_host",
@@ -33,7 +47,7 @@ class Connector:
         self.trust_new_host_keys = trust_new_host_keys
         self.connect_timeout = connect_timeout
         self.on_notice = on_notice
-        self._sessions: dict[str, HostSession] = {}
+        self._sessions: dict[str, "HostSession"] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self.host_locks: dict[str, int] = {}  # host lock depth per host (transport.hostlock)
@@ -41,7 +55,9 @@ class Connector:
     def resolved(self, name: str) -> ResolvedHost:
         return resolve_host(self.inventory, name, connect_timeout=self.connect_timeout)
 
-    def session(self, name: str) -> HostSession:
+    def session(self, name: str) -> "HostSession":
+        from orchestrator.transport.control import connect
+
         with self._guard:
             lock = self._locks.setdefault(name, threading.Lock())
         with lock:
