@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from remote_payload.eval.context import EvalContext
 from remote_payload.metrics.chain import sample_tau
@@ -51,7 +52,7 @@ def results_document(ctx: EvalContext, lines: list[dict], comparison: dict | Non
     refs, ex, t = ctx.references, ctx.extraction, ctx.timings
     reference = {"source": "server" if refs.from_server else "local", "tokens_generated": refs.tokens,
                  "tokens_per_s": _rate(refs.tokens, refs.seconds), "cache_hits": refs.cache_hits,
-                 "stop_reasons": _count(r.stop_reason for r in refs.refs)}
+                 "stop_reasons": dict(Counter(r.stop_reason for r in refs.refs))}
     if refs.from_server:
         reference["server"] = refs.batch.summary()
     total_s = time.perf_counter() - ctx.started
@@ -100,10 +101,3 @@ def _settings_block(ctx: EvalContext, reference_source: str) -> dict:
 
 def _rate(tokens: int, seconds: float):
     return round(tokens / seconds, 2) if seconds > 0 else None
-
-
-def _count(items) -> dict:
-    out: dict = {}
-    for it in items:
-        out[it] = out.get(it, 0) + 1
-    return out
