@@ -157,7 +157,8 @@ def validate_request(req: EvalRequest, inventory: Inventory) -> None:
             raise InputError(f"--reference {url!r}: plain http to a host that is not the eval host itself; the "
                              "API key ($DFO_REFERENCE_API_KEY) and every prompt would cross the network in clear "
                              "text",
-                             hint="use https://, a loopback address (an SSH tunnel), or pass --allow-insecure-reference")
+                             hint="use https://, a loopback address (an SSH tunnel), "
+                             "or pass --allow-insecure-reference")
 
 
 def insecure_url(url: str) -> bool:

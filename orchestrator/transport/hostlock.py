@@ -19,12 +19,13 @@ import shlex
 import socket
 import time
 from pathlib import Path
-from typing import Iterator
-
-import paramiko
+from typing import TYPE_CHECKING, Iterator
 
 from orchestrator.core.errors import ConnectionLost, HostError, OperationError
 from orchestrator.transport.hostcall import program_source
+
+if TYPE_CHECKING:
+    import paramiko
 
 HOST_LOCK = "host"
 _HOLDER = Path(__file__).with_name("host_script.py")
@@ -74,6 +75,8 @@ def host_lock(connector, host: str, op: str, python: str | None = None) -> Itera
 
 
 def _acquire(connector, host: str, op: str, python: str | None) -> tuple[paramiko.Channel, list[str]]:
+    import paramiko  # loads with the first connection anyway (see transport/__init__.py)
+
     inv_host = connector.inventory.hosts[host]
     session = connector.session(host)
     program = program_source(_HOLDER) + "\nhold(%r, %r, %r)\n" % (inv_host.workdir, _owner(), op)
@@ -115,6 +118,8 @@ def _read_line(channel: paramiko.Channel, timeout: float) -> str:
 
 def _release(channel: paramiko.Channel) -> None:
     """End of input: the holder removes the lock and exits; wait briefly so the next dfo finds it free."""
+    import paramiko
+
     try:
         channel.shutdown_write()
         channel.settimeout(10)
