@@ -11,9 +11,9 @@ Point the dfo CLI at them with ``DFO_INVENTORY=str(box.inventory_path)``.
 from __future__ import annotations
 
 import pytest
+from sshd_support import require_sshd
 
 from orchestrator.testing.sandbox import Sandbox
-from sshd_support import require_sshd
 
 # Session fixtures other modules share (the provisioned CPU venv on ct129, the wheelhouse cache).
 pytest_plugins = ["fixtures_provision"]

@@ -35,7 +35,7 @@ class AppContext:
     out: Console = field(default_factory=lambda: _console(stderr=False))
     err: Console = field(default_factory=lambda: _console(stderr=True))
     _inventory: Inventory | None = None
-    _connector: object | None = None
+    _connector: Any = None  # a transport.Connector, created on first use (paramiko loads late)
 
     @property
     def inventory_path(self) -> Path:

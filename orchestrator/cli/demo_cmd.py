@@ -7,11 +7,11 @@ from typing import Optional
 
 import typer
 
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
+from orchestrator.cli.render import render_run
 from orchestrator.evaluation.runs import runs_root
 from orchestrator.testing.sandbox import SandboxError
-from orchestrator.cli.context import AppContext
-from orchestrator.cli.render import render_run
-from orchestrator.cli.main import app
 
 
 @app.command("demo")

@@ -6,10 +6,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.deploy.operation import deploy, rollback
-from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
+from orchestrator.deploy.manifest import default_payload_root
+from orchestrator.deploy.operation import deploy, rollback
 
 
 @app.command("deploy")

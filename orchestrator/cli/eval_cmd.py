@@ -109,7 +109,7 @@ def eval_cmd(
         follow_and_collect(connector, run, events=app_ctx.events)
     except Detached:
         console.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(run))}")
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     render_run(app_ctx, run, json_out)
 
 

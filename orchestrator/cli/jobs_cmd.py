@@ -13,12 +13,24 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from orchestrator.core.errors import InputError
-from orchestrator.jobs.operation import DEFAULT_LOCK, JobStatus, cancel_job, default_pull_dest, follow_job, job_status, launch_job, list_jobs, locate_job, poll_job, pull_results
-from orchestrator.ui.progress_view import ProgressView
-from orchestrator.transport import for_each_host
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
+from orchestrator.core.errors import InputError
+from orchestrator.jobs.operation import (
+    DEFAULT_LOCK,
+    JobStatus,
+    cancel_job,
+    default_pull_dest,
+    follow_job,
+    job_status,
+    launch_job,
+    list_jobs,
+    locate_job,
+    poll_job,
+    pull_results,
+)
+from orchestrator.transport import for_each_host
+from orchestrator.ui.progress_view import ProgressView
 
 jobs_app = typer.Typer(
     help="Detached jobs on hosts: run, list, status, logs [-f], cancel, pull.\n\n"

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except typer.TyperException as exc:  # usage errors (typer vendors click; exit code 2)
-        exc.show()
+        exc.show()  # type: ignore[attr-defined]  # click's exception API, re-exported by typer
         return getattr(exc, "exit_code", 2)
     except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted")

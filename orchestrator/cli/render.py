@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from orchestrator.evaluation.report import comparison_lines, summary_table
 from orchestrator.cli.context import AppContext
+from orchestrator.evaluation.report import comparison_lines, summary_table
 
 
 def render_run(app_ctx: AppContext, run, json_out: bool) -> None:

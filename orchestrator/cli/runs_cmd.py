@@ -8,13 +8,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.cli.context import AppContext
+from orchestrator.cli.main import app
+from orchestrator.cli.render import render_run
 from orchestrator.evaluation.compare import compare_runs
 from orchestrator.evaluation.operation import Detached, reattach_hint, wait_and_collect
 from orchestrator.evaluation.report import drafter_rows
 from orchestrator.evaluation.runs import find_run, list_runs, runs_root
-from orchestrator.cli.context import AppContext
-from orchestrator.cli.render import render_run
-from orchestrator.cli.main import app
 
 runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull.",
                        no_args_is_help=True)
@@ -42,7 +42,7 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
     for col in ("run", "status", "hosts", "τ macro"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["run"], r["status"], ",".join(r["hosts"] or []),
+        table.add_row(str(r["run"]), str(r["status"]), ",".join(r["hosts"] or []),
                       "  ".join(f"{n} {t:.2f}" if t is not None else f"{n} –" for n, t in r["tau_macro"].items()))
     app_ctx.out.print(table)
 
@@ -77,7 +77,7 @@ def pull_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run nam
         wait_and_collect(app_ctx.connector, found, events=app_ctx.events)
     except Detached:
         app_ctx.err.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(found))}")
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     render_run(app_ctx, found, json_out)
 
 

@@ -114,7 +114,8 @@ def set_field(text: str, host: str, field_path: list[str], value: Any, known_hos
             continue
         if isinstance(value_node, (MappingNode, SequenceNode)) and not value_node.flow_style and value_node.value:
             raise InputError(
-                f"hosts.{host}.{'.'.join(field_path)} is a block {'list' if isinstance(value_node, SequenceNode) else 'mapping'}",
+                f"hosts.{host}.{'.'.join(field_path)} is a block "
+                f"{'list' if isinstance(value_node, SequenceNode) else 'mapping'}",
                 hint="set its items one by one, or edit the file by hand",
             )
         start, end = value_node.start_mark.index, value_node.end_mark.index

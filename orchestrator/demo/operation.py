@@ -49,7 +49,8 @@ def _build_fixtures(connector: Connector, host: str, python: str, out: str, what
                         lock=None)
     status = follow_job(connector, host, handle.job_id, events=events)
     if not status.ok:
-        raise OperationError(f"{host}: building fixtures failed ({status.state}):\n  " + "\n  ".join(status.log_tail[-8:]))
+        raise OperationError(f"{host}: building fixtures failed ({status.state}):\n  "
+                             + "\n  ".join(status.log_tail[-8:]))
 
 
 def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
@@ -75,7 +76,8 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
             events.step(tag="demo", text="deploy the payload to both hosts")
             raise_failures("deploy", deploy(connector, ["kpro6", "ct129"], root=default_payload_root(),
                                              events=events))
-            events.step(tag="demo", text="provision both hosts (uv venv from the CPU lock, wheels pushed from this machine)")
+            events.step(tag="demo",
+                        text="provision both hosts (uv venv from the CPU lock, wheels pushed from this machine)")
             prov = provision_hosts(connector, ["kpro6", "ct129"], events=events)
             raise_failures("provision", prov)
             pythons = {h: o.value.python for h, o in prov.items()}
@@ -83,7 +85,8 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
             ckpts = str(box.hosts["kpro6"].checkpoints)
             events.step(tag="demo", text="build the tiny target and z-lab-format drafters on ct129")
             _build_fixtures(connector, "ct129", pythons["ct129"], models, FIXTURES_ON["ct129"], events)
-            events.step(tag="demo", text="build a trained drafter checkpoint (training format, with optimizer state) on kpro6")
+            events.step(tag="demo",
+                        text="build a trained drafter checkpoint (training format, with optimizer state) on kpro6")
             _build_fixtures(connector, "kpro6", pythons["kpro6"], ckpts, FIXTURES_ON["kpro6"], events)
             request = EvalRequest(
                 hosts=["ct129"], target=posixpath.join(models, "target"),

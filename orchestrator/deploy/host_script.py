@@ -3,14 +3,11 @@
 # Layout under WORKDIR:  releases/<id>/...  (one verified payload each, with MANIFEST.json)
 #                        payload           -> releases/<id>   (symlink; what jobs run)
 #                        payload.previous  -> releases/<id>   (for `dfo deploy --rollback`)
-import hashlib
 import json
 import os
 import shutil
 import time
 import uuid
-
-
 
 
 def _release_of(link):

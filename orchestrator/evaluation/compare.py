@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
-
 from orchestrator.evaluation.report import digest_value
 from orchestrator.evaluation.runs import Run
+from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
 
 # Settings that make two runs' numbers incomparable when they differ.
 _SETTINGS = ("enable_thinking", "max_new_tokens", "dtype", "prompts")

@@ -45,8 +45,8 @@ def merge_host_results(parts: dict[str, Path], jobs: dict[str, dict]) -> tuple[d
     if len(loaded) == 1:
         (results, samples), = loaded.values()
         return {**results, "hosts": provenance}, samples
-    from remote_payload.metrics.aggregate import merge_shards  # pure stdlib: the payload owns its metric definitions
     from remote_payload.errors import PayloadError
+    from remote_payload.metrics.aggregate import merge_shards  # pure stdlib: the payload owns its metric definitions
 
     try:
         results, samples = merge_shards([loaded[h] for h in parts])

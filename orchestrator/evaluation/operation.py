@@ -16,6 +16,7 @@ import posixpath
 import threading
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
 from orchestrator.core.events import Events
@@ -70,7 +71,7 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
         res = session.run(["sh", "-c", _CHECK_SCRIPT, "sh", *paths]) if paths else None
         missing = [line[len("MISSING "):] for line in (res.text.splitlines() if res else [])
                    if line.startswith("MISSING ")]
-        facts = {"missing": missing}
+        facts: dict[str, Any] = {"missing": missing}
         if host in eval_hosts:
             workdir = connector.inventory.hosts[host].workdir
             df = session.run(["sh", "-c", 'p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
@@ -81,7 +82,7 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
                 facts["gpus"] = gpus
         return facts
 
-    outcomes = for_each_host(list(plan.checks), check)
+    outcomes: dict[str, Any] = for_each_host(list(plan.checks), check)
     failures = [o for o in outcomes.values() if not o.ok]
     if failures:
         raise OperationError("cannot check the inputs on every host:\n" +
@@ -119,9 +120,9 @@ def _prepare_hosts(connector: Connector, plan: EvalPlan, events: Events) -> dict
     events.step(f"provision the venv on {', '.join(plan.provision_hosts)}")
     prov = provision_hosts(connector, plan.provision_hosts, events=events)
     raise_failures("provision", prov)
-    for h, o in prov.items():
-        events.info(f"  {h}: {o.value.status} ({o.value.flavour}, {o.value.python})")
-    return {h: o.value.python for h, o in prov.items()}
+    for h, p in prov.items():
+        events.info(f"  {h}: {p.value.status} ({p.value.flavour}, {p.value.python})")
+    return {h: p.value.python for h, p in prov.items()}
 
 
 def raise_failures(what: str, outcomes: dict) -> None:
@@ -153,7 +154,7 @@ def _upload_prompts(connector: Connector, plan: EvalPlan, local: Path) -> None:
     def put(host: str) -> None:
         job = next(j for j in plan.jobs if j.host == host)
         session = connector.session(host)
-        remote = job.prompts_upload
+        remote = job.prompts_upload or ""  # only hosts with an upload get here
         session.run(["mkdir", "-p", posixpath.dirname(remote)])
         tmp = f"{remote}.dfo-tmp"
         session.put_bytes(data, tmp)
@@ -358,7 +359,7 @@ def _payload_error(log_path: Path, status: JobStatus) -> str:
     for line in reversed(lines):
         if line.startswith("dfo-payload error: "):
             return line[len("dfo-payload error: "):]
-    tail = [l for l in lines if l.strip()][-5:]
+    tail = [line for line in lines if line.strip()][-5:]
     return " | ".join(tail) if tail else "no output"
 
 

@@ -43,7 +43,8 @@ def parse_drafter(text: str, inventory: Inventory) -> DrafterRef:
         raise InputError(f"--drafter {text!r}: expected NAME=[HOST:]PATH, e.g. ours=kpro6:/ckpt/step_20000.pt")
     if not NAME_RE.match(name):
         raise InputError(f"--drafter {text!r}: name {name!r} must be letters, digits, '.', '_' or '-'")
-    host, colon, path = where.partition(":")
+    named, colon, path = where.partition(":")
+    host: str | None = named
     if not colon or where.startswith("/"):
         host, path = None, where
     elif host not in inventory.hosts:
@@ -236,7 +237,7 @@ def _payload_args(req: EvalRequest, inventory: Inventory, host: str, drafters: d
     if shard[1] > 1:
         args += ["--shard", f"{shard[0]}/{shard[1]}"]
     if req.reference == "server":
-        args += ["--reference", inventory.hosts[host].serve_url]
+        args += ["--reference", inventory.hosts[host].serve_url or ""]  # validate_request made sure it is set
     elif req.reference != "target":
         args += ["--reference", req.reference]
     if req.threads:

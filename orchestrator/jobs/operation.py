@@ -426,8 +426,12 @@ def pull_results(
             except OSError as exc:
                 raise HostError(host, f"results file name {rel!r} does not fit the results folder: {exc}") from None
             base = done
-            session.get(posixpath.join(res["root"], rel), local,
-                        progress=(lambda n, _t, base=base: progress(base + n, total)) if progress else None)
+
+            def advance(n: int, _total: int, base: int = base) -> None:
+                if progress:
+                    progress(base + n, total)
+
+            session.get(posixpath.join(res["root"], rel), local, progress=advance if progress else None)
             got = sha256_file(local)
             if got != meta["sha256"] or local.stat().st_size != meta["size"]:
                 raise HostError(host, f"results file {rel} failed verification after download "

@@ -9,7 +9,6 @@
 #                        provision/<sha>.lock      the lock last synced (what the marker refers to)
 #                        cache/uv                  uv's cache (same filesystem as the venv: hardlinks)
 # and in the venv:       .dfo-provision.json       the marker, written only after a verified sync
-import hashlib
 import json
 import os
 import shutil

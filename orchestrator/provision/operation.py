@@ -37,7 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.events import Events, QuietEvents
@@ -86,7 +86,7 @@ def _call(session, host: Host, func: str, python: str | None = None, **kwargs):
 
 
 def _probe(session, name: str, host: Host, venv: str, dfo_uv: str) -> dict:
-    kwargs = dict(workdir=host.workdir, venv=venv, interpreter=host.python, dfo_uv=dfo_uv,
+    kwargs: dict[str, Any] = dict(workdir=host.workdir, venv=venv, interpreter=host.python, dfo_uv=dfo_uv,
                   detect_gpu=host.gpu is None and host.torch_backend is None)
     try:
         return _call(session, host, "probe", **kwargs)

@@ -97,7 +97,8 @@ class Lock:
         return [r for r in self.requirements if r.applies(environment)]
 
 
-_REQ_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>[^\s;]+)\s*(?:;(?P<marker>.*))?$")
+_REQ_RE = re.compile(
+    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>[^\s;]+)\s*(?:;(?P<marker>.*))?$")
 _HEADER_RE = re.compile(r"^#\s*dfo-(?P<key>[a-z0-9-]+):\s*(?P<value>.*?)\s*$")
 
 
@@ -168,7 +169,8 @@ def load_lock(path: str | os.PathLike) -> Lock:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(f"lock file not found: {path}",
-                         hint="generate it: python -m orchestrator.provision.wheelhouse compile-lock cpu|cuda") from None
+                         hint="generate it: python -m orchestrator.provision.wheelhouse compile-lock cpu|cuda",
+                         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read lock {path}: {exc}") from None
     return parse_lock(text, path)
@@ -395,7 +397,8 @@ def lock_header(flavour: str, argv: list[str]) -> str:
         "# and prepends this header. `dfo provision` re-syncs every host whose venv marker differs.",
     ]
     if spec["find_links"]:
-        lines.append("# Check afterwards: torch's --hash must equal `sha256sum <find-links dir>/torch-2.13.0+cpu-*.whl`.")
+        lines.append("# Check afterwards: torch's --hash must equal "
+                     "`sha256sum <find-links dir>/torch-2.13.0+cpu-*.whl`.")
     return "\n".join(lines) + "\n"
 
 
@@ -434,7 +437,8 @@ def _controller_uv() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.provision.wheelhouse", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.provision.wheelhouse",
+                                     description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     comp = sub.add_parser("compile-lock", help="regenerate remote_payload/requirements-<flavour>.lock")
     comp.add_argument("flavour", choices=sorted(LOCK_SPECS))

@@ -310,7 +310,7 @@ def connect(
                         "(host down or firewalled)") from None
     except OSError as exc:
         reason = {errno.ENETUNREACH: "network unreachable", errno.EHOSTUNREACH: "host unreachable",
-                  errno.ECONNREFUSED: "connection refused (is sshd running?)"}.get(exc.errno, str(exc))
+                  errno.ECONNREFUSED: "connection refused (is sshd running?)"}.get(exc.errno or 0, str(exc))
         raise ConnectionLost(host.name, f"cannot connect to {host.hostname}:{host.port}: {reason}") from None
     except paramiko.SSHException as exc:
         raise ConnectionLost(host.name, f"SSH handshake with {host.hostname}:{host.port} failed: {exc}") from None

@@ -90,6 +90,6 @@ def gather_one(connector: Connector, name: str) -> HostFacts:
 def gather_facts(connector: Connector, names: list[str]) -> dict[str, HostFacts]:
     outcomes = for_each_host(names, lambda n: gather_one(connector, n))
     return {
-        n: o.value if o.ok else HostFacts(host=n, reachable=False, error=str(o.error))
+        n: o.value if o.ok and o.value is not None else HostFacts(host=n, reachable=False, error=str(o.error))
         for n, o in outcomes.items()
     }

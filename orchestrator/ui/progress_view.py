@@ -171,7 +171,7 @@ class ProgressView:
         extra = " ".join(x for x in (
             f"{st.tokens_per_s:.1f} tok/s" if st.tokens_per_s is not None else "", escape(st.message or "")) if x)
         if name not in self._tasks:
-            self._tasks[name] = self._progress.add_task(escape(name), total=st.total, completed=st.done,
+            self._tasks[name] = self._progress.add_task(escape(name), total=st.total, completed=st.done,  # type: ignore[arg-type]
                                                         unit=escape(st.unit or ""), extra=extra)
         else:
             self._progress.update(self._tasks[name], total=st.total, completed=st.done, unit=escape(st.unit or ""),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from remote_payload.errors import PayloadError
 from remote_payload.models import kernels
@@ -37,7 +38,8 @@ def compare_paths(target, refs, layer_ids, runtime=None, progress: Progress = SI
     from remote_payload.metrics.chain import summarize
 
     stats = {lid: {"max_abs_diff": 0.0, "sum_abs_diff": 0.0, "count": 0, "max_abs_value": 0.0} for lid in layer_ids}
-    argmax_diff, drafts = 0, {"compared": 0, "differ": 0, "rounds_bound": [], "rounds_torch": []}
+    argmax_diff = 0
+    drafts: dict[str, Any] = {"compared": 0, "differ": 0, "rounds_bound": [], "rounds_torch": []}
     for i, ref in enumerate(refs):
         P = len(ref.prompt_ids)
         a = extract(target, ref.tokens, layer_ids, P)

@@ -12,6 +12,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from remote_payload.errors import PayloadError
 from remote_payload.inputs import cache as cachemod
@@ -29,7 +30,7 @@ class Features:
     tokens: list[int]
     prompt_len: int
     # Target argmax at each position under teacher forcing (None when not computed).
-    argmax: object = None
+    argmax: Any = None  # a torch int tensor (kept untyped: this module imports torch lazily)
     seconds: float = 0.0
     cached: bool = False
     meta: dict | None = None

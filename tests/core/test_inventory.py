@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import dfo
 
 from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import load_inventory, resolve_host
 from orchestrator.core.inventory_edit import add_host, remove_host, set_field
-from cli_runner import dfo
 
 REPO = Path(__file__).resolve().parents[2]
 

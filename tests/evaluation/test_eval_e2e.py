@@ -13,16 +13,15 @@ import os
 import posixpath
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import dfo
 
 from orchestrator.core.inventory import load_inventory
 from orchestrator.jobs.operation import follow_job, launch_job
 from orchestrator.provision.operation import provision
 from orchestrator.transport import Connector
-from cli_runner import dfo
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -43,8 +42,8 @@ def build_fixtures(connector: Connector, host: str, python: str, out: str, what:
 @pytest.fixture(scope="session")
 def eval_hosts(sandbox, provisioned_ct129, provision_cache):
     """Both sandbox hosts with payload, venv and fixtures; returns the paths the tests use."""
-    from orchestrator.deploy.operation import deploy
     from orchestrator.deploy.manifest import default_payload_root
+    from orchestrator.deploy.operation import deploy
 
     with Connector(load_inventory(sandbox.inventory_path)) as connector:
         outcomes = deploy(connector, ["kpro6", "ct129"], root=default_payload_root())
@@ -63,7 +62,8 @@ def eval_hosts(sandbox, provisioned_ct129, provision_cache):
 
 def eval_args(hosts, *extra) -> list[str]:
     return ["eval", "--host", "ct129", "--target", hosts["target"], "--drafter", hosts["ours"],
-            "--drafter", hosts["random"], "--samples", "4", "--max-new-tokens", "48", "--dtype", "float32", "--threads", "1", *extra]
+            "--drafter", hosts["random"], "--samples", "4", "--max-new-tokens", "48", "--dtype", "float32",
+            "--threads", "1", *extra]
 
 
 def snapshot(box) -> dict[str, tuple[int, int]]:
@@ -88,7 +88,7 @@ def test_eval_relays_evaluates_and_writes_a_readable_run_folder(sandbox, eval_ho
     ours, rnd = (results["drafters"][n]["metrics"] for n in ("ours", "random"))
     assert ours["tau_macro"] > rnd["tau_macro"], (ours["tau_macro"], rnd["tau_macro"])
     assert ours["tau_macro"] >= 1.5  # the trained fixture drafter really accepts
-    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all(s["host"] == "ct129" for s in samples)
     assert set(samples[0]["drafters"]) == {"ours", "random"}
     # The training checkpoint was stripped on kpro6 and relayed: weights only, next to a digest manifest.
@@ -181,7 +181,7 @@ def test_two_eval_hosts_shard_the_prompts_and_merge_with_provenance(sandbox, eva
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = Path(json.loads(proc.stdout)["path"])
     results = json.loads((run_dir / "results.json").read_text())
-    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4
     assert sorted(s["host"] for s in samples) == ["ct129", "ct129", "kpro6", "kpro6"]
     assert sorted(s["index"] for s in samples) == [0, 1, 2, 3]

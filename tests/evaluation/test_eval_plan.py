@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import InputError
-from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
 from orchestrator.core.inventory import parse_inventory
+from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
 
 INV = parse_inventory("""\
 hosts:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.evaluation.compare import compare_runs
 from orchestrator.core.errors import InputError
+from orchestrator.evaluation.compare import compare_runs
 from orchestrator.evaluation.report import drafter_rows, write_report
 from orchestrator.evaluation.runs import find_run, list_runs, new_run, write_json_atomic
 

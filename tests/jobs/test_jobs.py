@@ -12,16 +12,25 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import dfo
 
 from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.inventory import load_inventory
 from orchestrator.jobs.operation import (
-    JobRefused, cancel_job, follow_job, job_status, launch_job, list_jobs, locate_job, new_job_id, parse_job_ref,
-    pull_results, substitute,
+    JobRefused,
+    cancel_job,
+    follow_job,
+    job_status,
+    launch_job,
+    list_jobs,
+    locate_job,
+    new_job_id,
+    parse_job_ref,
+    pull_results,
+    substitute,
 )
 from orchestrator.transport import Connector
 from orchestrator.transport.control import HostSession
-from cli_runner import dfo
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.sshd
@@ -116,7 +125,8 @@ def test_progress_lines_are_rendered_and_text_passes_through(sandbox, connector)
 
     emit = ("import json, time\n"
             "for i in range(1, 6):\n"
-            "    print(json.dumps({'dfo': 'progress', 'stage': 'generate', 'done': i, 'total': 5, 'unit': 'prompts'}))\n"
+            "    print(json.dumps({'dfo': 'progress', 'stage': 'generate', 'done': i, 'total': 5,"
+            " 'unit': 'prompts'}))\n"
             "    print('plain line', i)\n"
             "    time.sleep(0.05)\n"
             "print(json.dumps({'dfo': 'warning', 'message': 'slow host'}))\n"

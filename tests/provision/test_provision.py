@@ -23,11 +23,19 @@ from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.inventory import Host, load_inventory
 from orchestrator.provision.operation import provision
 from orchestrator.provision.plan import (
-    ControllerUv, UvChoice, choose_uv, disk_shortfall, lock_path_for, marker_differences, marker_fields,
-    marker_hash, plan_provision, resolve_flavour,
+    ControllerUv,
+    UvChoice,
+    choose_uv,
+    disk_shortfall,
+    lock_path_for,
+    marker_differences,
+    marker_fields,
+    marker_hash,
+    plan_provision,
+    resolve_flavour,
 )
-from orchestrator.transport import Connector
 from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Target, load_lock, parse_lock
+from orchestrator.transport import Connector
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = ".dfo-provision.json"
@@ -198,7 +206,8 @@ def test_plan_up_to_date_only_when_the_marker_matches(tmp_path):
     assert not plan.up_to_date and plan.reasons[0].startswith("lock changed")
     assert any("uv pip sync" in s for s in plan.steps)
     no_venv = dict(facts, venv={"python": False, "marker": None})
-    assert plan_provision("h", host, "/w/venv", no_venv, lock, "cpu", "cpu", uv, False).reasons == ["no venv at /w/venv"]
+    no_venv_plan = plan_provision("h", host, "/w/venv", no_venv, lock, "cpu", "cpu", uv, False)
+    assert no_venv_plan.reasons == ["no venv at /w/venv"]
 
 
 def test_marker_differences_names_what_changed():
@@ -226,7 +235,8 @@ def test_disk_shortfall():
 
 @pytest.mark.sshd
 @pytest.mark.slow
-def test_cpu_venv_built_offline_then_second_run_installs_nothing(sandbox, provisioned_ct129, provision_cache, connector):
+def test_cpu_venv_built_offline_then_second_run_installs_nothing(sandbox, provisioned_ct129, provision_cache,
+                                                                  connector):
     first = provisioned_ct129
     assert first.status == "installed" and first.offline is True
     assert first.flavour == "cpu" and first.packages["torch"] == "2.13.0+cpu"
@@ -304,7 +314,8 @@ def test_lock_change_resyncs_and_pushes_only_new_wheels(sandbox, connector, loca
 
     # A sync makes the venv exactly the lock: what the lock dropped is removed.
     lock3 = write_lock(tmp_path / "three.lock", [("dfo_probe_b", "2.0", sha_b)])
-    assert provision(connector, "kpro6", offline=True, lock=lock3, venv=venv, wheelhouse_cache=cache).status == "installed"
+    third = provision(connector, "kpro6", offline=True, lock=lock3, venv=venv, wheelhouse_cache=cache)
+    assert third.status == "installed"
     proc = host_python(sandbox, "kpro6", venv, "import dfo_probe_a")
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
+from cli_runner import dfo
 
 from orchestrator.core.inventory import load_inventory, resolve_host
 from orchestrator.transport.bulk import ssh_argv
-from cli_runner import dfo
 
 pytestmark = pytest.mark.sshd
 
