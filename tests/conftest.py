@@ -16,7 +16,7 @@ from sshd_support import require_sshd
 from orchestrator.testing.sandbox import Sandbox
 
 # Session fixtures other modules share (the provisioned CPU venv on ct129, the wheelhouse cache).
-pytest_plugins = ["fixtures_provision"]
+pytest_plugins = ["fixtures_provision", "fixtures_eval"]
 
 
 @pytest.fixture(scope="session")
