@@ -96,8 +96,6 @@ class _Relay:
         result = RelayResult(source=str(self.src), destination=str(self.dst), kind="file", dry_run=o.dry_run)
         kind, cipher, explicit = cipher_mod.plane_choice(self.opts)
         result.data_plane = kind
-        if kind == "paramiko":
-            ps.raise_paramiko_rekey_limits()
         self.plane = DataPlane(self.connector, self.src.host, self.dst.host, kind, cipher, explicit)
         try:
             return self._run(result, started, explicit)

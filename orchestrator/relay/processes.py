@@ -215,6 +215,7 @@ class ParamikoProcess(RemoteProcess):
         self.session = session
         self._own_session = own_session
         self._err = bytearray()
+        session.raise_rekey_limits()  # this session's bulk stream only (see HostSession.raise_rekey_limits)
         try:
             self.chan = session.transport.open_session(timeout=session.host.connect_timeout)
             self.chan.exec_command(shlex.join([python, "-c", BOOT]))
@@ -304,16 +305,6 @@ class Bridge(threading.Thread):
 
 
 # ----------------------------------------------------------------------------------- cipher and plane choice
-
-
-def raise_paramiko_rekey_limits() -> None:
-    """Let the OpenSSH server drive rekeying: paramiko's own rekey every 512 MiB can deadlock a busy
-    stream (an open upstream issue); OpenSSH servers rekey on their own schedule, which paramiko answers."""
-    import paramiko
-
-    big = 1 << 62
-    paramiko.packet.Packetizer.REKEY_BYTES = big
-    paramiko.packet.Packetizer.REKEY_PACKETS = big
 
 
 _CLIENT_CIPHERS: list[str] | None = None

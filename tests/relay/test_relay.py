@@ -355,13 +355,27 @@ def test_paramiko_fallback_on_real_sshd(sandbox, paths):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["data_plane"] == "paramiko" and sha(dst / "pm4.bin") == digest
-    # The rekey fix: the server, not paramiko, drives rekeying on long streams.
+    # The rekey fix: the server, not paramiko, drives rekeying on the relay's streams -- on its own sessions
+    # only, never for every paramiko connection in the process.
     before = (paramiko.packet.Packetizer.REKEY_BYTES, paramiko.packet.Packetizer.REKEY_PACKETS)
+    from orchestrator.transport.control import HostSession
+
+    raised: list[tuple[str, int]] = []
+    real = HostSession.raise_rekey_limits
+
+    def spy(self):  # records which stream sessions got the fix, then applies it
+        real(self)
+        raised.append((self.name, self.transport.packetizer.REKEY_BYTES))
+
     inv = load_inventory(sandbox.inventory_path)
-    with Connector(inv) as conn:
-        relay(conn, f"kpro6:{src}/pm.bin", f"ct129:{dst}/pm3.bin", RelayOptions(data_plane="paramiko"))
-    assert paramiko.packet.Packetizer.REKEY_BYTES >= 1 << 40 and paramiko.packet.Packetizer.REKEY_PACKETS >= 1 << 40
-    assert before[0] <= paramiko.packet.Packetizer.REKEY_BYTES
+    HostSession.raise_rekey_limits = spy
+    try:
+        with Connector(inv) as conn:
+            relay(conn, f"kpro6:{src}/pm.bin", f"ct129:{dst}/pm3.bin", RelayOptions(data_plane="paramiko"))
+    finally:
+        HostSession.raise_rekey_limits = real
+    assert {h for h, _ in raised} == {"kpro6", "ct129"} and all(b >= 1 << 40 for _, b in raised)
+    assert (paramiko.packet.Packetizer.REKEY_BYTES, paramiko.packet.Packetizer.REKEY_PACKETS) == before
 
 
 def test_explicit_cipher_and_fallback_when_a_host_lacks_aes_gcm(fresh_sandbox):
