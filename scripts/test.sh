@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Caches kept between runs on one machine (CI included): the test wheelhouse, the fla and vLLM test venvs
+# and the tiny fixture models. Each is rebuilt when missing or when what built it changed.
+export DFO_TEST_CACHE="${DFO_TEST_CACHE:-$HOME/.cache/dfo-test}"
+export DFO_FIXTURE_CACHE="${DFO_FIXTURE_CACHE:-$DFO_TEST_CACHE/fixtures}"
 if [ $# -eq 0 ]; then
   echo "test: ruff (lint + import order)" >&2
   .venv/bin/ruff check orchestrator remote_payload tests benchmarks
