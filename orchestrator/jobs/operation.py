@@ -401,61 +401,75 @@ def pull_results(
         raise InputError(f"job {host}:{job_id} is still {status.state}; its results may be incomplete",
                          hint="wait for it (dfo jobs logs -f) or pass --allow-running")
     manifest = _checked_manifest(host, res.get("files"))
-    total = sum(m["size"] for m in manifest.values())
-    record_path = dest / PULL_RECORD
     if dest.exists():
-        try:
-            previous = json.loads(record_path.read_text())
-        except (OSError, ValueError):
-            previous = None
-        if previous and previous.get("files") == manifest and previous.get("job_id") == job_id and not force:
-            if all(_matches(dest / rel, meta) for rel, meta in manifest.items()):
-                return PullResult(host, job_id, str(dest), "up-to-date", len(manifest), 0, manifest)
+        if _already_pulled(dest, job_id, manifest) and not force:
+            return PullResult(host, job_id, str(dest), "up-to-date", len(manifest), 0, manifest)
         if not force:
             raise InputError(f"{dest} already exists and differs from {host}:{job_id}'s results",
                              hint="choose another destination or pass --force to replace it")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
-    session = connector.session(host)
-    done = 0
     try:
-        for rel, meta in sorted(manifest.items()):
-            local = confine(tmp, rel, host=host, what="results file name")
-            try:
-                local.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise HostError(host, f"results file name {rel!r} does not fit the results folder: {exc}") from None
-            base = done
-
-            def advance(n: int, _total: int, base: int = base) -> None:
-                if progress:
-                    progress(base + n, total)
-
-            session.get(posixpath.join(res["root"], rel), local, progress=advance if progress else None)
-            got = sha256_file(local)
-            if got != meta["sha256"] or local.stat().st_size != meta["size"]:
-                raise HostError(host, f"results file {rel} failed verification after download "
-                                f"(sha256 {got[:16]}…, host says {meta['sha256'][:16]}…)",
-                                hint="the file may have changed during the pull; run the pull again")
-            done += meta["size"]
+        done = _download_verified(connector.session(host), host, res["root"], manifest, tmp, progress)
         (tmp / PULL_RECORD).write_text(json.dumps(
             {"host": host, "job_id": job_id, "job_dir": status.job_dir, "state": status.state,
              "exit_code": status.exit_code, "pulled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "files": manifest}, indent=1, sort_keys=True))
-        mode = 0o777 & ~_umask()
-        for folder in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
-            folder.chmod(mode)  # mkdtemp made it private; the pulled folder is an ordinary one
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old-{secrets.token_hex(3)}")
-            os.rename(dest, old)
-            os.rename(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, dest)
+        _publish(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PullResult(host, job_id, str(dest), "pulled", len(manifest), done, manifest)
+
+
+def _already_pulled(dest: Path, job_id: str, manifest: dict[str, dict]) -> bool:
+    """DEST holds exactly these results already (its pull record and every file agree)."""
+    try:
+        previous = json.loads((dest / PULL_RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(previous, dict) and previous.get("files") == manifest and previous.get("job_id") == job_id
+            and all(_matches(dest / rel, meta) for rel, meta in manifest.items()))
+
+
+def _download_verified(session, host: str, root: str, manifest: dict[str, dict], tmp: Path,
+                       progress: Callable[[int, int], None] | None) -> int:
+    """Download every file of MANIFEST into TMP (names confined to it), each checked; returns the bytes."""
+    total = sum(m["size"] for m in manifest.values())
+    done = 0
+    for rel, meta in sorted(manifest.items()):
+        local = confine(tmp, rel, host=host, what="results file name")
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HostError(host, f"results file name {rel!r} does not fit the results folder: {exc}") from None
+
+        def advance(n: int, _total: int, base: int = done) -> None:
+            if progress:
+                progress(base + n, total)
+
+        session.get(posixpath.join(root, rel), local, progress=advance if progress else None)
+        got = sha256_file(local)
+        if got != meta["sha256"] or local.stat().st_size != meta["size"]:
+            raise HostError(host, f"results file {rel} failed verification after download "
+                            f"(sha256 {got[:16]}…, host says {meta['sha256'][:16]}…)",
+                            hint="the file may have changed during the pull; run the pull again")
+        done += meta["size"]
+    return done
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Put the verified TMP in DEST's place with renames (an existing DEST is moved aside, then removed)."""
+    mode = 0o777 & ~_umask()
+    for folder in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+        folder.chmod(mode)  # mkdtemp made it private; the pulled folder is an ordinary one
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{secrets.token_hex(3)}")
+        os.rename(dest, old)
+        os.rename(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, dest)
 
 
 def _checked_manifest(host: str, files: object) -> dict[str, dict]:

@@ -283,8 +283,19 @@ def connect(
         conn.open()
     except HostError:
         raise
-    except paramiko.BadHostKeyException as exc:
-        raise HostError(
+    except (paramiko.SSHException, OSError) as exc:  # socket errors and timeouts are OSErrors
+        raise _open_error(host, keys, exc) from None
+    elapsed = time.monotonic() - started
+    conn.transport.set_keepalive(KEEPALIVE_SECONDS)
+    auth = conn.transport.auth_handler.auth_method if conn.transport.auth_handler else "?"
+    return HostSession(host, conn, auth, elapsed)
+
+
+def _open_error(host: ResolvedHost, keys: list[str], exc: Exception) -> HostError:
+    """Why a connection could not be opened, for a person (checked from the most specific case down)."""
+    where = f"{host.hostname}:{host.port}"
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostError(
             host.name,
             f"HOST KEY MISMATCH for {known_hosts_name(host.hostname, host.port)}: the server offered "
             f"{exc.key.get_name()} {fingerprint(exc.key)} but {host.known_hosts} records "
@@ -292,29 +303,22 @@ def connect(
             hint="if the host was reinstalled, confirm the new fingerprint with its admin, then remove the old line "
             f"(ssh-keygen -R '{known_hosts_name(host.hostname, host.port)}' -f {host.known_hosts}) and re-run "
             "with --trust-new-host-keys; otherwise this may be an attack",
-        ) from None
-    except paramiko.AuthenticationException as exc:
-        raise HostError(
-            host.name,
-            f"authentication failed for {host.label} ({exc})",
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        return HostError(
+            host.name, f"authentication failed for {host.label} ({exc})",
             hint=f"keys tried: {', '.join(keys) or 'agent and ~/.ssh defaults'}; set identity_file in the inventory",
-        ) from None
-    except socket.gaierror as exc:
-        raise HostError(host.name, f"cannot resolve host name {host.hostname!r} ({exc.strerror})",
-                        hint="check 'address' in the inventory or the HostName in ssh_config") from None
-    except paramiko.ssh_exception.NoValidConnectionsError as exc:
-        raise ConnectionLost(host.name, f"connection refused by {host.hostname}:{host.port} (is sshd running?)",
-                        hint=str(exc)) from None
-    except (socket.timeout, TimeoutError):
-        raise ConnectionLost(host.name, f"no answer from {host.hostname}:{host.port} within {host.connect_timeout:g}s "
-                        "(host down or firewalled)") from None
-    except OSError as exc:
+        )
+    if isinstance(exc, socket.gaierror):
+        return HostError(host.name, f"cannot resolve host name {host.hostname!r} ({exc.strerror})",
+                         hint="check 'address' in the inventory or the HostName in ssh_config")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return ConnectionLost(host.name, f"connection refused by {where} (is sshd running?)", hint=str(exc))
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return ConnectionLost(host.name, f"no answer from {where} within {host.connect_timeout:g}s "
+                              "(host down or firewalled)")
+    if isinstance(exc, OSError):
         reason = {errno.ENETUNREACH: "network unreachable", errno.EHOSTUNREACH: "host unreachable",
                   errno.ECONNREFUSED: "connection refused (is sshd running?)"}.get(exc.errno or 0, str(exc))
-        raise ConnectionLost(host.name, f"cannot connect to {host.hostname}:{host.port}: {reason}") from None
-    except paramiko.SSHException as exc:
-        raise ConnectionLost(host.name, f"SSH handshake with {host.hostname}:{host.port} failed: {exc}") from None
-    elapsed = time.monotonic() - started
-    conn.transport.set_keepalive(KEEPALIVE_SECONDS)
-    auth = conn.transport.auth_handler.auth_method if conn.transport.auth_handler else "?"
-    return HostSession(host, conn, auth, elapsed)
+        return ConnectionLost(host.name, f"cannot connect to {where}: {reason}")
+    return ConnectionLost(host.name, f"SSH handshake with {where} failed: {exc}")
