@@ -118,6 +118,8 @@ def test_watch_evaluates_each_checkpoint_once_through_kills_and_a_corrupt_file(s
     wait_for(lambda: any(e["event"] == "done" for e in trainer_events(log)), "step_100.pt", timeout=120)
     gates[0].touch()
     wait_for(lambda: any(e["event"] == "start" and e["step"] == 200 for e in trainer_events(log)), "step_200 start")
+    # step_100 must have been quiet for --settle (5 s) on a fast machine too; step_200 keeps growing for ~60 s.
+    time.sleep(6)
     dry = dfo(sandbox, *args, "--dry-run", "--json", runs=runs)
     assert dry.returncode == 0, dry.stderr[-2000:]
     planned = json.loads(dry.stdout)
