@@ -75,14 +75,6 @@ def _say(line):
     _write_all(1, (line + "\n").encode())
 
 
-def _pread_into(fd, view, offset):
-    if hasattr(os, "preadv"):  # 3.7+: straight into our buffer
-        return os.preadv(fd, [view], offset)
-    data = os.pread(fd, len(view), offset)
-    view[:len(data)] = data
-    return len(data)
-
-
 # ----------------------------------------------------------------------------------- reader (source host)
 
 class _Reader(object):
