@@ -91,11 +91,13 @@ class _Strict(BaseModel):
 
 
 class HostPaths(_Strict):
-    """Role paths on the host. ``venv`` defaults to ``<workdir>/venv``."""
+    """Role paths on the host. ``venv`` defaults to ``<workdir>/venv``, ``engine_venv`` (the vLLM engine's own
+    venv, `dfo provision --engine vllm`) to ``<workdir>/engines/vllm``."""
 
     checkpoints: RemotePath | None = None
     models: RemotePath | None = None
     venv: RemotePath | None = None
+    engine_venv: RemotePath | None = None
 
 
 class Host(_Strict):
@@ -130,6 +132,10 @@ class Host(_Strict):
     @property
     def venv(self) -> str:
         return self.paths.venv or posixpath.join(self.workdir, "venv")
+
+    @property
+    def engine_venv(self) -> str:
+        return self.paths.engine_venv or posixpath.join(self.workdir, "engines", "vllm")
 
 
 class Inventory(_Strict):
