@@ -27,10 +27,16 @@ from remote_payload.models.spec import DrafterSpec
 from remote_payload.models.validation import validate_weights
 
 
-def spec_to_zlab_config(spec: DrafterSpec) -> dict:
-    """A z-lab (new schema) config.json that this payload reads back to the same spec."""
+def spec_to_zlab_config(spec: DrafterSpec, vocab_size: int | None = None) -> dict:
+    """A z-lab (new schema) config.json that this payload reads back to the same spec, and vLLM loads.
+
+    ``vocab_size``: the target's vocabulary (z-lab's published configs carry it; vLLM otherwise assumes
+    Qwen3's default 151936 and fails at the first draft). Sliding-window layers also get
+    ``dflash_config.use_swa`` and ``swa_window_size``, the keys vLLM's DFlash model reads the window from.
+    """
     types = [a.kind for a in spec.attn]
     default_rule = all(a.causal == (a.kind == specmod.SLIDING) for a in spec.attn)
+    window = next((a.window for a in spec.attn if a.window), None)
     cfg = {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
         "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
@@ -38,10 +44,14 @@ def spec_to_zlab_config(spec: DrafterSpec) -> dict:
         "intermediate_size": spec.intermediate_size, "rms_norm_eps": spec.rms_norm_eps,
         "hidden_act": spec.hidden_act, "attention_bias": spec.attention_bias,
         "max_position_embeddings": spec.max_position_embeddings, "rope_parameters": dict(spec.rope),
-        "layer_types": types, "sliding_window": next((a.window for a in spec.attn if a.window), None),
+        "layer_types": types, "sliding_window": window,
         "dflash_config": {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
                           "target_layer_ids": list(spec.fc_layer_ids)},
     }
+    if vocab_size is not None:
+        cfg["vocab_size"] = int(vocab_size)
+    if specmod.SLIDING in types and window:
+        cfg["dflash_config"].update(use_swa=True, swa_window_size=window)
     if spec.reserved_layer_ids:
         cfg["dflash_config"]["reserved_target_layer_ids"] = list(spec.reserved_layer_ids)
     if not default_rule:
@@ -58,8 +68,9 @@ def spec_to_zlab_config(spec: DrafterSpec) -> dict:
     return cfg
 
 
-def write_zlab_folder(out_dir: Path, spec: DrafterSpec, weights: dict, extra_files: dict | None = None) -> None:
-    write_folder(out_dir, spec_to_zlab_config(spec), weights, extra_files)
+def write_zlab_folder(out_dir: Path, spec: DrafterSpec, weights: dict, extra_files: dict | None = None,
+                      vocab_size: int | None = None) -> None:
+    write_folder(out_dir, spec_to_zlab_config(spec, vocab_size), weights, extra_files)
 
 
 def write_folder(out_dir: Path, config: dict, weights: dict, extra_files: dict | None = None) -> None:
@@ -108,6 +119,18 @@ def _replace_dir(new: Path, target: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def _vocab_size(spec_dict: dict, weights: dict) -> int | None:
+    """The target vocabulary a stripped drafter's config.json should carry: the training spec's, else the rows
+    of an embedding or lm_head copy in the checkpoint; None when neither says."""
+    for key in ("vocab_size", "target_vocab_size"):
+        if isinstance(spec_dict.get(key), int):
+            return spec_dict[key]
+    for name, tensor in weights.items():
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")) and getattr(tensor, "ndim", 0) == 2:
+            return int(tensor.shape[0])
+    return None
+
+
 def _incomplete_config(weights: dict) -> dict:
     """What the weights alone say, for a strip made without a spec (the eval then needs --drafter-spec)."""
     cfg = {"dfo_incomplete": "no drafter spec was available when stripping; give one at eval time with "
@@ -152,7 +175,7 @@ def strip_checkpoint(src: str | os.PathLike, out_dir: str | os.PathLike, spec_fi
     if spec_dict is not None:
         spec = specmod.from_training(spec_dict, weight_shapes(weights), where)
         validate_weights(spec, weights, extras, str(src))
-        config = spec_to_zlab_config(spec)
+        config = spec_to_zlab_config(spec, _vocab_size(spec_dict, {**weights, **extras}))
         meta = training_metadata(spec_dict, where)
         if meta is not None:
             config[TRAINING_BLOCK] = meta
