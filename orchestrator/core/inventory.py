@@ -375,12 +375,13 @@ def ssh_config_path(inv: Inventory) -> str | None:
 
 
 def _read_ssh_config(path: str | None):
-    import paramiko  # only here: loading paramiko costs every dfo start ~0.3 s
+    from orchestrator.core.ssh_config import ssh_config_class  # paramiko's parser, not paramiko's ~0.3 s import
 
+    ssh_config = ssh_config_class()
     if not path:
-        return paramiko.SSHConfig()
+        return ssh_config()
     try:
-        return paramiko.SSHConfig.from_path(path)
+        return ssh_config.from_path(path)
     except FileNotFoundError:
         raise InputError(f"ssh_config file not found: {path}", hint="fix 'ssh_config:' in the inventory") from None
     except Exception as exc:  # paramiko raises plain exceptions for bad lines
