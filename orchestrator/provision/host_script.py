@@ -59,12 +59,13 @@ print(json.dumps({
 """
 
 # Versions of the packages that decide which kernels run (read from metadata: no torch import, fast).
+REPORTED = ["torch", "transformers", "accelerate", "safetensors", "tokenizers", "numpy", "triton",
+            "flash-linear-attention", "fla-core"]
 PACKAGE_FACTS = r"""
-import json
+import json, sys
 from importlib import metadata
 out = {}
-for name in ("torch", "transformers", "accelerate", "safetensors", "tokenizers", "numpy",
-             "triton", "flash-linear-attention", "fla-core"):
+for name in sys.argv[1:]:
     try:
         out[name] = metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -105,6 +106,11 @@ def python_facts(python):
     facts["found"] = True
     facts["path"] = resolved
     return facts
+
+
+def interpreter_facts(name):
+    """python_facts for another interpreter (an engine lock's Python, e.g. python3.11)."""
+    return python_facts(name)
 
 
 def _uv_version(path):
@@ -247,8 +253,34 @@ def prepare_venv(uv, venv, interpreter, workdir, clear, allow_download, offline)
     return {"ok": True, "python": facts, "output": _tail(err or out, 5)}
 
 
-def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, torch_backend, forbidden):
-    """`uv pip sync` the lock into the venv, check what got installed, then (only then) write the marker."""
+# Appended to torchvision_stub.py's source (sent by the controller) and run with the venv's Python.
+STUB_CALL = "\nimport sysconfig as _sc\nprint(install(_sc.get_paths()['purelib']))\n"
+
+
+def engine_setup(python, stub_source, check_code):
+    """After an engine venv's sync: write the torchvision stub (when given), then run the import check.
+    {"ok": True, "check": what the check printed, "seconds"} or the failure (step, command, message)."""
+    started = time.time()
+    if stub_source:
+        code, out, err = _run([python, "-c", stub_source + STUB_CALL], timeout=300)
+        if code != 0:
+            return {"ok": False, "step": "torchvision stub", "command": [python, "-c", "<torchvision_stub.py>"],
+                    "message": _tail(err or out)}
+    code, out, err = _run([python, "-c", check_code], timeout=900)  # `import vllm`: ~10-30 s on 2 cores
+    if code != 0:
+        return {"ok": False, "step": "engine import check", "command": [python, "-c", "<import vllm check>"],
+                "message": _tail((out + "\n" + err).strip())}
+    try:
+        check = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        check = {"output": _tail(out, 3)}
+    return {"ok": True, "check": check, "seconds": round(time.time() - started, 2)}
+
+
+def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, torch_backend, forbidden,
+         report=None, engine=None):
+    """`uv pip sync` the lock into the venv, check what got installed, run an engine's set-up (``engine``:
+    {"stub_source", "check_code"}), then (only then) write the marker."""
     _remove_marker(venv)
     locks = os.path.join(workdir, "provision")
     os.makedirs(locks, exist_ok=True)
@@ -269,7 +301,8 @@ def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, t
     if code != 0:
         return {"ok": False, "step": "uv pip sync", "command": argv, "message": _tail(err or out)}
     seconds = time.time() - started
-    code, pout, perr = _run([python, "-c", PACKAGE_FACTS], timeout=120)
+    names = list(report or REPORTED) + [n for n in forbidden if n not in (report or REPORTED)]
+    code, pout, perr = _run([python, "-c", PACKAGE_FACTS] + names, timeout=120)
     if code != 0:
         return {"ok": False, "step": "check", "command": [python, "-c", "..."], "message": _tail(perr or pout)}
     packages = json.loads(pout)
@@ -278,6 +311,11 @@ def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, t
         return {"ok": False, "step": "check", "command": argv,
                 "message": "installed but must not be on this host: %s" % ", ".join(present)}
     record = dict(marker)
+    if engine:
+        setup = engine_setup(python, engine.get("stub_source"), engine["check_code"])
+        if not setup["ok"]:
+            return setup
+        record["engine_check"] = setup["check"]
     record.update({"written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "lock_path": lock_path, "packages": packages})
     path = os.path.join(venv, MARKER)
     tmp = "%s.tmp-%s" % (path, uuid.uuid4().hex[:8])

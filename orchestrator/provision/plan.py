@@ -18,6 +18,7 @@ from pathlib import Path
 from orchestrator.core.errors import InputError
 from orchestrator.core.hashing import sha256_file
 from orchestrator.core.inventory import Host
+from orchestrator.provision.engine import EngineSpec
 from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Lock
 
 MIN_HOST_UV = (0, 8, 0)  # --torch-backend, --allow-existing, --no-config and --require-hashes all behave
@@ -119,9 +120,12 @@ def choose_uv(found: list[dict], controller: ControllerUv, dfo_path: str) -> UvC
 
 
 def marker_fields(lock: Lock, python_version: str | None, flavour: str, backend: str | None,
-                  uv_version: str) -> dict:
-    return {"lock": lock.name, "lock_sha256": lock.sha256, "python": python_version, "flavour": flavour,
-            "torch_backend": backend, "uv": uv_version}
+                  uv_version: str, engine: EngineSpec | None = None) -> dict:
+    fields = {"lock": lock.name, "lock_sha256": lock.sha256, "python": python_version, "flavour": flavour,
+              "torch_backend": backend, "uv": uv_version}
+    if engine is not None:  # only then: a payload venv's marker (and its hash) stays what it was
+        fields.update(engine=engine.name, engine_setup=engine.setup_sha256)
+    return fields
 
 
 def marker_hash(fields: dict) -> str:
@@ -140,6 +144,8 @@ def marker_differences(stored: dict | None, expected: dict) -> list[str]:
                        ("uv", "uv")):
         if stored.get(key) != expected[key]:
             out.append(f"{label} {stored.get(key)} -> {expected[key]}")
+    if stored.get("engine_setup") != expected.get("engine_setup"):
+        out.append("engine set-up changed (torchvision stub or import check)")
     if not out and stored.get("hash") != marker_hash(expected):
         out.append("marker hash differs")
     return out
@@ -160,13 +166,14 @@ class ProvisionPlan:
     steps: list[str] = field(default_factory=list)
 
 
+# The facts of one decision; ``engine`` set: an engine venv (its set-up steps and marker fields).
 def plan_provision(name: str, host: Host, venv: str, facts: dict, lock: Lock, flavour: str,
-                   backend: str | None, uv: UvChoice, force: bool) -> ProvisionPlan:
+                   backend: str | None, uv: UvChoice, force: bool, engine: EngineSpec | None = None) -> ProvisionPlan:
     """Decide from the probe's facts whether the venv matches the lock, and what a sync would do."""
     py = facts.get("python") or {}
     stored = (facts.get("venv") or {}).get("marker")
     python_version = py.get("version") if py.get("found") else (stored or {}).get("python")
-    expected = marker_fields(lock, python_version, flavour, backend, uv.version)
+    expected = marker_fields(lock, python_version, flavour, backend, uv.version, engine)
     reasons = []
     if force:
         reasons.append("--force")
@@ -183,16 +190,18 @@ def plan_provision(name: str, host: Host, venv: str, facts: dict, lock: Lock, fl
                      + (f" (Python {python_version})" if python_version else ""))
         steps.append(f"uv pip sync {lock.name} ({len(lock.requirements)} pinned packages, flavour {flavour}"
                      + (f", torch backend {backend}" if backend else "") + ")")
+        steps += engine.steps() if engine is not None else []
         steps.append("verify installed packages, write the marker")
     return ProvisionPlan(name, venv, flavour, backend, lock.name, lock.sha256, python_version, uv, up_to_date,
                          reasons, steps)
 
 
-def disk_shortfall(free_bytes: int | None, push_bytes: int, wheel_bytes: int) -> int:
-    """Bytes missing for a sync (0 when it fits, or when free space is unknown)."""
+def disk_shortfall(free_bytes: int | None, push_bytes: int, wheel_bytes: int, unpacked_bytes: int = 0) -> int:
+    """Bytes missing for a sync (0 when it fits, or when free space is unknown). ``unpacked_bytes``: what the
+    wheels hold uncompressed, when known (torch's wheels unpack to more than UNPACK_FACTOR times their size)."""
     if free_bytes is None:
         return 0
-    need = push_bytes + int(UNPACK_FACTOR * wheel_bytes)
+    need = push_bytes + max(int(UNPACK_FACTOR * wheel_bytes), unpacked_bytes)
     return max(0, need - free_bytes)
 
 
@@ -211,6 +220,7 @@ class ProvisionResult:
     lock_sha256: str
     uv: str
     uv_version: str
+    engine: str | None          # "vllm" for an engine venv, None for the payload's
     uv_source: str              # "host" | "dfo" | "pushed" (| "push" in a dry run)
     offline: bool | None
     reasons: list[str] = field(default_factory=list)

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,6 +229,17 @@ class Wheelhouse:
     @property
     def total_bytes(self) -> int:
         return sum(f["size"] for f in self.files.values())
+
+    def unpacked_bytes(self) -> int:
+        """What the wheels hold uncompressed (read from their zip directories; no extraction)."""
+        total = 0
+        for name in self.files:
+            try:
+                with zipfile.ZipFile(self.path / name) as zf:
+                    total += sum(info.file_size for info in zf.infolist())
+            except (OSError, zipfile.BadZipFile):
+                total += int(self.files[name]["size"])
+        return total
 
 
 def cache_dir() -> Path:
