@@ -447,8 +447,9 @@ def _push_wheels(hp: _HostProvision, wh: Wheelhouse | None, venv_facts: dict,
         return 0, 0, wh
     push_bytes = sum(wh.files[n]["size"] for n in need)
     hp.note(f"pushing {len(need)} of {len(wh.files)} wheels ({human_bytes(push_bytes)}) to {hp.pool}")
-    sent = push_files(hp.connector, hp.host, {n: (wh.path / n, wh.files[n]["sha256"]) for n in need}, hp.pool,
-                      python=hp.probe_python)
+    with hp.events.transfer(f"{hp.host}: pushing wheels", push_bytes) as advance:
+        sent = push_files(hp.connector, hp.host, {n: (wh.path / n, wh.files[n]["sha256"]) for n in need},
+                          hp.pool, python=hp.probe_python, progress=lambda done, _total: advance(done))
     return len(need), sent, wh
 
 

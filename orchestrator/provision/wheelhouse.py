@@ -7,7 +7,8 @@ controller with pip (uv has no `pip download`) and cached under ``$DFO_CACHE/whe
 ``~/.cache/dfo``) so it is built once; it is complete only once its ``MANIFEST.json`` exists (built in a
 temporary directory, renamed at the end).
 
-Also the lock generator: ``python -m orchestrator.provision.wheelhouse compile-lock cpu|cuda`` (see LOCK_SPECS).
+Also the lock generator: ``python -m orchestrator.provision.wheelhouse compile-lock cpu|cuda|vllm-cuda`` (see
+LOCK_SPECS).
 """
 
 from __future__ import annotations
@@ -380,6 +381,16 @@ LOCK_SPECS: dict[str, dict] = {
         "args": ["--universal", "--python-version", "3.11"],
         "find_links": False,
     },
+    # The engine venv of GPU hosts (`dfo provision --engine vllm`; see orchestrator/provision/engine.py). The
+    # CPU engine's lock (requirements-vllm-cpu.lock) is made by the command in its own header.
+    "vllm-cuda": {
+        "summary": "vllm 0.32.0 (CUDA build from PyPI) with PyPI's default CUDA torch 2.13.0 and the "
+                   "torchvision/torchaudio it pins. GPU hosts only; never installed on the project's machines.",
+        "header": {"flavour": "vllm-cuda", "torch-backend": "cu130",
+                   "python": ">=3.11 (universal: environment markers kept)"},
+        "args": ["--universal", "--python-version", "3.11"],
+        "find_links": False,
+    },
 }
 
 
@@ -398,7 +409,7 @@ def lock_header(flavour: str, argv: list[str]) -> str:
     spec = LOCK_SPECS[flavour]
     shown = ["uv", *[a.replace(str(PAYLOAD_DIR.parent) + os.sep, "") for a in argv[1:]]]
     lines = [
-        f"# dfo payload lock, flavour {flavour}: {spec['summary']}",
+        f"# dfo {'engine' if flavour.startswith('vllm') else 'payload'} lock, flavour {flavour}: {spec['summary']}",
         *(f"# dfo-{k}: {v}" for k, v in spec["header"].items()),
         f"# Source: remote_payload/requirements-{flavour}.in (edit that, not this file). Regenerate from the",
         "# repository root with:",
