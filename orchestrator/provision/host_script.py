@@ -315,7 +315,7 @@ def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, t
         setup = engine_setup(python, engine.get("stub_source"), engine["check_code"])
         if not setup["ok"]:
             return setup
-        record["engine_check"] = setup["check"]
+        record["engine_check"] = dict(setup["check"], seconds=setup["seconds"])
     record.update({"written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "lock_path": lock_path, "packages": packages})
     path = os.path.join(venv, MARKER)
     tmp = "%s.tmp-%s" % (path, uuid.uuid4().hex[:8])
@@ -324,4 +324,5 @@ def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, t
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    return {"ok": True, "packages": packages, "output": _tail(err or out, 8), "seconds": round(seconds, 2)}
+    return {"ok": True, "packages": packages, "output": _tail(err or out, 8), "seconds": round(seconds, 2),
+            "marker": record}

@@ -468,7 +468,9 @@ def _sync(hp: _HostProvision, fields: dict, use_offline: bool) -> dict:
                   engine={"stub_source": spec.stub_source, "check_code": spec.check_code} if spec else None)
     if not res["ok"]:
         raise _failure(hp.host, hp.venv, res)
-    hp.note(f"venv ready: {posixpath.join(hp.venv, 'bin', 'python')} ({res['seconds']:.1f}s in uv pip sync)")
+    setup = (res.get("marker") or {}).get("engine_check")
+    hp.note(f"venv ready: {posixpath.join(hp.venv, 'bin', 'python')} ({res['seconds']:.1f}s in uv pip sync"
+            + (f", {setup['seconds']:.1f}s in the engine set-up and import check)" if setup else ")"))
     return res["packages"]
 
 
