@@ -24,6 +24,7 @@ class References:
     batch: Any = None  # inputs.server_reference.ReferenceBatch when they came from a server, else None
     tokens: int = 0  # tokens generated in this run (cache hits excluded)
     seconds: float = 0.0
+    tail_unavailable: str | None = None  # why the tokens past the stop (Reference.tail) could not be had
 
     @property
     def from_server(self) -> bool:
@@ -56,6 +57,7 @@ class DrafterRun:
     rounds: list  # per sample: [metrics.chain.Round]
     trees: list  # per sample: metrics.tree.TreeRounds
     online: list | None = None  # per sample: the online check's outcome, with --online-check
+    conventions: list | None = None  # per sample: {"zlab": record, "vllm": record} (metrics.conventions.record)
     diagnostics: Any = None  # diagnose.report.DrafterDiagnostics, with --diagnose
     expected_p1: tuple = (None, None)  # (position-1 acceptance it should reach, where that figure comes from)
 

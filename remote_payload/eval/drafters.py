@@ -12,6 +12,7 @@ from remote_payload.eval.context import DrafterRun, EvalContext
 from remote_payload.eval.diagnosis import diagnose_drafter
 from remote_payload.eval.offline import draft_sample, replay
 from remote_payload.eval.online import online_generate
+from remote_payload.metrics import conventions as conv
 from remote_payload.metrics.chain import sample_tau, summarize
 from remote_payload.metrics.tree import sample_tree_rounds, tree_summary
 from remote_payload.models.drafter import DrafterRuntime
@@ -59,9 +60,11 @@ def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
         run.summary["timings"]["diagnose_s"] = round(time.perf_counter() - t0, 3)
     run.summary["timings"]["eval_s"] = round(progress.stage_done(stage), 3)
     metrics = run.summary["metrics"]
-    headline = (f"{name}: tau_macro {metrics['tau_macro']:.3f}, DDTree-{ctx.settings.tree_k} "
-                f"{metrics['tree']['topk']['tau_macro']:.3f}") if metrics["tau_macro"] is not None else \
-        f"{name}: no rounds"
+    zlab = metrics["conventions"]["zlab"].get("tau_macro")
+    headline = (f"{name}: tau_macro (committed) {metrics['tau_macro']:.3f}"
+                + (f", zlab {zlab:.3f}" if zlab is not None else "")
+                + f", DDTree-{ctx.settings.tree_k} {metrics['tree']['topk']['tau_macro']:.3f}"
+                ) if metrics["tau_macro"] is not None else f"{name}: no rounds"
     progress.emit("stage", stage=stage, status="metrics", message=headline)
     if ctx.settings.online_check:
         online_check(ctx, name, source)
@@ -78,10 +81,16 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
     trees: list = []
     as_run: dict = {}
     draft_s, tree_s, anchors = 0.0, 0.0, 0
+    unavailable = ctx.references.tail_unavailable or (
+        None if all(r.tail is not None for r in refs) else "the references carry no tokens past the stop")
+    ends: list | None = [] if unavailable is None else None
     for i, ref in enumerate(refs):
         feats = ctx.extraction.store.get(i)
-        drafts = draft_sample(source, feats, ref.tokens, len(ref.prompt_ids), topk=s.draft_topk)
+        drafts = draft_sample(source, feats, ref.tokens, len(ref.prompt_ids), topk=s.draft_topk,
+                              end=ends is not None and ref.stop_reason == "max_new_tokens")
         rounds_all.append(replay(drafts))
+        if ends is not None:
+            ends.append(_convention_rounds(ctx, ref, drafts, runtime.block_size))
         t0 = time.perf_counter()
         trees.append(sample_tree_rounds(drafts, k=s.tree_k, budget=s.tree_budget, K=s.tree_K))
         tree_s += time.perf_counter() - t0
@@ -94,12 +103,26 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
         ctx.progress.progress(stage, i + 1, len(refs), unit="samples", message=ctx.prompts[i].id,
                               tokens_per_s=anchors * runtime.block_size / draft_s if draft_s else None)
     metrics = summarize(rounds_all, runtime.block_size)
+    metrics["conventions"] = conv.summaries(
+        rounds_all, [z for z, _ in ends] if ends is not None else None,
+        [v for _, v in ends] if ends is not None else None, runtime.block_size,
+        exact=all(len(ref.tail or []) >= runtime.block_size - 1 for ref in refs),
+        unavailable=unavailable)
     metrics["tree"] = tree_summary([t.topk for t in trees], [t.budgeted for t in trees], block_size=runtime.block_size,
                                    k=s.tree_k, budget=s.tree_budget, K=s.tree_K)
     summary = {"spec": ld.spec.to_json(), "source": ld.source, "metrics": metrics, "online_check": None,
                "timings": {"eval_s": None, "draft_s": round(draft_s, 3), "tree_s": round(tree_s, 3),
                            "anchors": anchors}}
-    return DrafterRun(summary=summary, rounds=rounds_all, trees=trees, diagnostics=dd), as_run
+    records = [{"zlab": conv.record(z), "vllm": conv.record(v)} for z, v in ends] if ends is not None else None
+    return DrafterRun(summary=summary, rounds=rounds_all, trees=trees, diagnostics=dd, conventions=records), as_run
+
+
+def _convention_rounds(ctx: EvalContext, ref, drafts, block_size: int) -> tuple[list, list]:
+    """This sample's rounds in the zlab and vllm conventions (the committed ones are the chain replay's)."""
+    end = conv.SampleEnd(tokens=ref.tokens + list(ref.tail), prompt_len=len(ref.prompt_ids), kept=len(ref.tokens),
+                         max_new=ctx.settings.max_new_tokens, stop_ids=frozenset(ctx.target.stop_ids),
+                         drafts_at=drafts.top1)
+    return conv.zlab_rounds(end, block_size), conv.vllm_rounds(end, block_size)
 
 
 def expected_p1(ctx: EvalContext, name: str) -> tuple[float | None, str | None]:

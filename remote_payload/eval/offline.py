@@ -3,7 +3,9 @@
 Drafting at *every* anchor of the continuation (not only those the chain replay visits) costs one
 batched drafter pass per sample and makes any replay rule computable from the same drafts: the chain
 τ here, and tree / top-k acceptance walks (which visit other anchors) without another drafter pass.
-Per-anchor, per-depth top-k ids and log-probs are kept for that.
+Per-anchor, per-depth top-k ids and log-probs are kept for that. With ``end=True`` the last token is drafted
+from too (``SampleDrafts.end_drafts``, kept apart from the per-anchor tensors the tree metrics check): the
+``zlab`` convention's extra round at a max-tokens stop is anchored there.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ class SampleDrafts:
     topk_ids: object  # LongTensor [A, B-1, k]
     topk_logprobs: object  # FloatTensor [A, B-1, k]
     seconds: float = 0.0
+    end_drafts: list[int] | None = None  # top-1 drafts anchored at the last token (draft_sample(end=True))
     _top1: dict = field(default_factory=dict, repr=False)
 
     def top1(self, anchor: int) -> list[int]:
+        if anchor == len(self.tokens) - 1 and self.end_drafts is not None:
+            return self.end_drafts
         if not self._top1:
             rows = self.topk_ids[:, :, 0].tolist()
             self._top1.update(zip(self.anchors, rows, strict=False))
@@ -36,12 +41,17 @@ def anchors_for(tokens_len: int, prompt_len: int) -> list[int]:
     return list(range(prompt_len, tokens_len - 1))
 
 
-def draft_sample(source, features: dict, tokens: list[int], prompt_len: int, topk: int = 1) -> SampleDrafts:
+def draft_sample(source, features: dict, tokens: list[int], prompt_len: int, topk: int = 1,
+                 end: bool = False) -> SampleDrafts:
     start = time.perf_counter()
     anchors = anchors_for(len(tokens), prompt_len)
     ctx = source.prepare(features)
     ids, lps = source.draft(ctx, tokens, anchors, topk=topk)
-    return SampleDrafts(prompt_len, list(tokens), anchors, ids, lps, time.perf_counter() - start)
+    end_drafts = None
+    if end and len(tokens) > prompt_len:  # its own call: the batch of the other anchors stays as it was
+        last, _ = source.draft(ctx, tokens, [len(tokens) - 1], topk=1)
+        end_drafts = last[0, :, 0].tolist()
+    return SampleDrafts(prompt_len, list(tokens), anchors, ids, lps, time.perf_counter() - start, end_drafts)
 
 
 def replay(drafts: SampleDrafts) -> list[Round]:

@@ -8,6 +8,14 @@ state of linear-attention (Gated DeltaNet) layers cannot — ``cache.crop()`` is
 recording runs and leaves the state wrong. So for hybrid targets the cache is snapshotted (deep copy)
 before verify, restored afterwards and the kept tokens are fed again ("snapshot"); targets with only
 attention layers use ``crop``.
+
+Two loop rules (``rule``), the same draft -> verify -> accept step:
+- ``committed`` (dfo's, the default): stop once an end token or max_new tokens are committed; the last round
+  is cut there, and counts only what it kept.
+- ``zlab`` (z-lab's ``dflash_generate`` benchmark loop): rounds ``while anchor < prompt + max_new``; each
+  round counts every accepted draft, past an end token too; stop after a round that committed an end token
+  (the first token included). The output is the committed tokens cut at max_new and after the first end
+  token. Its rounds are what the offline ``zlab`` convention (``metrics/conventions.py``) must reproduce.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from remote_payload.metrics.chain import Round
 from remote_payload.models.target import Target
 
 ROLLBACKS = ("auto", "snapshot", "crop")
+RULES = ("committed", "zlab")
 
 
 @dataclass
@@ -122,9 +131,11 @@ class TargetSession:
 
 
 def online_generate(target: Target, source, prompt_ids: list[int], max_new_tokens: int,
-                    rollback: str = "auto") -> OnlineResult:
+                    rollback: str = "auto", rule: str = "committed") -> OnlineResult:
     import torch
 
+    if rule not in RULES:
+        raise PayloadError(f"online loop rule must be one of {', '.join(RULES)}")
     stop = set(target.stop_ids)
     B, P = source.block_size, len(prompt_ids)
     start = time.perf_counter()
@@ -134,9 +145,8 @@ def online_generate(target: Target, source, prompt_ids: list[int], max_new_token
         with torch.inference_mode():
             logits = session.feed(list(prompt_ids), logits_to_keep=1)
             committed = list(prompt_ids) + [int(logits[-1].argmax())]
-            while committed[-1] not in stop and len(committed) - P < max_new_tokens:
+            while _another_round(rule, committed, P, max_new_tokens, stop):
                 a = len(committed) - 1  # anchor: the last committed token, not yet fed to the target
-                budget = max_new_tokens - (len(committed) - P)
                 ids, _ = source.draft(source.prepare(session.context(a)), committed, [a], topk=1)
                 drafts = ids[0, :, 0].tolist()
                 post = session.verify([committed[a]] + drafts)
@@ -144,21 +154,37 @@ def online_generate(target: Target, source, prompt_ids: list[int], max_new_token
                 while raw < B - 1 and drafts[raw] == post[raw]:
                     raw += 1
                 new = drafts[:raw] + [post[raw]]  # accepted drafts + the target's bonus token
-                for i, tok in enumerate(new):
-                    if tok in stop:
-                        new = new[:i + 1]
-                        break
-                new = new[:budget]
+                if rule == "committed":
+                    new = _cut(new, stop, max_new_tokens - (len(committed) - P))
                 accepted = min(raw, len(new))
                 rounds.append(Round(a, accepted, len(new), -1))
                 committed.extend(new)
-                if committed[-1] in stop or len(committed) - P >= max_new_tokens:
+                if _finished(rule, committed, P, max_new_tokens, stop):
                     break
                 session.keep(accepted + 1)  # the anchor and the accepted drafts stay in the cache
     finally:
         session.close()
-    cont = committed[P:]
-    last = len(committed) - 1
-    rounds = [Round(r.anchor, r.accepted, r.produced, last - r.anchor) for r in rounds]
+    cont = _cut(committed[P:], stop, max_new_tokens)
+    last = P + len(cont) - 1
+    # remaining: tokens after the anchor in the kept output (zlab rounds may reach past it: at least their own)
+    rounds = [Round(r.anchor, r.accepted, r.produced, max(last - r.anchor, r.produced)) for r in rounds]
     reason = "eos" if cont and cont[-1] in stop else "max_new_tokens"
     return OnlineResult(P, cont, rounds, reason, time.perf_counter() - start, session.forwards)
+
+
+def _cut(tokens: list[int], stop: set, limit: int) -> list[int]:
+    """``tokens`` up to and including the first end token, at most ``limit`` of them."""
+    end = next((i for i, t in enumerate(tokens) if t in stop), None)
+    return (tokens if end is None else tokens[:end + 1])[:limit]
+
+
+def _another_round(rule: str, committed: list[int], P: int, max_new: int, stop: set) -> bool:
+    if rule == "zlab":  # z-lab: while anchor < prompt + max_new; the end-token check comes after a round
+        return len(committed) - 1 < P + max_new
+    return committed[-1] not in stop and len(committed) - P < max_new
+
+
+def _finished(rule: str, committed: list[int], P: int, max_new: int, stop: set) -> bool:
+    if rule == "zlab":
+        return any(t in stop for t in committed[P:]) or len(committed) - 1 >= P + max_new
+    return committed[-1] in stop or len(committed) - P >= max_new

@@ -23,6 +23,7 @@ def sample_lines(ctx: EvalContext) -> list[dict]:
     for i, (p, ref) in enumerate(zip(ctx.prompts, refs.refs, strict=True)):
         line = {"index": p.index, "id": p.id, "category": p.category, "prompt_tokens": len(ref.prompt_ids),
                 "continuation_tokens": len(ref.continuation), "stop_reason": ref.stop_reason,
+                "tail_tokens": len(ref.tail) if ref.tail is not None else None,
                 "reference_cached": ref.cached, "teacher_forced_mismatches": ex.teacher_forced_mismatches[i],
                 "continuation_text": ctx.tokenizer.decode(ref.continuation),
                 "reference": refs.batch.samples[i].to_json() if refs.from_server else
@@ -33,6 +34,8 @@ def sample_lines(ctx: EvalContext) -> list[dict]:
             entry = {"tau": sample_tau(rounds), "rounds": len(rounds),
                      "anchors": [r.anchor for r in rounds], "accepted": [r.accepted for r in rounds],
                      "produced": [r.produced for r in rounds], "tree": run.trees[i].entry()}
+            if run.conventions is not None:
+                entry["conventions"] = run.conventions[i]
             if run.online is not None:
                 entry["online"] = run.online[i]
             line["drafters"][name] = entry

@@ -87,7 +87,8 @@ def local_references(ctx: EvalContext) -> None:
     refs = References()
     for i, p in enumerate(ctx.prompts):
         ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
-        ref = cached_reference(ctx.target, ids, s.max_new_tokens, ctx.cache_dir, warn=ctx.warn)
+        ref = cached_reference(ctx.target, ids, s.max_new_tokens, ctx.cache_dir, warn=ctx.warn,
+                               tail=tail_length(ctx))
         refs.refs.append(ref)
         if not ref.cached:
             refs.tokens += len(ref.continuation)
@@ -98,10 +99,15 @@ def local_references(ctx: EvalContext) -> None:
     ctx.timings["reference_s"] = progress.stage_done("reference")
 
 
+def tail_length(ctx: EvalContext) -> int:
+    """Tokens past the stop the zlab/vllm conventions need: a block of the largest drafter, less its anchor."""
+    return max((ld.spec.block_size for ld in ctx.drafters.values()), default=1) - 1
+
+
 def server_references(ctx: EvalContext) -> None:
     """The ``reference`` stage from an OpenAI-compatible server (``--reference URL``), before the target loads."""
     from remote_payload.inputs.openai_client import Endpoint  # stdlib only, loaded for --reference runs only
-    from remote_payload.inputs.server_reference import fetch_references
+    from remote_payload.inputs.server_reference import fetch_references, fetch_tails
 
     s, progress = ctx.settings, ctx.progress
     progress.stage_start("reference")
@@ -117,6 +123,15 @@ def server_references(ctx: EvalContext) -> None:
     refs = [r.to_reference() for r in batch.samples]
     ctx.references = References(refs=refs, batch=batch, tokens=sum(len(r.continuation) for r in refs if not r.cached),
                                 seconds=time.perf_counter() - started)
+    tails = fetch_tails(endpoint, batch, tail_length(ctx), ctx.cache_dir)
+    if tails.tails is None:
+        ctx.references.tail_unavailable = tails.reason
+        ctx.warn(f"zlab and vllm τ conventions unavailable: {tails.reason}")
+    else:
+        for ref, tail in zip(refs, tails.tails, strict=True):
+            ref.tail = tail
+    if tails.notes:
+        ctx.warn(f"{len(tails.notes)} sample(s) with a short tail past the stop: {tails.notes[0]}")
     ctx.timings["reference_s"] = progress.stage_done("reference")
 
 

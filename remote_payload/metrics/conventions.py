@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from remote_payload.errors import PayloadError
+
 from .chain import Round, accepted_prefix, chain_rounds
 
 NAMES = ("committed", "zlab", "vllm")
@@ -98,9 +100,53 @@ def _summary(per_sample: Sequence[Sequence[Round]], B: int, capped: bool) -> dic
 def conventions(samples: Sequence[SampleEnd], block_size: int) -> dict:
     """``metrics.conventions``: {name: {tau_macro, tau_micro, rounds, drafts_accepted, per_position}}."""
     B = block_size
-    out = {"committed": _summary([committed_rounds(s) for s in samples], B, capped=True),
-           "zlab": _summary([zlab_rounds(s, B) for s in samples], B, capped=False),
-           "vllm": _summary([vllm_rounds(s, B) for s in samples], B, capped=False)}
+    return summaries([committed_rounds(s) for s in samples], [zlab_rounds(s, B) for s in samples],
+                     [vllm_rounds(s, B) for s in samples], B)
+
+
+def summaries(committed: Sequence[Sequence[Round]], zlab: Sequence[Sequence[Round]] | None,
+              vllm: Sequence[Sequence[Round]] | None, block_size: int, exact: bool = True,
+              unavailable: str | None = None) -> dict:
+    """The ``metrics.conventions`` block from each convention's rounds per sample (the eval and the shard merge
+    both build it here, so a merged result is the same function of the same rounds).
+
+    ``zlab``/``vllm`` None (with ``unavailable`` saying why): the target's tokens past the stop were not to
+    be had, so those two are ``{"available": false, "reason": ...}``. ``exact`` False: some sample had
+    fewer than B-1 tokens past the stop, so its last round's count is a lower bound.
+    """
+    B = block_size
+    out = {"committed": {**_summary(committed, B, capped=True), "exact": True}}
+    for name, rounds in (("zlab", zlab), ("vllm", vllm)):
+        if rounds is None:
+            out[name] = {"available": False, "reason": unavailable or "the target's tokens past the stop are unknown"}
+        else:
+            out[name] = {**_summary(rounds, B, capped=False), "exact": exact}
     for name in NAMES:
         out[name]["definition"] = DEFINITIONS[name]
     return out
+
+
+# --------------------------------------------------------------------- per-sample records (samples.jsonl)
+
+
+def record(rounds: Sequence[Round]) -> dict:
+    """One convention's rounds of one sample as stored in samples.jsonl (``committed`` is the chain record)."""
+    return {"accepted": [r.accepted for r in rounds], "produced": [r.produced for r in rounds]}
+
+
+def rounds_from_record(entry, block_size: int, where: str) -> list[Round]:
+    """A stored zlab/vllm record back into Rounds; every round counted in full (produced = accepted + 1)."""
+    try:
+        accepted, produced = list(entry["accepted"]), list(entry["produced"])
+    except (KeyError, TypeError):
+        raise PayloadError(f"{where}: needs the lists 'accepted' and 'produced'") from None
+    if len(accepted) != len(produced):
+        raise PayloadError(f"{where}: 'accepted' and 'produced' have different lengths "
+                           f"({len(accepted)}, {len(produced)})")
+    for i, (acc, prod) in enumerate(zip(accepted, produced, strict=True)):
+        if not (isinstance(acc, int) and isinstance(prod, int)) or isinstance(acc, bool) \
+                or not 0 <= acc < block_size or prod != acc + 1:
+            raise PayloadError(f"{where}: round {i} (accepted {acc!r}, produced {prod!r}) is not a full round of "
+                               f"block size {block_size} (0 <= accepted < {block_size}, produced = accepted + 1)")
+    # anchors and remaining are not stored: the summaries of these conventions do not use them
+    return [Round(-1, acc, prod, -1) for acc, prod in zip(accepted, produced, strict=True)]
