@@ -196,13 +196,13 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
     return sent
 
 
-def _decide_offline(session, name: str, host: Host, python: str, facts: dict, lock: Lock,
+def _decide_offline(session, name: str, host: Host, python: str, facts: dict, online_backend: str | None,
                     offline: bool | None) -> bool:
     if offline is not None:
         return offline
     if facts.get("https_proxy"):
         return False
-    targets = INDEX_HOSTS + ([PYTORCH_INDEX_HOST] if lock.online_torch_backend else [])
+    targets = INDEX_HOSTS + ([PYTORCH_INDEX_HOST] if online_backend else [])
     reach = _call(session, host, "reachable", python=python, targets=targets)
     return not all(reach.values())
 
@@ -232,6 +232,13 @@ class _HostProvision:
     @property
     def pool(self) -> str:
         return posixpath.join(self.inv_host.workdir, "wheelhouse")
+
+    @property
+    def online_backend(self) -> str | None:
+        """`--torch-backend` for an online sync: the lock's, or (the CPU engine lock) the engine's."""
+        if self.lock.online_torch_backend or self.engine is None:
+            return self.lock.online_torch_backend
+        return ONLINE_TORCH_BACKEND.get(self.flavour)
 
     def note(self, message: str) -> None:
         self.events.info(f"{self.host}: {message}")
@@ -274,7 +281,8 @@ def provision(
     if hp.plan.up_to_date:
         return hp.result("up-to-date", offline=offline,
                          packages=((hp.facts["venv"].get("marker") or {}).get("packages") or {}))
-    use_offline = _decide_offline(hp.session, host, hp.inv_host, hp.probe_python, hp.facts, hp.lock, offline)
+    use_offline = _decide_offline(hp.session, host, hp.inv_host, hp.probe_python, hp.facts, hp.online_backend,
+                                  offline)
     target = Target.from_facts(hp.facts["python"]) if hp.facts["python"].get("found") else None
     if dry_run:
         hp.plan.steps = _dry_run_steps(hp, use_offline, target)
@@ -457,12 +465,11 @@ def _sync(hp: _HostProvision, fields: dict, use_offline: bool) -> dict:
     """uv pip sync from the lock, verify, and write the marker; returns the installed packages."""
     hp.note(f"uv pip sync {hp.lock.name}" + (" (offline)" if use_offline else ""))
     spec = hp.engine
-    online_backend = hp.lock.online_torch_backend or (ONLINE_TORCH_BACKEND.get(hp.flavour) if spec else None)
     if spec is not None:
         hp.note("then " + "; ".join(spec.steps()))
     res = hp.call("sync", uv=hp.uv.path, venv=hp.venv, workdir=hp.inv_host.workdir,
                   lock_name=f"{hp.lock.sha256[:16]}-{hp.lock.name}", lock_text=hp.lock.text, marker=fields,
-                  offline=use_offline, find_links=hp.pool, torch_backend=None if use_offline else online_backend,
+                  offline=use_offline, find_links=hp.pool, torch_backend=None if use_offline else hp.online_backend,
                   forbidden=list(spec.forbidden) if spec else FORBIDDEN.get(hp.flavour, []),
                   report=list(REPORTED) if spec else None,
                   engine={"stub_source": spec.stub_source, "check_code": spec.check_code} if spec else None)

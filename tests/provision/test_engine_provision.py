@@ -217,6 +217,7 @@ def test_engine_lock_for_a_python_the_host_lacks_is_refused_before_anything_chan
 
 @pytest.mark.sshd
 @pytest.mark.slow
+@pytest.mark.engine
 def test_engine_venv_built_offline_then_second_run_is_a_no_op(sandbox, connector, engine_host,
                                                                engine_provision_info):
     first = engine_host
@@ -242,6 +243,7 @@ def test_engine_venv_built_offline_then_second_run_is_a_no_op(sandbox, connector
 
 @pytest.mark.sshd
 @pytest.mark.slow
+@pytest.mark.engine
 def test_cli_engine_without_host_takes_the_eval_hosts(sandbox, engine_host, engine_provision_info):
     env = dict(os.environ, DFO_INVENTORY=str(sandbox.inventory_path), DFO_CACHE=str(engine_provision_info["cache"]))
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "provision", "--engine", "vllm", "--json"],
