@@ -173,6 +173,20 @@ def test_dry_run_of_an_engine_venv_lists_its_steps_and_changes_nothing(sandbox, 
 
 
 @pytest.mark.sshd
+def test_a_gpu_host_gets_the_cuda_engine_lock_without_the_cpu_set_up(sandbox, tmp_path):
+    if not (PAYLOAD_DIR / "requirements-vllm-cuda.lock").exists():
+        pytest.skip("requirements-vllm-cuda.lock was not generated")
+    inv = load_inventory(sandbox.inventory_path)
+    inv.hosts["ct129"].gpu = True  # the flavour from the inventory: cuda (nothing is installed in a dry run)
+    with Connector(inv) as conn:
+        dry = provision(conn, "ct129", offline=True, dry_run=True, engine="vllm",
+                        wheelhouse_cache=tmp_path / "empty-cache")
+    assert (dry.flavour, dry.lock, dry.torch_backend) == ("cuda", "requirements-vllm-cuda.lock", "cu130")
+    assert dry.venv.endswith("/engines/vllm") and not any("stub" in s for s in dry.steps)
+    assert any("import vllm" in s for s in dry.steps)
+
+
+@pytest.mark.sshd
 def test_engine_venv_without_vllm_fails_the_import_check_and_is_never_marked(sandbox, connector, local_wheels,
                                                                             tmp_path):
     venv = str(sandbox.hosts["kpro6"].workdir / "engines" / "no-vllm")
