@@ -5,7 +5,8 @@ samples.jsonl lines). Parts must come from the same evaluation: same target weig
 (normalised spec and checkpoint digest) and the same settings except those that name the slice
 (``SHARD_KEYS``); anything else is refused with a message naming the part and the field. Every metric is
 recomputed from the per-sample records (averaging per-host averages would weight hosts, not samples):
-chain metrics via ``metrics.summarize``, tree metrics via ``tree.tree_summary``, the online-check summary
+chain metrics via ``metrics.summarize``, tree metrics via ``tree.tree_summary``, the τ conventions via
+``conventions.summaries`` (from each sample's zlab/vllm records and ``tail_tokens``), the online-check summary
 and the drafter comparison. Per-shard provenance (shard, sample ids, timings, versions, kernel path,
 device, target path, drafter sources and timings) is kept under ``results["shards"]``.
 """
@@ -16,6 +17,7 @@ import time
 from typing import Sequence
 
 from remote_payload.errors import PayloadError
+from remote_payload.metrics import conventions as conv
 from remote_payload.metrics.chain import summarize
 from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
 from remote_payload.metrics.sample_rounds import rounds_from_entry
@@ -249,11 +251,40 @@ def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict])
     metrics = summarize(chain, B)
     if tree:
         metrics["tree"] = tree_summary(topk, budgeted, block_size=B, **tree)
+    if "conventions" in metrics0:
+        metrics["conventions"] = _merge_conventions(name, results_list, samples, chain, B)
     out = {k: v for k, v in d0.items() if k not in ("metrics", "online_check", "timings", "source")}
     out.update(spec=d0.get("spec"), source=d0.get("source"), metrics=metrics,
                online_check=_merge_online(online) if any(o is not None for _, o in online) else None,
                timings=_sum_numbers([r["drafters"][name].get("timings") or {} for r in results_list]))
     return out
+
+
+def _merge_conventions(name: str, results_list: Sequence[dict], samples: list[dict], chain: list, B: int) -> dict:
+    """The conventions block over all samples; zlab/vllm unavailable if they were in any part (its reason)."""
+    for i, r in enumerate(results_list):
+        block = (r["drafters"][name].get("metrics") or {}).get("conventions")
+        if not isinstance(block, dict):
+            return conv.summaries(chain, None, None, B, unavailable=f"{_part(i, r)} has no τ conventions (an "
+                                                                     "older payload)")
+        zlab = block.get("zlab") or {}
+        if zlab.get("available") is False:
+            return conv.summaries(chain, None, None, B, unavailable=f"{_part(i, r)}: {zlab.get('reason')}")
+    zlab, vllm, exact = [], [], True
+    for line, committed in zip(samples, chain, strict=True):
+        where = f"merge: sample {line.get('id', line.get('index'))}, drafter '{name}'"
+        records = (line.get("drafters") or {}).get(name, {}).get("conventions")
+        tail = line.get("tail_tokens")
+        if not isinstance(records, dict) or not isinstance(tail, int) or isinstance(tail, bool):
+            raise PayloadError(f"{where}: the results hold zlab/vllm τ but this sample has no 'conventions' record "
+                               "or no integer 'tail_tokens'")
+        zlab.append(conv.rounds_from_record(records.get("zlab"), B, where + ", conventions.zlab"))
+        vllm.append(conv.rounds_from_record(records.get("vllm"), B, where + ", conventions.vllm"))
+        if len(vllm[-1]) != len(committed):
+            raise PayloadError(f"{where}: conventions.vllm has {len(vllm[-1])} rounds, the committed record "
+                               f"{len(committed)} (vllm counts the committed rounds in full)")
+        exact = exact and tail >= B - 1
+    return conv.summaries(chain, zlab, vllm, B, exact=exact)
 
 
 def _merge_online(per_sample: list) -> dict:

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tree_helpers import sample_line, synthetic_drafts
+from tree_helpers import chain_of, sample_line, synthetic_drafts
 
 from remote_payload.errors import PayloadError
+from remote_payload.metrics import conventions as conv
 from remote_payload.metrics.aggregate import merge_shards
 from remote_payload.metrics.chain import summarize
 from remote_payload.metrics.compare import compare_drafters
@@ -25,8 +26,36 @@ B, K_TOP, BUDGET = 5, 3, 6
 N_SAMPLES = 7
 
 
+ENDS: dict = {}  # (sample index, drafter) -> the conventions.SampleEnd its records were computed from
+
+
+def _add_conventions(line: dict, drafts: dict, rng: random.Random) -> None:
+    """zlab/vllm records as the eval writes them: odd samples end on an end token, even ones at max_new; the
+    drafts past the kept tokens always match the tail, the others are the synthetic top-1."""
+    name_drafts = next(iter(drafts.values()))
+    tokens, P = name_drafts["tokens"], name_drafts["prompt_len"]
+    tail = [2000 + rng.randint(0, 50) for _ in range(B - 1)]
+    ext, kept = tokens + tail, len(tokens)
+    eos = line["index"] % 2 == 1
+    line["tail_tokens"] = len(tail)
+    for name, d in drafts.items():
+        top1 = {a: [c[0] for c in row] for a, row in zip(d["anchors"], d["topk_ids"], strict=True)}
+        top1[kept - 1] = tail  # the end anchor (z-lab's extra round at max_new)
+
+        def drafts_at(a, top1=top1):
+            return [ext[a + k] if a + k >= kept else t for k, t in enumerate(top1[a], 1)]
+
+        end = conv.SampleEnd(ext, P, kept, kept - P + (5 if eos else 0), frozenset({tokens[-1]} if eos else ()),
+                             drafts_at)
+        assert conv.committed_rounds(end) == chain_of(d)  # the chain record is the committed convention
+        ENDS[(line["index"], name)] = end
+        line["drafters"][name]["conventions"] = {"zlab": conv.record(conv.zlab_rounds(end, B)),
+                                                 "vllm": conv.record(conv.vllm_rounds(end, B))}
+
+
 def _all_lines():
-    """Seven samples of two drafters (a weak, b strong), with tree records, as the eval writes them."""
+    """Seven samples of two drafters (a weak, b strong), with tree and convention records, as the eval writes
+    them."""
     rng = random.Random(11)
     lines = []
     for i in range(N_SAMPLES):
@@ -34,6 +63,7 @@ def _all_lines():
         drafts = {name: synthetic_drafts(tokens, 2, B, 3, lambda a, d, q=q: rng.choice([0] * q + [1, None]))
                   for name, q in (("a", 1), ("b", 6))}
         line, _ = sample_line(i, drafts, k=K_TOP, budget=BUDGET)
+        _add_conventions(line, drafts, rng)
         line["drafters"]["a"]["online"] = {"output_equals_reference": i != 3, "rounds_identical": True,
                                            "tau": line["drafters"]["a"]["tau"], "seconds": 0.5,
                                            "target_forwards": 3}
@@ -53,6 +83,9 @@ def _run(lines, shard, *, seconds=10.0, device="cpu", kernel="torch", **extra):
                                  line["continuation_tokens"], "t") for line in lines]
         metrics = summarize(chain, B)
         metrics["tree"] = tree_summary(topk, bud, block_size=B, k=K_TOP, budget=BUDGET, K=3)
+        metrics["conventions"] = conv.summaries(
+            chain, *([conv.rounds_from_record(line["drafters"][n]["conventions"][c], B, "t") for line in lines]
+                     for c in ("zlab", "vllm")), B, exact=all(line["tail_tokens"] >= B - 1 for line in lines))
         online = [line["drafters"][n].get("online") for line in lines]
         drafters[n] = {"spec": {"format": "zlab", "block_size": B, "mask_token_id": 9, "notes": [f"host {shard}"]},
                        "source": {"path": f"/host{shard[0]}/ckpt/{n}", "digest": f"digest-{n}"},
@@ -240,3 +273,37 @@ def test_server_reference_summaries_are_merged():
     assert srv["roundtrip_mismatches"] == ["p0"] and srv["ids_source"] == {"server": 8}
     p1[0]["reference"]["source"] = "local"
     assert merge_shards([p0, p1])[0]["reference"]["source"] == "mixed: server, local"
+
+
+def test_conventions_are_recomputed_from_the_records():
+    lines = _all_lines()
+    merged, _ = merge_shards(list(_parts(lines)))
+    for n in ("a", "b"):
+        got = merged["drafters"][n]["metrics"]["conventions"]
+        # the same figures as computed straight from the samples' ends, not from the parts' own figures
+        direct = conv.conventions([ENDS[(line["index"], n)] for line in lines], B)
+        assert got == direct and all(got[c]["exact"] is True for c in conv.NAMES)
+        assert got["committed"]["tau_macro"] == merged["drafters"][n]["metrics"]["tau_macro"]
+    assert merged["drafters"]["b"]["metrics"]["conventions"]["zlab"]["rounds"] > \
+        merged["drafters"]["b"]["metrics"]["conventions"]["committed"]["rounds"]  # max_new: z-lab's extra round
+
+    p0, p1 = _parts(lines)  # a short tail in one part: its figures are a lower bound, the merge says so
+    p1[1][0]["tail_tokens"] = 1
+    assert merge_shards([p0, p1])[0]["drafters"]["a"]["metrics"]["conventions"]["zlab"]["exact"] is False
+
+    p0, p1 = _parts(lines)  # unavailable in one part: unavailable in the merge, with that part's reason
+    for n in ("a", "b"):
+        p1[0]["drafters"][n]["metrics"]["conventions"]["zlab"] = {"available": False, "reason": "server said no"}
+    got = merge_shards([p0, p1])[0]["drafters"]["a"]["metrics"]["conventions"]
+    assert got["zlab"] == {"available": False, "reason": "part 2 (shard 1/2): server said no",
+                           "definition": conv.DEFINITIONS["zlab"]}
+    assert got["vllm"]["available"] is False and got["committed"]["rounds"] > 0
+
+    p0, p1 = _parts(lines)  # a record that is not a full round, or missing, is refused naming the sample
+    p1[1][0]["drafters"]["a"]["conventions"]["vllm"]["produced"][0] += 1
+    with pytest.raises(PayloadError, match=r"sample p1, drafter 'a', conventions.vllm: round 0"):
+        merge_shards([p0, p1])
+    p0, p1 = _parts(lines)
+    del p1[1][1]["drafters"]["b"]["conventions"]
+    with pytest.raises(PayloadError, match=r"sample p3, drafter 'b': .*no 'conventions' record"):
+        merge_shards([p0, p1])
