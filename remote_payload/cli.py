@@ -54,7 +54,7 @@ def _cmd_info(args) -> int:
 
 def _cmd_eval(args) -> int:
     from remote_payload.eval.pipeline import run_eval
-    from remote_payload.eval.settings import EvalSettings, parse_expect_p1, parse_named
+    from remote_payload.eval.settings import ENGINES, EvalSettings, parse_expect_p1, parse_named
     from remote_payload.inputs.prompts import parse_shard
     from remote_payload.progress import Progress
 
@@ -66,13 +66,17 @@ def _cmd_eval(args) -> int:
         dtype=args.dtype, allow_fp16=args.allow_fp16, cache_dir=args.cache_dir, out=args.out,
         online_check=args.online_check, seed=args.seed, topk=args.topk, kernel=args.kernel,
         tree_k=args.tree_k, tree_budget=args.tree_budget,
-        reference_url=args.reference, reference_model=args.reference_model,
+        reference_url=None if args.reference in ENGINES else args.reference,
+        reference_engine=args.reference if args.reference in ENGINES else None,
+        reference_model=args.reference_model,
         reference_timeout=args.reference_timeout, reference_concurrency=args.reference_concurrency,
         reference_retries=args.reference_retries,
         reference_prompt_format=args.reference_prompt_format,
         reference_strict_roundtrip=args.reference_strict_roundtrip,
         diagnose=args.diagnose, diagnose_samples=args.diagnose_samples, diagnose_rounds=args.diagnose_rounds,
-        expect_p1=parse_expect_p1(args.expect_p1))
+        expect_p1=parse_expect_p1(args.expect_p1), threads=args.threads, engine=args.engine,
+        engine_python=args.engine_python, engine_args=list(args.engine_arg or []),
+        engine_start_timeout=args.engine_start_timeout)
     _set_threads(args.threads)
     run_eval(settings, Progress())
     return 0
@@ -154,16 +158,18 @@ def _add_eval(sub) -> None:
     e.add_argument("--tree-budget", type=int, default=16, metavar="N",
                    help="budgeted DDTree: nodes per round (default 16)")
     _add_reference_options(e)
+    _add_engine_options(e)
     _add_diagnose_options(e)
     e.add_argument("--threads", type=int, help="torch CPU threads")
     e.set_defaults(func=_cmd_eval)
 
 
 def _add_reference_options(e) -> None:
-    e.add_argument("--reference", metavar="URL",
+    e.add_argument("--reference", metavar="URL|vllm",
                    help="take reference completions from this OpenAI-compatible server (SGLang/vLLM, e.g. "
                         "http://127.0.0.1:30000/v1) instead of decoding with the target here; API key from "
-                        "$DFO_REFERENCE_API_KEY")
+                        "$DFO_REFERENCE_API_KEY. 'vllm': from a vLLM server this run starts on loopback itself "
+                        "(needs --engine-python)")
     e.add_argument("--reference-model", metavar="NAME",
                    help="model name on the server (default: the only one it lists)")
     e.add_argument("--reference-timeout", type=float, default=900.0, metavar="S",
@@ -176,6 +182,20 @@ def _add_reference_options(e) -> None:
                    help="send the templated prompt as token ids (default) or text")
     e.add_argument("--reference-strict-roundtrip", action="store_true",
                    help="stop when the server's text does not re-tokenise to its token ids (default: report it)")
+
+
+def _add_engine_options(e) -> None:
+    e.add_argument("--engine", choices=["vllm"],
+                   help="after the offline eval, serve the target with each drafter as DFlash speculative config in "
+                        "this engine (started on loopback here, stopped afterwards): engine acceptance, outputs and "
+                        "tokens/s beside the offline figures (needs --engine-python)")
+    e.add_argument("--engine-python", metavar="PATH",
+                   help="python of the engine's own venv (`dfo provision --engine vllm` makes it)")
+    e.add_argument("--engine-arg", action="append", metavar="ARG",
+                   help="extra argument for the engine server, e.g. --engine-arg=--gpu-memory-utilization=0.8 "
+                        "(repeatable)")
+    e.add_argument("--engine-start-timeout", type=float, default=900.0, metavar="S",
+                   help="seconds an engine server may take to become healthy (default 900)")
 
 
 def _add_diagnose_options(e) -> None:

@@ -1,14 +1,15 @@
-"""`eval`: inputs checked -> target -> references -> features -> per drafter (offline, online) -> results.
+"""`eval`: inputs checked -> target -> references -> features -> per drafter (offline, online) -> engine -> results.
 
 ``run_eval`` is the order of the stages; each stage is a function over one ``EvalContext`` (``stages.py``
-for the run-wide ones, ``drafters.py`` per drafter, ``report.py`` for the outputs), testable alone.
+for the run-wide ones, ``drafters.py`` per drafter, ``engine.py`` for ``--engine``/``--reference vllm``,
+``report.py`` for the outputs), testable alone.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from remote_payload.eval import stages
+from remote_payload.eval import engine, stages
 from remote_payload.eval.context import EvalContext
 from remote_payload.eval.diagnosis import diagnostics_block
 from remote_payload.eval.drafters import evaluate_drafter
@@ -20,12 +21,16 @@ from remote_payload.results import write_outputs
 
 def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
     ctx = EvalContext(settings=s, progress=progress)
+    eng = engine.EngineRun()
     stages.start(ctx)
     stages.check_inputs(ctx)  # opens the "load" stage
-    if s.reference_url:  # references from a server before the target's weights take the (shared) GPU
+    if s.reference_url or s.reference_engine:  # server references before the target's weights take the GPU
         ctx.timings["load_s"] = progress.stage_done("load", message="inputs checked; the target loads after the "
                                                                     "references")
-        stages.server_references(ctx)
+        if s.reference_engine:
+            engine.engine_references(ctx, eng)
+        else:
+            stages.server_references(ctx)
         progress.stage_start("target")
         stages.load_target(ctx)
         ctx.timings["load_s"] += progress.stage_done("target")
@@ -37,15 +42,27 @@ def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
     stages.extract_features(ctx)
     for name in ctx.drafters:
         evaluate_drafter(ctx, name)
-    return write_results(ctx)
+    if s.engine:
+        engine.run_engine(ctx, eng)
+    return write_results(ctx, eng if (s.engine or s.reference_engine) else None)
 
 
-def write_results(ctx: EvalContext) -> dict:
+def write_results(ctx: EvalContext, eng: engine.EngineRun | None = None) -> dict:
     """``samples.jsonl`` then ``results.json`` (present = the run completed); the ``result`` line."""
     lines = sample_lines(ctx)
+    if eng is not None:
+        engine.sample_entries(ctx, lines)
     compared = comparison(ctx, lines)
     diagnostics = diagnostics_block(ctx) if ctx.settings.diagnose else None
     results = results_document(ctx, lines, compared, diagnostics)
+    if eng is not None:
+        s = ctx.settings
+        results["engine"] = eng.block(s)
+        results["timings"]["engine_s"] = round(eng.seconds, 3)
+        results["settings"].update(engine=s.engine, engine_args=list(s.engine_args) or None)
+        results["settings"]["reference"]["engine"] = s.reference_engine
+        if s.reference_engine:  # the server this run started and stopped itself
+            results["reference"]["server"]["started_by_payload"] = s.reference_engine
     if diagnostics is not None:
         ctx.progress.text(diagnostics["text"])
     paths = write_outputs(Path(ctx.settings.out), results, lines)

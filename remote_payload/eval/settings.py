@@ -17,6 +17,7 @@ DEFAULT_TREE_K = 8  # headline "DDTree-8" = top-8 depth acceptance
 DEFAULT_TREE_BUDGET = 16
 DEFAULT_DIAGNOSE_SAMPLES = 2
 DEFAULT_DIAGNOSE_ROUNDS = 4
+ENGINES = ("vllm",)
 REFERENCE_API_KEY_ENV = "DFO_REFERENCE_API_KEY"
 # Test-only planted faults (never set in production): the eval misbehaves on purpose so tests can check
 # that --diagnose flags it. The results record it in settings.test_fault and in a warning.
@@ -56,6 +57,12 @@ class EvalSettings:
     diagnose_samples: int = DEFAULT_DIAGNOSE_SAMPLES
     diagnose_rounds: int = DEFAULT_DIAGNOSE_ROUNDS
     expect_p1: dict = field(default_factory=dict)  # drafter name (or "*" for all) -> expected position-1 acceptance
+    threads: int | None = None  # CPU threads (torch here; the engine's OpenMP threads too)
+    engine: str | None = None  # "vllm": every drafter also served by a real engine after the offline eval
+    reference_engine: str | None = None  # "vllm": references from an engine server this run starts itself
+    engine_python: str | None = None  # the engine venv's interpreter (vLLM has its own venv)
+    engine_args: list = field(default_factory=list)  # extra engine server arguments, verbatim
+    engine_start_timeout: float = 900.0
 
     @property
     def tree_K(self) -> int:  # the K of the DDTree paper
@@ -134,7 +141,8 @@ def check_settings(s: EvalSettings) -> None:
     unknown_p1 = sorted(set(s.expect_p1) - names - {"*"})
     if unknown_p1:
         raise PayloadError(f"--expect-p1 for unknown drafter name(s): {', '.join(unknown_p1)}")
-    if s.reference_url is not None:
+    check_engine_settings(s)
+    if s.reference_url is not None or s.reference_engine:
         if s.reference_concurrency < 1:
             raise PayloadError("--reference-concurrency must be >= 1")
         if s.reference_retries < 0:
@@ -143,6 +151,24 @@ def check_settings(s: EvalSettings) -> None:
             raise PayloadError("--reference-timeout must be > 0 seconds")
         if s.reference_prompt_format not in ("ids", "text"):
             raise PayloadError(f"--reference-prompt-format must be ids or text, not {s.reference_prompt_format!r}")
+
+
+def check_engine_settings(s: EvalSettings) -> None:
+    """``--engine`` / ``--reference vllm``: a known engine, its interpreter, and no second reference source."""
+    for flag, value in (("--engine", s.engine), ("--reference", s.reference_engine)):
+        if value is not None and value not in ENGINES:
+            raise PayloadError(f"{flag} {value!r}: unknown engine (known: {', '.join(ENGINES)})")
+    if (s.engine or s.reference_engine) and not s.engine_python:
+        what = "--engine vllm" if s.engine else "--reference vllm"
+        raise PayloadError(f"{what} needs --engine-python PATH (the python of the vLLM engine venv, made by "
+                           "`dfo provision --engine vllm`)")
+    if s.engine_python and not Path(s.engine_python).is_file():
+        raise PayloadError(f"--engine-python {s.engine_python}: no such file (is the engine venv provisioned? "
+                           "`dfo provision --host HOST --engine vllm`)")
+    if s.reference_engine and s.reference_url:
+        raise PayloadError("--reference takes one source: an engine name (vllm) or a URL, not both")
+    if s.engine_start_timeout <= 0:
+        raise PayloadError("--engine-start-timeout must be > 0 seconds")
 
 
 def planted_fault() -> str | None:
