@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from remote_payload.errors import PayloadError
 from remote_payload.models import spec as specmod
@@ -37,7 +38,7 @@ def spec_to_zlab_config(spec: DrafterSpec, vocab_size: int | None = None) -> dic
     types = [a.kind for a in spec.attn]
     default_rule = all(a.causal == (a.kind == specmod.SLIDING) for a in spec.attn)
     window = next((a.window for a in spec.attn if a.window), None)
-    cfg = {
+    cfg: dict[str, Any] = {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
         "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
