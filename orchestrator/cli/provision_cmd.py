@@ -58,7 +58,8 @@ def provision_cmd(
             "ok": not failed,
         })
     else:
-        table = Table(title="dfo provision" + (" (dry run)" if dry_run else ""), title_justify="left")
+        title = "dfo provision" + (f" --engine {engine}" if engine else "") + (" (dry run)" if dry_run else "")
+        table = Table(title=title, title_justify="left")
         for col in ("host", "status", "flavour", "torch", "detail"):
             table.add_column(col)
         plans = []
