@@ -30,9 +30,14 @@ def eval_cmd(
                                       help="Drafter to evaluate (repeatable). A path on another host is relayed; "
                                       "a training checkpoint (*.pt) is stripped of optimizer state there first."),
     prompts: str = typer.Option("builtin", "--prompts", metavar="builtin|FILE", help="'builtin' or a local JSONL file of {id, messages|prompt}."),
-    reference: str = typer.Option("target", "--reference", metavar="target|server|URL",
+    reference: str = typer.Option("target", "--reference", metavar="target|server|vllm|URL",
                                   help="Reference continuations: 'target' (greedy on the eval host), 'server' (the host's serve_url "
-                                  "from the inventory, e.g. SGLang) or an OpenAI-compatible URL as seen from the host."),
+                                  "from the inventory, e.g. SGLang), 'vllm' (a vLLM server dfo starts on the eval host, from its "
+                                  "engine venv) or an OpenAI-compatible URL as seen from the host."),
+    engine: Optional[str] = typer.Option(None, "--engine", metavar="vllm",
+                                         help="Also serve the target with each drafter as DFlash speculative config in vLLM "
+                                         "on the eval host: engine τ next to offline τ, outputs, tokens/s plain vs dflash "
+                                         "(needs `dfo provision --host H --engine vllm`)."),
     device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu", help="Where the payload runs the models."),
     dtype: str = typer.Option("bfloat16", "--dtype", metavar="DTYPE", help="bfloat16 (default) or float32; float16 is refused."),
     enable_thinking: bool = typer.Option(False, "--enable-thinking/--no-enable-thinking",
@@ -89,7 +94,7 @@ def eval_cmd(
         max_new_tokens=max_new_tokens, samples=samples, diagnose=diagnose, online_check=online_check,
         strip_optimizer=strip_optimizer, force=force, threads=threads, tree_k=tree_k, tree_budget=tree_budget,
         diagnose_samples=diagnose_samples, expect_p1=expect_p1, reference_model=reference_model,
-        allow_insecure_reference=allow_insecure_reference, payload_args=payload_arg,
+        allow_insecure_reference=allow_insecure_reference, payload_args=payload_arg, engine=engine,
     )
     plan = plan_eval(request, inv, prompts_digest=digest)
     if dry_run:
@@ -141,3 +146,27 @@ def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
     for j in plan.jobs:
         out.print(f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload "
                   + escape(" ".join(j.args)))
+    for line in _engine_plan_lines(plan):
+        out.print(line)
+
+
+def _engine_plan_lines(plan) -> list[str]:
+    """The engine steps inside the job (--engine vllm / --reference vllm)."""
+    req = plan.request
+    if not plan.engine_pythons:
+        return []
+    venvs = ", ".join(f"{h}: {escape(p)}" for h, p in plan.engine_pythons.items())
+    lines = [f"   vLLM engine inside the job (engine python {venvs}; must be provisioned: "
+             "`dfo provision --host HOST --engine vllm`), servers on the eval host's loopback, stopped by PID:"]
+    if req.reference == "vllm":
+        lines.append("     - a plain vLLM server (no speculation), started before the target loads: the reference "
+                     "continuations" + (" and the baseline tokens/s" if req.engine else ""))
+    if req.engine:
+        if req.reference != "vllm":
+            lines.append("     - after the offline eval, the target freed: a plain vLLM server once (baseline outputs "
+                         "and tokens/s)")
+        names = ", ".join(d.name for d in req.drafters)
+        lines.append(f"     - then one vLLM server per drafter ({names}) with it as DFlash speculative config "
+                     "(exported to a z-lab folder when it is not one): engine acceptance vs offline (vllm convention)")
+    lines.append("     - vLLM logs in the run folder (hosts/HOST/engine/, copied to logs/)")
+    return lines

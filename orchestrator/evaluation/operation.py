@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import posixpath
+import shutil
 import threading
 from dataclasses import asdict
 from pathlib import Path
@@ -42,6 +43,7 @@ from orchestrator.relay.operation import RelayOptions, relay
 from orchestrator.transport import Connector, for_each_host
 from orchestrator.transport.hostlock import host_lock
 
+ENGINE_DIR = "engine"  # the payload's engine logs, inside a host's pulled results
 MIN_FREE_BYTES = 2 * 2**30  # results are small, but the feature cache of a real target is not
 _CHECK_SCRIPT = 'for p in "$@"; do if [ -e "$p" ]; then echo "OK $p"; else echo "MISSING $p"; fi; done'
 
@@ -93,6 +95,10 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
         role[d.path] = f"drafter '{d.name}'"
     for host, o in outcomes.items():
         for path in o.value["missing"]:
+            if path == plan.engine_pythons.get(host):
+                problems.append(f"{host}: the vLLM engine venv is not provisioned ({path} does not exist); build it "
+                                f"with `dfo provision --host {host} --engine vllm`")
+                continue
             problems.append(f"{host}: {role.get(path, 'input')} {path} does not exist")
         free = o.value.get("free_bytes")
         if free is not None and free < MIN_FREE_BYTES:
@@ -336,6 +342,7 @@ def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None 
         pulled = pull_results(connector, host, job["job_id"], dest, force=True)
         events.info(f"  {host}: {pulled.files} file(s), {pulled.bytes:,} B {pulled.status}")
         parts[host] = dest
+        _copy_engine_logs(dest, run.path / "logs", host)
     results, samples = merge_host_results(parts, jobs)
     body = "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in samples)
     tmp = run.path / ".samples.jsonl.tmp"
@@ -347,6 +354,12 @@ def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None 
     write_json_atomic(run.results_path, results)  # last: its presence means the run is complete
     run.set(status="succeeded", error=None)
     return run
+
+
+def _copy_engine_logs(pulled: Path, logs: Path, host: str) -> None:
+    """The engine servers' logs (``--engine``/``--reference vllm``) next to the job log: logs/HOST-vllm-*.log."""
+    for log in sorted((pulled / ENGINE_DIR).glob("*.log")):
+        shutil.copyfile(log, logs / f"{host}-{log.name}")
 
 
 def _payload_error(log_path: Path, status: JobStatus) -> str:

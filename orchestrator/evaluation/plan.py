@@ -18,6 +18,7 @@ from orchestrator.core.inventory import Inventory
 from orchestrator.relay.plan import strip_dir_name
 
 TRAINING_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+ENGINES = ("vllm",)  # serving engines the payload can start on the eval host
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RELAY_SUBDIR = "dfo-relayed"
 
@@ -82,6 +83,12 @@ class EvalRequest:
     reference_model: str | None = None
     allow_insecure_reference: bool = False  # http:// to a non-loopback endpoint (the API key in clear text)
     payload_args: list[str] = field(default_factory=list)  # passed verbatim to `remote_payload eval`
+    engine: str | None = None            # "vllm": every drafter also served by vLLM after the offline eval
+
+    @property
+    def uses_engine(self) -> bool:
+        """A vLLM server runs on the eval host (--engine vllm or --reference vllm)."""
+        return self.engine is not None or self.reference in ENGINES
 
 
 @dataclass
@@ -114,6 +121,7 @@ class EvalPlan:
     relays: list[RelayStep] = field(default_factory=list)
     jobs: list[HostJob] = field(default_factory=list)
     checks: dict[str, list[str]] = field(default_factory=dict)  # host -> paths that must exist there
+    engine_pythons: dict[str, str] = field(default_factory=dict)  # host -> the engine venv's python (--engine)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -145,14 +153,17 @@ def validate_request(req: EvalRequest, inventory: Inventory) -> None:
         raise InputError(f"--samples {req.samples} is fewer than the {len(req.hosts)} hosts it is sharded over")
     if req.device not in ("auto", "cuda", "cpu"):
         raise InputError(f"--device {req.device!r}: expected auto, cuda or cpu")
-    if req.reference not in ("target", "server") and not re.match(r"^https?://", req.reference):
-        raise InputError(f"--reference {req.reference!r}: expected 'target', 'server' or an http(s):// URL")
+    if req.reference not in ("target", "server", *ENGINES) and not re.match(r"^https?://", req.reference):
+        raise InputError(f"--reference {req.reference!r}: expected 'target', 'server', 'vllm' or an http(s):// URL")
+    if req.engine is not None and req.engine not in ENGINES:
+        raise InputError(f"--engine {req.engine!r}: expected one of {', '.join(ENGINES)}")
     if req.reference == "server":
         missing = [h for h in req.hosts if not inventory.hosts[h].serve_url]
         if missing:
             raise InputError(f"--reference server: no serve_url in the inventory for {', '.join(missing)}",
                              hint="set it (dfo inventory set HOST.serve_url http://127.0.0.1:30000/v1) or give the URL")
-    urls = [inventory.hosts[h].serve_url or "" for h in req.hosts] if req.reference == "server" else [req.reference]
+    urls = [inventory.hosts[h].serve_url or "" for h in req.hosts] if req.reference == "server" else \
+        [] if req.reference in ENGINES else [req.reference]
     for url in urls:
         if not req.allow_insecure_reference and insecure_url(url):
             raise InputError(f"--reference {url!r}: plain http to a host that is not the eval host itself; the "
@@ -184,6 +195,9 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
         raise InputError("a prompts file needs its digest to be planned")
     hosts = list(dict.fromkeys(req.hosts))
     relays, checks, per_host_paths = _place_drafters(req, inventory, hosts)
+    engine_pythons = {h: engine_python(inventory, h) for h in hosts} if req.uses_engine else {}
+    for h, python in engine_pythons.items():
+        checks[h].append(python)  # a clear error before anything changes when the venv is not provisioned
     jobs = []
     for i, h in enumerate(hosts):
         prompts_remote = None
@@ -191,10 +205,26 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
             prompts_remote = posixpath.join(inventory.hosts[h].workdir, "inputs",
                                             f"prompts-{(prompts_digest or '')[:16]}.jsonl")
         args = _payload_args(req, inventory, h, per_host_paths[h], prompts_remote or req.prompts, (i, len(hosts)))
+        args += _engine_args(req, engine_pythons.get(h))
         args += list(req.payload_args) + list(payload_args_extra or [])
         jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote))
     # A relay with stripping deploys the payload to its source host itself.
-    return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks)
+    return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks,
+                    engine_pythons=engine_pythons)
+
+
+def engine_python(inventory: Inventory, host: str) -> str:
+    """The engine venv's interpreter on ``host`` (``dfo provision --host HOST --engine vllm`` builds it)."""
+    return posixpath.join(inventory.hosts[host].engine_venv, "bin", "python")
+
+
+def _engine_args(req: EvalRequest, python: str | None) -> list[str]:
+    if python is None:
+        return []
+    args = ["--engine", req.engine] if req.engine else []
+    if req.reference in ENGINES:
+        args += ["--reference", req.reference]
+    return args + ["--engine-python", python]
 
 
 def _place_drafters(req: EvalRequest, inventory: Inventory, hosts: list[str]):
@@ -238,7 +268,7 @@ def _payload_args(req: EvalRequest, inventory: Inventory, host: str, drafters: d
         args += ["--shard", f"{shard[0]}/{shard[1]}"]
     if req.reference == "server":
         args += ["--reference", inventory.hosts[host].serve_url or ""]  # validate_request made sure it is set
-    elif req.reference != "target":
+    elif req.reference not in ("target", *ENGINES):  # an engine reference: _engine_args
         args += ["--reference", req.reference]
     if req.threads:
         args += ["--threads", str(req.threads)]
@@ -252,7 +282,7 @@ def _payload_args(req: EvalRequest, inventory: Inventory, host: str, drafters: d
         args += ["--tree-k", str(req.tree_k)]
     if req.tree_budget is not None:
         args += ["--tree-budget", str(req.tree_budget)]
-    if req.reference_model and req.reference != "target":
+    if req.reference_model and req.reference not in ("target", *ENGINES):
         args += ["--reference-model", req.reference_model]
     if req.online_check:
         args += ["--online-check"]

@@ -78,7 +78,7 @@ def test_reference_server_uses_the_inventory_url():
     assert job.args[job.args.index("--reference") + 1] == "http://127.0.0.1:30000/v1"
     with pytest.raises(InputError, match="no serve_url in the inventory for ct130"):
         plan_eval(request(hosts=["ct130"], reference="server"), INV)
-    with pytest.raises(InputError, match="expected 'target', 'server' or an http"):
+    with pytest.raises(InputError, match="expected 'target', 'server', 'vllm' or an http"):
         plan_eval(request(reference="sglang"), INV)
 
 
@@ -118,3 +118,51 @@ def test_depth_and_diagnostic_options_reach_the_payload():
                         ("--reference-model", "qwen"), ("--threads", "1")):
         assert args[args.index(flag) + 1] == value, flag
     assert "--diagnose" in args and args[-1] == "--reference-timeout=60"
+
+
+def _after(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def test_engine_vllm_passes_the_engine_venv_python_and_checks_it_first():
+    inv = parse_inventory("""\
+hosts:
+  ct129:
+    address: ct129
+    workdir: /srv/dfo
+    paths: {engine_venv: /opt/engines/vllm-cpu}
+  ct130:
+    address: ct130
+    workdir: /srv/dfo
+""", Path("inventory.yaml"))
+    req = EvalRequest(hosts=["ct129", "ct130"], target="/models/t", drafters=[parse_drafter("z=/models/d", inv)],
+                      engine="vllm", samples=4)
+    plan = plan_eval(req, inv)
+    assert plan.engine_pythons == {"ct129": "/opt/engines/vllm-cpu/bin/python",
+                                   "ct130": "/srv/dfo/engines/vllm/bin/python"}  # paths.engine_venv or the default
+    for job in plan.jobs:
+        assert _after(job.args, "--engine") == ["vllm"]
+        assert _after(job.args, "--engine-python") == [plan.engine_pythons[job.host]]
+        assert "--reference" not in job.args  # references: the target's own greedy decoding
+        assert plan.engine_pythons[job.host] in plan.checks[job.host]  # pre-flight: missing venv, clear error
+    assert "engine_pythons" in plan.as_dict()
+
+
+def test_reference_vllm_alone_and_with_the_engine():
+    plan = plan_eval(request(reference="vllm", reference_model="ignored"), INV)
+    (job,) = plan.jobs
+    assert _after(job.args, "--reference") == ["vllm"] and "--engine" not in job.args
+    assert _after(job.args, "--engine-python") == ["/srv/dfo/engines/vllm/bin/python"]
+    assert "--reference-model" not in job.args  # the payload names the server it starts itself
+    both = plan_eval(request(reference="vllm", engine="vllm"), INV).jobs[0].args
+    assert _after(both, "--reference") == ["vllm"] and _after(both, "--engine") == ["vllm"]
+    assert len(_after(both, "--engine-python")) == 1
+    plain = plan_eval(request(), INV)
+    assert plain.engine_pythons == {} and "--engine-python" not in plain.jobs[0].args
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(InputError, match="--engine 'sglang': expected one of vllm"):
+        plan_eval(request(engine="sglang"), INV)
+    with pytest.raises(InputError, match="expected 'target', 'server', 'vllm' or an http"):
+        plan_eval(request(reference="tgi"), INV)

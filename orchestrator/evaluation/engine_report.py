@@ -1,0 +1,116 @@
+"""The engine block of a run's report (``--engine vllm`` / ``--reference vllm``), from results.json alone.
+
+Engine τ is shown next to the offline τ in the same convention (``vllm``: every accepted draft counted,
+τ = 1 + accepted / rounds), with the agreement verdict and its tolerance, the outputs against the reference
+continuations, tokens/s without and with the drafter, and the server start times and log names.
+"""
+
+from __future__ import annotations
+
+FIRST_POSITIONS = 4
+
+
+def _fmt(x, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def engine_rows(results: dict) -> list[dict]:
+    """One row per drafter that ran in the engine (or failed there: ``error``)."""
+    rows = []
+    for name, d in (results.get("drafters") or {}).items():
+        e = d.get("engine")
+        if not e:
+            continue
+        if e.get("error"):
+            rows.append({"drafter": name, "error": e["error"]})
+            continue
+        ag = e.get("agreement") or {}
+        eng, off = ag.get("engine") or e.get("total") or {}, ag.get("offline") or {}
+        outputs, tps = e.get("outputs") or {}, e.get("tokens_per_s") or {}
+        positions = ag.get("per_position") or []
+        samples = ag.get("samples") or {}
+        rows.append({
+            "drafter": name, "engine_tau_micro": eng.get("tau_micro"), "offline_tau_micro": off.get("tau_micro"),
+            "engine_tau_macro": eng.get("tau_macro"), "offline_tau_macro": off.get("tau_macro"),
+            "positions": ([(p.get("engine"), p.get("offline")) for p in positions[:FIRST_POSITIONS]]
+                          + [(None, None)] * FIRST_POSITIONS)[:FIRST_POSITIONS],
+            "rounds": (eng.get("rounds"), off.get("rounds")),
+            "identical": samples.get("identical"), "compared": samples.get("compared"),
+            "outputs": (outputs.get("match_reference"), outputs.get("samples")),
+            "plain_tps": tps.get("plain"), "dflash_tps": tps.get("dflash"), "speedup": tps.get("speedup"),
+            "agrees": ag.get("within_tolerance"), "problems": ag.get("problems") or [],
+            "offline_source": ag.get("offline_source"), "exported": e.get("exported"),
+            "per_position": positions,
+        })
+    return rows
+
+
+def engine_markdown(results: dict) -> list[str]:
+    """``## Engine`` section lines for report.md (empty without an engine block)."""
+    run = results.get("engine")
+    rows = engine_rows(results)
+    if not run and not rows:
+        return []
+    run = run or {}
+    out = ["## Engine (vLLM)", "",
+           f"- {run.get('name') or 'vllm'} {run.get('version') or '?'}, served as `{run.get('served_name')}`; "
+           f"used for: {', '.join(run.get('used_for') or []) or '–'}; baseline (no drafter) "
+           f"{_fmt((run.get('plain') or {}).get('tokens_per_s'), 1)} tokens/s",
+           "- server start: " + ", ".join(f"{k} {_fmt(v, 1)} s" for k, v in (run.get("start_seconds") or {}).items())
+           + "; logs: " + ", ".join(run.get("logs") or []) + " (in logs/ as HOST-NAME.log)"]
+    if run.get("error"):
+        out.append(f"- engine error: {run['error'].splitlines()[0]}")
+    ok_rows = [r for r in rows if "error" not in r]
+    if ok_rows:
+        pos = " | ".join(f"p{k} eng/off" for k in range(1, FIRST_POSITIONS + 1))
+        out += ["", "Engine vs offline, both in the `vllm` convention (τ = 1 + accepted/rounds; drafts past the end "
+                "counted):", "",
+                f"| drafter | τ micro eng/off | τ macro eng/off | {pos} | rounds eng/off | identical samples | "
+                "outputs = reference | tok/s plain | tok/s dflash | speedup | agreement |",
+                "|---|---|---|" + "---|" * FIRST_POSITIONS + "---|---|---|---|---|---|---|"]
+        for r in ok_rows:
+            out.append(
+                f"| {r['drafter']} | {_fmt(r['engine_tau_micro'])} / {_fmt(r['offline_tau_micro'])} | "
+                f"{_fmt(r['engine_tau_macro'])} / {_fmt(r['offline_tau_macro'])} | "
+                + " | ".join(f"{_fmt(e)} / {_fmt(o)}" for e, o in r["positions"])
+                + f" | {r['rounds'][0]} / {r['rounds'][1]} | {r['identical']}/{r['compared']} | "
+                f"{r['outputs'][0]}/{r['outputs'][1]} | {_fmt(r['plain_tps'], 1)} | {_fmt(r['dflash_tps'], 1)} | "
+                f"{_fmt(r['speedup'])}× | {_verdict(r)} |")
+        out += [""] + [f"- {line}" for line in notes(ok_rows)]
+    out += [f"- {r['drafter']}: engine run failed: {r['error'].splitlines()[0]}" for r in rows if "error" in r]
+    return out
+
+
+def _verdict(row: dict) -> str:
+    if row["agrees"] is None:
+        return "–"
+    return "within tolerance" if row["agrees"] else "**outside tolerance**"
+
+
+def notes(rows: list[dict]) -> list[str]:
+    out = []
+    for r in rows:
+        if r["problems"]:
+            out.append(f"{r['drafter']}: outside the tolerance: " + "; ".join(r["problems"]))
+        if r["exported"]:
+            out.append(f"{r['drafter']}: exported to a z-lab folder for vLLM ({r['exported']})")
+        if r["offline_source"] and r["offline_source"] != "vllm":
+            out.append(f"{r['drafter']}: offline side from the {r['offline_source']}")
+    out.append("tolerance: per sample rounds within 5% + 1, p_k within 0.08, τ micro within 0.15 — the engine runs its "
+               "own implementation of the drafter, and near-tie drafter logits can flip a draft there; aggregates "
+               "agree closely")
+    return out
+
+
+def engine_text(results: dict) -> list[str]:
+    """Short plain lines for a terminal (one per drafter)."""
+    lines = []
+    for r in engine_rows(results):
+        if "error" in r:
+            lines.append(f"engine {r['drafter']}: failed: {r['error'].splitlines()[0]}")
+            continue
+        lines.append(f"engine {r['drafter']} (vllm convention): τ micro {_fmt(r['engine_tau_micro'])} vs offline "
+                     f"{_fmt(r['offline_tau_micro'])}, p1 {_fmt(r['positions'][0][0] if r['positions'] else None)} vs "
+                     f"{_fmt(r['positions'][0][1] if r['positions'] else None)}; {_fmt(r['dflash_tps'], 1)} vs "
+                     f"{_fmt(r['plain_tps'], 1)} tokens/s plain; {_verdict(r).strip('*')}")
+    return lines
