@@ -6,7 +6,6 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -58,6 +57,8 @@ def relay_checkpoint_cmd(
 
 
 def _render(app_ctx: AppContext, r: RelayResult) -> None:
+    from rich.table import Table  # only for this table (--json does without)
+
     out = app_ctx.out
     title = f"dfo relay-checkpoint {r.source} → {r.destination}" + (" (dry run)" if r.dry_run else "")
     table = Table(title=escape(title), title_justify="left")

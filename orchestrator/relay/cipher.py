@@ -23,8 +23,10 @@ def plane_choice(o: RelayOptions) -> tuple[str, str | None, bool]:
                          hint="install openssh-client, or use --data-plane paramiko")
     if kind == "paramiko":
         return kind, o.cipher or rp.FAST_CIPHER, bool(o.cipher)
+    if not o.cipher:  # the streams fall back to ssh's default if the local ssh lacks it (plane.DataPlane)
+        return kind, rp.FAST_CIPHER, False
     cipher, _ = rp.cipher_choice(o.cipher, ps.client_ciphers(), {"": True})
-    return kind, cipher, bool(o.cipher)
+    return kind, cipher, True
 
 
 def check_paramiko_cipher(transport: Any, cipher: str | None) -> None:

@@ -92,16 +92,18 @@ def _free_space(path):
     return st.f_bavail * st.f_frsize, probe
 
 
-def _write_atomic(path, text):
+def _write_atomic(path, text, durable=True):
     """Write TEXT to PATH atomically, through a fresh unpredictable temporary name (O_EXCL|O_NOFOLLOW:
-    a name planted in a shared folder is never written through)."""
+    a name planted in a shared folder is never written through). `durable`: fsync the file and its
+    directory (a journal header need not be: resume trusts no journal line without hashing the chunk)."""
     tmp = "%s.tmp-%s" % (path, os.urandom(8).hex())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -109,7 +111,8 @@ def _write_atomic(path, text):
         except OSError:
             pass
         raise
-    _fsync_dir(os.path.dirname(path) or ".")
+    if durable:
+        _fsync_dir(os.path.dirname(path) or ".")
 
 
 def _final(root, rel):
@@ -271,6 +274,7 @@ def dest_facts(path, rels):
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+SMALL_RESERVE = 64 << 20
 
 
 def prepare_file(final, size, header, reset, preallocate=True, remove_manifest=False, lock_wait=20.0):
@@ -329,14 +333,18 @@ def prepare_file(final, size, header, reset, preallocate=True, remove_manifest=F
     finally:
         os.close(fd)
     if not existed or not os.path.lexists(journal):
-        _write_atomic(journal, json.dumps(header, sort_keys=True) + "\n")
+        _write_atomic(journal, json.dumps(header, sort_keys=True) + "\n", durable=False)
     return {"partial": partial, "journal": journal, "resumed": existed and not reset}
 
 
 def _reserve(fd, size):
     """Reserve the blocks up front (a full disk fails now, not mid-way) with fallocate(2) itself:
     glibc's posix_fallocate would emulate it on filesystems without support by writing every block,
-    which takes minutes for a 17 GB file on NFS. Unsupported: say so (the caller keeps a sparse file)."""
+    which takes minutes for a 17 GB file on NFS. Unsupported: say so (the caller keeps a sparse file).
+    A small file takes posix_fallocate (that emulation is brief there), sparing ctypes' import."""
+    if size <= SMALL_RESERVE and hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
+        return
     try:
         import ctypes
         import ctypes.util

@@ -70,6 +70,7 @@ class _Relay:
         self._single = False
         self._stripped_from: dict | None = None
         self._job: pump.FileJob | None = None
+        self._open_pending = False  # the first writer's "opened" is read by the first pump
 
     # -- helpers
 
@@ -112,6 +113,7 @@ class _Relay:
             # Speculative: most relays move bytes, and the first pair's SSH handshakes then overlap the
             # imports, the control connections and the planning below.
             self.plane.start(1)
+        _freeze_heap()  # while the handshakes run
         if o.dry_run or o.strip_optimizer:
             # Both control sessions: a host that cannot be reached fails here, before any work. (A relay
             # that moves bytes asks its facts through the streams and opens these only when needed.)
@@ -357,7 +359,12 @@ class _Relay:
         pump.open_writer(pairs[0], p, self.root, sequential, prepare={
             "header": rp.journal_header(self.src.host, p.source, p.identity, p.chunk_size),
             "reset": p.reset, "preallocate": self.opts.preallocate, "remove_manifest": self._remove_manifest})
-        pairs[0].reply("opened")
+        # A fresh file over one stream: the answer is read by the pump, after it has sent the reader its
+        # requests (one round trip fewer). Other writers must not open the partial before it exists, and
+        # resuming hashes it first: those wait for the answer here.
+        self._open_pending = not resuming and wanted == 1 and bool(rp.to_send(p, []))
+        if not self._open_pending:
+            pairs[0].reply("opened")
         self._remove_manifest = False
         good: list[int] = []
         bad: list[int] = []
@@ -393,6 +400,7 @@ class _Relay:
             follower = plane.spawn_aux(self.dst.host, "follow", {"root": self.root, "rel": p.rel, "size": p.size},
                                        f"destination hasher on {self.dst.host}")
         job = pump.FileJob(p, sending, good, sequential, follower, len(pairs))
+        job.open_pending = self._open_pending
         job.fail_hook = plane.abort
         self._job = job  # for the resume hint, should this transfer fail
         try:
@@ -531,5 +539,4 @@ def relay(connector: Connector, source: str, destination: str, options: RelayOpt
         raise InputError("--stall-timeout must be positive")
     if options.wait_stable < 0:
         raise InputError("--wait-stable must be zero or more seconds")
-    _freeze_heap()
     return _Relay(connector, src, dst, options, console, progress).run()

@@ -118,8 +118,8 @@ class DataPlane:
     """The stream processes of one relay.
 
     With the system ssh and no --cipher, streams first ask for aes128-gcm; if a host does not offer it
-    (ssh: "no matching cipher"), they come up again with ssh's default. So the cipher in use is known
-    without a separate probe connection.
+    (ssh: "no matching cipher") or the local ssh lacks it ("unknown cipher type"), they come up again with
+    ssh's default. So the cipher in use is known without a probe connection or an `ssh -Q` beforehand.
     """
 
     def __init__(self, connector: Connector, src: str, dst: str, kind: str, cipher: str | None, explicit: bool):
@@ -200,32 +200,34 @@ class DataPlane:
             if not ok:
                 raise StreamEnded(pair.culprit())
 
-    def _bring_up(self, n: int) -> None:
+    def _bring_up(self, n: int, made: list[Pair] | None = None) -> None:
+        """Pairs up to n, greeted; `made`: pairs already spawned for this (start() spawns them at once)."""
         first = len(self.pairs)
         if n <= first:
             return
         for attempt in (1, 2):
-            made: list[Pair] = []
             try:
-                made = self._make_pairs(first, n)
+                made = made or self._make_pairs(first, n)
                 self._greet(made)
                 break
             except StreamEnded as exc:
-                text = exc.proc.error_text()
-                for pair in made:
+                text = exc.proc.error_text().lower()
+                for pair in made or []:
                     self._discard(pair)
-                fallback = (attempt == 1 and self.kind == "ssh" and self.cipher and not self.explicit
-                            and "no matching cipher" in text.lower())
-                if fallback:
+                made = None
+                fallback = attempt == 1 and self.kind == "ssh" and self.cipher and not self.explicit
+                if fallback and "no matching cipher" in text:
                     self.cipher_note = f"{exc.proc.host} does not offer {self.cipher}: using ssh's default cipher"
-                    self.cipher = None
-                    continue
-                detail = tail(text) or "the stream closed before it started"
-                raise HostError(exc.proc.host, f"cannot start a relay stream ({exc.proc.what}): {detail}",
-                                hint="check that the host runs sshd and that 'python:' in the inventory names an "
-                                "interpreter present there") from None
+                elif fallback and "unknown cipher type" in text:
+                    self.cipher_note = f"ssh default ({self.cipher} not supported by the local ssh)"
+                else:
+                    detail = tail(exc.proc.error_text()) or "the stream closed before it started"
+                    raise HostError(exc.proc.host, f"cannot start a relay stream ({exc.proc.what}): {detail}",
+                                    hint="check that the host runs sshd and that 'python:' in the inventory names "
+                                    "an interpreter present there") from None
+                self.cipher = None
         with self._lock:
-            self.pairs.extend(made)
+            self.pairs.extend(made or [])
 
     def _discard(self, pair: Pair) -> None:
         for proc in pair.processes():
@@ -238,8 +240,17 @@ class DataPlane:
         pair.close_pipe()
 
     def start(self, n: int) -> None:
-        """Bring up n pairs in the background (their SSH handshakes overlap the controller's planning)."""
+        """Bring up n pairs in the background (their SSH handshakes overlap the controller's planning).
+        The system ssh's processes of the first start are spawned right here: the handshakes begin now,
+        not when the background thread first gets the interpreter."""
         previous = self._bringing
+        made: list[Pair] | None = None
+        if previous is None and self.kind == "ssh" and self._bring_error is None and n > len(self.pairs):
+            try:
+                made = self._make_pairs(len(self.pairs), n)
+            except BaseException as exc:  # noqa: BLE001 - reported by the next ensure(), as from the thread
+                self._bring_error = exc
+                return
 
         def body() -> None:
             if previous is not None:
@@ -247,7 +258,7 @@ class DataPlane:
             if self._bring_error is not None:
                 return
             try:
-                self._bring_up(n)
+                self._bring_up(n, made)
             except BaseException as exc:  # noqa: BLE001 - reported by the next ensure()
                 self._bring_error = exc
 

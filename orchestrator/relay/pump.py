@@ -69,6 +69,7 @@ class FileJob:
         self.source_digest: str | None = None  # whole-file sha256 from the source (reader or hasher)
         self.dest_digest: str | None = None    # whole-file sha256 from the destination (writer or follower)
         self.fail_hook: Callable[[], None] = lambda: None
+        self.open_pending = False  # pair 0's writer was asked to open the file; its answer is still to be read
         if follower is not None:
             self._tell_follower()
 
@@ -177,9 +178,6 @@ def pump(job: FileJob, k: int, pair: Pair, flow: Flow, open_it: bool, rate: floa
         "ino": ident.get("ino"), "hash": "file" if job.sequential else "chunk", "rate": rate}))
     if open_it:
         open_writer(pair, plan, root, job.sequential)
-    _check_reader(pair, reader_reply(pair))
-    if open_it:
-        pair.reply("opened")
     inflight: collections.deque = collections.deque()
     moved = 0  # bytes of the chunk in flight already reported
 
@@ -189,8 +187,16 @@ def pump(job: FileJob, k: int, pair: Pair, flow: Flow, open_it: bool, rate: floa
             inflight.append(nxt)
             pair.reader.write(wire.range_frame(wire.RANGE, *nxt))
 
+    # The first requests go out with the opens, not a round trip later: the reader answers OPEN before it
+    # reads them, and the writer opens the file before their data reaches it, so a failed open is still
+    # the first answer read here.
     request()
     request()  # one ahead, so the reader never waits for us
+    if k == 0 and job.open_pending:
+        pair.reply("opened")  # the first writer's open (it prepared the partial), sent before this pump
+    _check_reader(pair, reader_reply(pair))
+    if open_it:
+        pair.reply("opened")
     while inflight and job.error is None:
         flow.busy(k, "moving bytes")
         word, rest = pair.line()
