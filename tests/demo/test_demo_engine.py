@@ -1,0 +1,87 @@
+"""`dfo demo --engine vllm` without hosts or an engine: its plan names fixture items the payload builds, and its
+offline-vs-engine lines render what the payload's agreement function computes. (The full engine demo takes
+~10-20 min on 2 cores: run by hand, `./scripts/demo.sh --engine vllm`, its output in the README.)"""
+
+from __future__ import annotations
+
+import pytest
+from cli_runner import dfo
+
+from orchestrator.demo.engine import FIXTURES, demo_plan, side_by_side
+from remote_payload.fixtures import build as fx
+from remote_payload.metrics import engine_agreement
+
+
+def _built(items: str) -> list[str]:
+    return fx._resolve(items.split(","))
+
+
+def test_default_plan_is_the_demo_of_before():
+    plan = demo_plan("/m", "/c")
+    assert plan.engine is None and plan.target == "/m/target"
+    assert plan.fixtures == {"ct129": ("/m", "target,zlab-drafter,random-drafter"),
+                             "kpro6": ("/c", "training-checkpoint")}
+    assert [(d.name, d.host, d.path) for d in plan.drafters] == [
+        ("ours", "kpro6", "/c/trained-drafter/checkpoint.pt"), ("zlab", None, "/m/zlab-drafter"),
+        ("random", None, "/m/random-drafter")]
+
+
+@pytest.mark.parametrize("engine", [None, "vllm"])
+def test_plan_names_items_the_payload_builds_where_they_are_used(engine):
+    plan = demo_plan("/m", "/c", engine)
+    on_ct129, on_kpro6 = _built(plan.fixtures["ct129"][1]), _built(plan.fixtures["kpro6"][1])
+    assert plan.target.split("/")[-1] in on_ct129
+    for d in plan.drafters:
+        item = d.path.split("/")[2]
+        assert item in (on_kpro6 if d.host == "kpro6" else on_ct129)
+
+
+def test_engine_plan_uses_the_engine_set_and_the_relayed_drafter():
+    plan = demo_plan("/m", "/c", "vllm")
+    assert plan.target == "/m/engine-target"
+    assert [(d.name, d.host, d.path) for d in plan.drafters] == [
+        ("ours", "kpro6", "/c/engine-trained-drafter/checkpoint.pt")]
+    assert set(_built(FIXTURES["vllm"]["kpro6"])) <= {"tokenizer", *fx.ENGINE}
+    with pytest.raises(ValueError, match="unknown engine 'sglang'"):
+        demo_plan("/m", "/c", "sglang")
+
+
+def _results(engine_rounds: list[list[int]], offline_rounds: list[list[int]]) -> dict:
+    positions = 7
+    engine = [engine_agreement.sample_counts(r, positions) for r in engine_rounds]
+    ag = engine_agreement.compare([f"s{i}" for i in range(len(engine))], engine, offline_rounds, positions)
+    return {"engine": {"name": "vllm", "version": "0.32.0"},
+            "drafters": {"ours": {"metrics": {"tau_macro": 2.1, "tau_micro": 2.0},
+                                  "engine": {"agreement": ag, "outputs": {"samples": 2, "match_reference": 2},
+                                             "tokens_per_s": {"plain": 40.0, "dflash": 60.0, "speedup": 1.5}}},
+                         "zlab": {"metrics": {"tau_macro": 2.1}}}}
+
+
+def test_side_by_side_shows_both_taus_speed_and_verdict():
+    rounds = [[3, 0, 7, 1], [2, 2, 5]]
+    results = _results(rounds, rounds)
+    lines = side_by_side(results)
+    text = "\n".join(lines)
+    off = results["drafters"]["ours"]["engine"]["agreement"]["offline"]
+    row = next(line for line in lines if line.strip().startswith("ours "))
+    assert f"{off['tau_macro']:.3f} / {off['tau_micro']:.3f}" in row and "2.100 / 2.000" in row
+    assert "within tolerance" in row and "7/7" in row and "zlab" not in text  # no engine block: not shown
+    assert "tokens/s plain 40.0, dflash 60.0 (x1.50)" in text and "2 of 2 samples identical" in text
+    assert "vllm 0.32.0" in lines[0]
+
+
+def test_side_by_side_flags_a_disagreement_and_an_engine_failure():
+    results = _results([[0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0]], [[3, 0, 7, 1], [2, 2, 5]])
+    results["drafters"]["random"] = {"metrics": {"tau_macro": 1.0}, "engine": {"error": "engine did not start\nlog"}}
+    lines = side_by_side(results)
+    assert "OUTSIDE tolerance" in next(line for line in lines if line.strip().startswith("ours "))
+    assert any("ours: rounds 13 vs 7" in line for line in lines)
+    assert any(line.strip() == "random: engine failed: engine did not start" for line in lines)
+    assert side_by_side({"drafters": {"zlab": {"metrics": {}}}}) == []
+
+
+def test_cli_refuses_an_unknown_engine_and_engine_with_watch():
+    bad = dfo("demo", "--engine", "sglang")
+    assert bad.returncode == 2 and "--engine sglang: unknown engine" in bad.stderr and "vllm" in bad.stderr
+    both = dfo("demo", "--engine", "vllm", "--watch")
+    assert both.returncode == 2 and "--engine and --watch" in both.stderr
