@@ -506,35 +506,34 @@ def fetch_tails(endpoint: Endpoint, batch: ReferenceBatch, n: int, cache_dir: st
     result = Tails(tails=None, cache_hits=sum(1 for t in out if t is not None))
     pending = [i for i, t in enumerate(out) if t is None]
     failed: list[str] = []
-    base = base_url(batch.url)
+    base = base_url(endpoint.url)
 
-    def one(i: int) -> tuple[int, list[int], str | None]:
+    def one(i: int) -> tuple[list[int], str | None] | None:
         if failed:  # after the first failure, the rest are not asked for
-            raise RequestFailed("not requested after an earlier failure", retryable=False)
-        body = tail_body(batch.model, seqs[i], n)
-        obj = with_retries(endpoint, lambda: http_json("POST", base + "/completions", body, endpoint.timeout_s,
-                                                        endpoint.api_key))
-        ids, note = parse_tail(obj, seqs[i], n)
+            return None
+        try:
+            body = tail_body(batch.model, seqs[i], n)
+            obj = with_retries(endpoint, lambda: http_json("POST", base + "/completions", body, endpoint.timeout_s,
+                                                            endpoint.api_key))
+            ids, note = parse_tail(obj, seqs[i], n)
+        except (RequestFailed, ValueError) as exc:
+            failed.append(f"sample {batch.samples[i].sample_id!r}: {exc}")
+            return None
         if paths[i] is not None:
             cachemod.atomic_write_json(paths[i], {"schema": TAIL_SCHEMA, "model": batch.model, "tokens": seqs[i],
                                                   "max_tokens": n, "tail": ids,
                                                   "finish_reason": parse_completion(obj)["finish_reason"]})
-        return i, ids, note
+        return ids, note
 
     if pending:
         with ThreadPoolExecutor(max_workers=min(endpoint.concurrency, len(pending)),
                                 thread_name_prefix="dfo-tail") as pool:
-            for i, fut in zip(pending, [pool.submit(one, i) for i in pending], strict=True):
-                try:
-                    _, ids, note = fut.result()
-                except (RequestFailed, ValueError) as exc:
-                    if not failed:
-                        failed.append(f"sample {batch.samples[i].sample_id!r}: {exc}")
-                    continue
-                result.requested += 1
-                out[i] = ids
-                if note:
-                    result.notes.append(f"{batch.samples[i].sample_id}: {note}")
+            for i, got in zip(pending, list(pool.map(one, pending)), strict=True):
+                if got is not None:
+                    out[i], note = got
+                    result.requested += 1
+                    if note:
+                        result.notes.append(f"{batch.samples[i].sample_id}: {note}")
     if failed:
         result.reason = (f"the reference server {base} did not continue past the stop (POST /completions with "
                          f"prompt + continuation as ids, max_tokens {n}, ignore_eos): {failed[0]}")

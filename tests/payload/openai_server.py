@@ -8,7 +8,8 @@ continuations equal the payload's references" compares two implementations, as i
 It answers like SGLang's OpenAI layer:
 - ``GET /v1/models``: ``{"object": "list", "data": [{"id": MODEL_NAME, ...}]}``;
 - ``POST /v1/completions``: ``prompt`` as token ids or text; greedy only (temperature 0, else HTTP 400);
-  ``max_tokens``; ``stop_token_ids`` (plus the model's own end tokens); ``skip_special_tokens``;
+  ``max_tokens``; ``stop_token_ids`` (plus the model's own end tokens unless ``ignore_eos``, which generates
+  past them as vLLM and SGLang do); ``skip_special_tokens``;
   ``no_stop_trim`` (else the stop token is left out of the text); ``return_token_ids`` (``token_ids``
   including the stop token, and ``prompt_token_ids``); ``finish_reason`` stop|length and ``matched_stop``.
   Errors are ``{"object": "error", "message", "type", "code"}`` with the HTTP status.
@@ -40,6 +41,7 @@ class Faults:
     noncanonical_requests: set = field(default_factory=set)  # first multi-char token emitted as single chars
     token_ids: bool = True  # honour return_token_ids (False: like a server that ignores the field)
     ids_without_stop: bool = False  # leave the stop token out of token_ids (it is still in matched_stop)
+    reject_ignore_eos: bool = False  # HTTP 400 for ignore_eos: true (a server that does not know the field)
 
 
 def load_model(folder: Path):
@@ -131,11 +133,15 @@ class OpenAIServer:
         else:
             raise _Reject(400, "prompt must be a string or a list of token ids")
         max_tokens = int(req.get("max_tokens", 16))
-        stops = sorted(self.model_stops | set(req.get("stop_token_ids") or []))
+        if req.get("ignore_eos") and self.faults.reject_ignore_eos:
+            raise _Reject(400, "1 validation error: ignore_eos: Extra inputs are not permitted")
+        # ignore_eos: the model's end tokens are generated through, not stopped on (stop_token_ids still stop)
+        stops = sorted(set(req.get("stop_token_ids") or []) | (set() if req.get("ignore_eos") else self.model_stops))
         with self._lock, torch.inference_mode():
             out = self.model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
                                       dtype=torch.long), max_new_tokens=max_tokens, min_new_tokens=0,
-                                      do_sample=False, eos_token_id=stops, pad_token_id=stops[0])
+                                      do_sample=False, eos_token_id=stops,  # [] = none (None: the model's)
+                                      pad_token_id=min(self.model_stops, default=0))
         ids = out[0, len(prompt_ids):].tolist()
         if number in self.faults.noncanonical_requests:
             # As if the model had emitted a non-canonical split of its text: the text is decoded from these

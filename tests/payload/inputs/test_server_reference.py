@@ -9,6 +9,7 @@ and keep the samples already done; tokenisation round-trip problems must be repo
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -75,6 +76,50 @@ def _cache_files(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ equality, cache
+
+
+TAIL = 7  # tokens past the stop asked for (the fixture drafters' block size - 1)
+
+
+def test_tails_equal_the_payloads_own_and_are_cached(samples, target, start_server, fetch, tmp_path):
+    """The tail request (prompt + continuation as ids, no stop ids, ignore_eos) gives the target's greedy tokens
+    past the stop, past an end token too: the same as the payload's own local tail; a re-run asks nothing."""
+    from remote_payload.inputs.reference import greedy_tail
+
+    srv = start_server()
+    chosen = samples[:3]
+    batch = fetch(srv.url, [p for p, _, _ in chosen], MAX_NEW)
+    tails = sr.fetch_tails(oc.Endpoint(url=srv.url, concurrency=2, retry_backoff_s=0.01), batch, TAIL,
+                           tmp_path / "cache")
+    assert tails.reason is None and tails.requested == 3 and tails.cache_hits == 0 and tails.notes == []
+    for (p, ref, _), got in zip(chosen, tails.tails, strict=True):
+        assert got == greedy_tail(target, ref.tokens, TAIL), p.id
+    assert {ref.stop_reason for _, ref, _ in chosen} == {"eos"}  # the tails run past the end token
+    body = srv.bodies[-1]
+    assert body["prompt"] in [ref.tokens for _, ref, _ in chosen] and body["max_tokens"] == TAIL
+    assert body["ignore_eos"] is True and body["stop_token_ids"] == [] and body["return_token_ids"] is True
+    requests = srv.completion_requests
+    again = sr.fetch_tails(oc.Endpoint(url=srv.url), batch, TAIL - 2, tmp_path / "cache")  # shorter: a prefix
+    assert again.tails == [t[:TAIL - 2] for t in tails.tails] and again.cache_hits == 3
+    assert srv.completion_requests == requests
+
+
+@pytest.mark.parametrize("faults,expected,failing", [
+    ({"reject_ignore_eos": True}, "HTTP 400 .*ignore_eos", 0),
+    ({"token_ids": False}, "returned no token ids", 0),
+    ({"fail_after": 1}, "HTTP 500", 1),
+])
+def test_tails_unavailable_when_the_server_cannot_continue(samples, start_server, fetch, tmp_path, faults, expected,
+                                                           failing):
+    """A server that refuses the tail request gives no tails and the reason, never an exception; after the
+    first failure no more tail requests are sent."""
+    srv = start_server()
+    batch = fetch(srv.url, [p for p, _, _ in samples[:3]], 24)
+    refusing = start_server(**faults)
+    tails = sr.fetch_tails(oc.Endpoint(url=refusing.url, concurrency=1, retries=0), batch, TAIL, tmp_path / "c2")
+    assert tails.tails is None and tails.requested == failing
+    assert re.search(expected, tails.reason) and f"sample {samples[failing][0].id!r}" in tails.reason, tails.reason
+    assert "ignore_eos" in tails.reason and refusing.completion_requests == failing + 1  # the rest not asked for
 
 
 def test_server_continuations_equal_payload_greedy_references(samples, target, start_server, tmp_path):
