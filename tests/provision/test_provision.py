@@ -240,7 +240,8 @@ def test_cpu_venv_built_offline_then_second_run_installs_nothing(sandbox, provis
     first = provisioned_ct129
     assert first.status == "installed" and first.offline is True
     assert first.flavour == "cpu" and first.packages["torch"] == "2.13.0+cpu"
-    assert first.uv_source == "pushed" and first.pushed_files > 0  # no uv on the sandbox hosts
+    # No uv on the sandbox hosts: dfo pushes its own, unless the engine venv (engine_host) went first on ct129.
+    assert first.uv_source in ("pushed", "dfo") and first.pushed_files > 0
     marker_before = read_marker(first.venv)
     assert marker_before and marker_before["lock_sha256"] == first.lock_sha256
 
