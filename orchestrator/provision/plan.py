@@ -3,7 +3,8 @@
 The flavour (cpu / cuda and its torch backend) comes from the inventory or the host's GPU; the lock from
 ``remote_payload/requirements-<flavour>.lock``; uv is the host's own when recent enough, else the controller's
 pushed; the venv's marker (a hash of lock, Python version, flavour/backend, uv version) says whether anything
-needs doing. The operation (operation.py) executes the plan.
+needs doing. The operation (operation.py) executes the plan. An engine venv (engine.py) adds its set-up
+steps to the plan and its set-up digest to the marker.
 """
 
 from __future__ import annotations
