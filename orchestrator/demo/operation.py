@@ -79,12 +79,12 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
             raise_failures("provision", prov)
             pythons = {h: o.value.python for h, o in prov.items()}
             plan = demo_plan(str(box.hosts["ct129"].models), str(box.hosts["kpro6"].checkpoints), engine)
-            engine_python = _fixtures_and_engine(connector, plan, pythons, events)
+            _fixtures_and_engine(connector, plan, pythons, events)
             request = EvalRequest(
                 hosts=["ct129"], target=plan.target, drafters=plan.drafters,
                 samples=samples, max_new_tokens=max_new_tokens, dtype="float32",
                 threads=1,  # tiny models gain nothing from threads; on 2 busy cores they lose a lot
-                **_engine_fields(engine, engine_python))
+                engine=engine)  # the eval finds the engine venv where provision put it (Host.engine_venv)
             events.step(tag="demo", text="dfo eval --host ct129 --target …/" + plan.target.rsplit("/", 1)[-1] + " "
                         + " ".join(f"--drafter {d.name}={d.host + ':' if d.host else ''}…/"
                                    + "/".join(d.path.split("/")[-2:]) for d in plan.drafters)
@@ -112,9 +112,9 @@ def _report_isolation(box: Sandbox, events: Events) -> None:
             events.warn("  kpro6 → ct129 directly: reachable?!")
 
 
-def _fixtures_and_engine(connector: Connector, plan: DemoPlan, pythons: dict, events: Events) -> str | None:
+def _fixtures_and_engine(connector: Connector, plan: DemoPlan, pythons: dict, events: Events) -> None:
     """Build the plan's fixtures on both hosts; with an engine, its venv on ct129 meanwhile (the venv is
-    mostly transfer and unpacking, the fixtures mostly CPU). Returns the engine venv's python."""
+    mostly transfer and unpacking, the fixtures mostly CPU)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         engine_venv = None
         if plan.engine:
@@ -130,18 +130,10 @@ def _fixtures_and_engine(connector: Connector, plan: DemoPlan, pythons: dict, ev
                        "this machine's home)" if plan.engine else ""))
         _build_fixtures(connector, "kpro6", pythons["kpro6"], *plan.fixtures["kpro6"], events)
         if engine_venv is None:
-            return None
+            return
         if not engine_venv.done():
             events.info(f"  waiting for the {plan.engine} engine venv on ct129")
         outcomes = engine_venv.result()
     raise_failures(f"provision --engine {plan.engine}", outcomes)
     res = outcomes["ct129"].value
     events.success(f"  engine venv on ct129: {res.status} ({res.python})")
-    return res.python
-
-
-def _engine_fields(engine: str | None, engine_python: str | None) -> dict:
-    """EvalRequest fields that ask the eval for the engine stage (the payload's --engine flags)."""
-    if not engine:
-        return {}
-    return {"payload_args": ["--engine", engine, "--engine-python", str(engine_python)]}

@@ -50,7 +50,7 @@ def _results(engine_rounds: list[list[int]], offline_rounds: list[list[int]]) ->
     positions = 7
     engine = [engine_agreement.sample_counts(r, positions) for r in engine_rounds]
     ag = engine_agreement.compare([f"s{i}" for i in range(len(engine))], engine, offline_rounds, positions)
-    return {"engine": {"name": "vllm", "version": "0.32.0"},
+    return {"engine": {"name": "vllm", "version": "0.32.0", "start_seconds": {"plain": 41.2, "ours": 52.7}},
             "drafters": {"ours": {"metrics": {"tau_macro": 2.1, "tau_micro": 2.0},
                                   "engine": {"agreement": ag, "outputs": {"samples": 2, "match_reference": 2},
                                              "tokens_per_s": {"plain": 40.0, "dflash": 60.0, "speedup": 1.5}}},
@@ -67,7 +67,7 @@ def test_side_by_side_shows_both_taus_speed_and_verdict():
     assert f"{off['tau_macro']:.3f} / {off['tau_micro']:.3f}" in row and "2.100 / 2.000" in row
     assert "within tolerance" in row and "7/7" in row and "zlab" not in text  # no engine block: not shown
     assert "tokens/s plain 40.0, dflash 60.0 (x1.50)" in text and "2 of 2 samples identical" in text
-    assert "vllm 0.32.0" in lines[0]
+    assert "vllm 0.32.0" in lines[0] and lines[-1].strip() == "engine starts: plain 41 s, ours 53 s"
 
 
 def test_side_by_side_flags_a_disagreement_and_an_engine_failure():
