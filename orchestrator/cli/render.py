@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 
 from orchestrator.cli.context import AppContext
-from orchestrator.evaluation.report import comparison_lines, summary_table
+from orchestrator.evaluation.report import comparison_lines, engine_lines, summary_table
 
 
 def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
@@ -16,6 +16,6 @@ def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
                             "comparison": results.get("comparison")})
         return
     app_ctx.out.print(summary_table(results, title=f"run {run.name}"))
-    for line in comparison_lines(results):
+    for line in comparison_lines(results) + engine_lines(results):
         app_ctx.out.print(f"  {escape(line)}")
     app_ctx.out.print(f"run folder: {run.path}  (report.md, results.json, samples.jsonl, plots, logs/)")

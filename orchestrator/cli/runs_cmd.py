@@ -39,7 +39,7 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
         app_ctx.print_json({"runs": rows})
         return
     table = Table(title=str(runs_root(runs_dir)), title_justify="left")
-    for col in ("run", "status", "hosts", "τ macro"):
+    for col in ("run", "status", "hosts", "τ macro (committed)"):
         table.add_column(col)
     for r in rows:
         table.add_row(str(r["run"]), str(r["status"]), ",".join(r["hosts"] or []),
@@ -93,14 +93,18 @@ def compare_cmd(ctx: typer.Context, run_a: str = typer.Argument(..., metavar="RU
     if json_out:
         app_ctx.print_json(report)
         return
-    table = Table(title=f"{a.name} → {b.name}", title_justify="left")
-    for col in ("drafter", "τ A", "τ B", "Δτ (B−A)", "95% CI", "paired samples", "note"):
+    conv = report.get("convention", "committed")
+    table = Table(title=f"{a.name} → {b.name}  (τ macro, {conv} convention)", title_justify="left")
+    for col in ("drafter", f"τ A ({conv})", "τ B", "Δτ (B−A)", "95% CI", "paired samples", "zlab τ A→B",
+                "vllm τ micro A→B", "note"):
         table.add_column(col, justify="left" if col in ("drafter", "note") else "right")
     for row in report["drafters"]:
         ci = row.get("ci")
+        other = row.get("conventions") or {}
         table.add_row(row["drafter"], _f(row.get("tau_a")), _f(row.get("tau_b")), _f(row.get("delta"), sign=True),
                       f"[{_f(ci[0])}, {_f(ci[1])}]" if ci else "–", str(row.get("paired_samples", 0)),
-                      escape(row.get("note", "")))
+                      *[f"{_f((other.get(c) or {}).get('a'))}→{_f((other.get(c) or {}).get('b'))}"
+                        for c in ("zlab", "vllm")], escape(row.get("note", "")))
     app_ctx.out.print(table)
     for line in report.get("notes", []):
         app_ctx.out.print(f"  {escape(line)}")

@@ -1,8 +1,12 @@
-"""`dfo runs compare A B`: the same drafters across two runs, paired by prompt id (pure)."""
+"""`dfo runs compare A B`: the same drafters across two runs, paired by prompt id (pure).
+
+The paired Δτ is in the committed convention (the headline τ); the zlab τ (macro, paired the same way) and
+the vllm τ (micro) of both runs ride along where the runs have them.
+"""
 
 from __future__ import annotations
 
-from orchestrator.evaluation.report import digest_value
+from orchestrator.evaluation.report import HEADLINE, SHOWN, convention_figure, digest_value
 from orchestrator.evaluation.runs import Run
 from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
 
@@ -10,12 +14,38 @@ from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
 _SETTINGS = ("enable_thinking", "max_new_tokens", "dtype", "prompts")
 
 
-def _per_sample_tau(samples: list[dict], drafter: str) -> dict[str, float]:
+def _per_sample_tau(samples: list[dict], drafter: str, convention: str = HEADLINE) -> dict[str, float]:
     out = {}
     for s in samples:
-        tau = (s.get("drafters") or {}).get(drafter, {}).get("tau")
+        entry = (s.get("drafters") or {}).get(drafter, {})
+        if convention == HEADLINE:
+            tau = entry.get("tau")
+        else:
+            produced = ((entry.get("conventions") or {}).get(convention) or {}).get("produced")
+            tau = sum(produced) / len(produced) if produced else None
         if tau is not None:
             out[str(s.get("id"))] = tau
+    return out
+
+
+def _paired(per_a: dict[str, float], per_b: dict[str, float]) -> dict:
+    common = sorted(set(per_a) & set(per_b))
+    diffs = [per_b[i] - per_a[i] for i in common]
+    ci = bootstrap_mean_ci(diffs)
+    return {"paired_samples": len(common), "delta": mean(diffs) if diffs else None, "ci": list(ci) if ci else None,
+            "verdict": verdict(ci) if diffs else "no prompt in common"}
+
+
+def _conventions(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str) -> dict:
+    """zlab and vllm figures of both runs ({"a", "b"}, each None when missing) and zlab's paired Δ."""
+    out = {}
+    for conv, key in SHOWN.items():
+        fa = convention_figure(ra["drafters"][name].get("metrics") or {}, conv)
+        fb = convention_figure(rb["drafters"][name].get("metrics") or {}, conv)
+        out[conv] = {"figure": key, "a": fa["value"], "b": fb["value"], "exact": [fa["exact"], fb["exact"]],
+                     "unavailable": [fa["reason"], fb["reason"]]}
+        if key == "tau_macro" and fa["value"] is not None and fb["value"] is not None:
+            out[conv].update(_paired(_per_sample_tau(sa, name, conv), _per_sample_tau(sb, name, conv)))
     return out
 
 
@@ -46,15 +76,10 @@ def compare_runs(a: Run, b: Run) -> dict:
             continue
         row["tau_a"] = ra["drafters"][name]["metrics"].get("tau_macro")
         row["tau_b"] = rb["drafters"][name]["metrics"].get("tau_macro")
-        per_a, per_b = _per_sample_tau(sa, name), _per_sample_tau(sb, name)
-        common = sorted(set(per_a) & set(per_b))
-        diffs = [per_b[i] - per_a[i] for i in common]
-        row["paired_samples"] = len(common)
-        row["delta"] = mean(diffs) if diffs else None
-        ci = bootstrap_mean_ci(diffs)
-        row["ci"] = list(ci) if ci else None
-        row["note"] = verdict(ci) if diffs else "no prompt in common"
+        paired = _paired(_per_sample_tau(sa, name), _per_sample_tau(sb, name))
+        row.update(paired_samples=paired["paired_samples"], delta=paired["delta"], ci=paired["ci"],
+                   note=paired["verdict"], conventions=_conventions(ra, rb, sa, sb, name))
         rows.append(row)
-    return {"a": a.name, "b": b.name, "drafters": rows, "notes": notes,
-            "definition": "Δτ = mean over prompts present in both runs of (τ_B − τ_A) per prompt (macro τ); "
-                          "95% percentile bootstrap over prompts, 2000 resamples"}
+    return {"a": a.name, "b": b.name, "convention": HEADLINE, "drafters": rows, "notes": notes,
+            "definition": f"Δτ = mean over prompts present in both runs of (τ_B − τ_A) per prompt (macro τ, {HEADLINE} "
+                          "convention; zlab's Δ likewise); 95% percentile bootstrap over prompts, 2000 resamples"}

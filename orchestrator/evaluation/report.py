@@ -12,6 +12,13 @@ from pathlib import Path
 from rich.table import Table
 
 FIRST_POSITIONS = 4
+HEADLINE = "committed"  # the convention of the headline τ (metrics.tau_macro / tau_micro)
+# The figure shown per other convention: z-lab reports a mean over samples, vLLM's counters give 1 + accepted/drafts.
+SHOWN = {"zlab": "tau_macro", "vllm": "tau_micro"}
+CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens); zlab = z-lab's "
+                    "benchmark loop, the one its published τ uses (drafts accepted past the end counted, one more "
+                    "round at max-new); vllm = vLLM's spec-decode counters (1 + accepted/drafts). A committed τ "
+                    "and a model card's τ are different figures.")
 
 
 def digest_value(digest) -> str | None:
@@ -23,8 +30,31 @@ def _fmt(x, digits: int = 2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def convention_figure(metrics: dict, name: str, key: str | None = None) -> dict:
+    """One convention's figure: {"value", "exact", "reason"} (value None with a reason when unavailable,
+    or with neither in results from before the conventions)."""
+    block = (metrics.get("conventions") or {}).get(name)
+    if not isinstance(block, dict):
+        return {"value": None, "exact": None, "reason": None}
+    if block.get("available") is False:
+        return {"value": None, "exact": None, "reason": block.get("reason") or "unavailable"}
+    return {"value": block.get(key or SHOWN.get(name, "tau_macro")), "exact": block.get("exact", True), "reason": None}
+
+
+def fmt_convention(fig: dict) -> str:
+    """A convention's figure for a table: '–' when absent, 'n/a' when unavailable, '≥x' when a lower bound."""
+    if fig["value"] is None:
+        return "n/a" if fig["reason"] else "–"
+    return ("" if fig["exact"] is not False else "≥") + _fmt(fig["value"])
+
+
+def has_conventions(results: dict) -> bool:
+    return any((d.get("metrics") or {}).get("conventions") for d in (results.get("drafters") or {}).values())
+
+
 def drafter_rows(results: dict) -> list[dict]:
-    """One flat row per drafter with the headline numbers (missing ones are None)."""
+    """One flat row per drafter with the headline numbers (missing ones are None); τ macro/micro are the
+    committed convention's, ``zlab``/``vllm`` the other conventions' figures (``convention_figure``)."""
     rows = []
     for name, d in (results.get("drafters") or {}).items():
         m = d.get("metrics") or {}
@@ -35,8 +65,11 @@ def drafter_rows(results: dict) -> list[dict]:
         rows.append({
             "drafter": name,
             "format": (d.get("spec") or {}).get("format"),
+            "convention": HEADLINE,
             "tau_macro": m.get("tau_macro"),
             "tau_micro": m.get("tau_micro"),
+            "zlab": convention_figure(m, "zlab"),
+            "vllm": convention_figure(m, "vllm"),
             "ddtree_k": topk.get("k"),
             "ddtree": topk.get("tau_macro"),
             "budgeted": budgeted.get("tau_macro"),
@@ -68,18 +101,46 @@ def comparison_lines(results: dict) -> list[str]:
     return lines
 
 
+def convention_notes(results: dict) -> list[str]:
+    """Why a drafter's zlab/vllm figures are missing or a lower bound (one line each)."""
+    out = []
+    for r in drafter_rows(results):
+        for name in SHOWN:
+            fig = r[name]
+            if fig["reason"]:
+                out.append(f"{r['drafter']}: {name} τ unavailable: {fig['reason']}")
+            elif fig["exact"] is False:
+                out.append(f"{r['drafter']}: {name} τ is a lower bound (fewer than B-1 target tokens known past "
+                           "the stop for some samples)")
+    return sorted(set(out), key=out.index)
+
+
 def summary_table(results: dict, title: str | None = None) -> Table:
     rows = drafter_rows(results)
     k = next((r["ddtree_k"] for r in rows if r["ddtree_k"]), 8)
-    table = Table(title=title, title_justify="left")
-    for col in ("drafter", "τ macro", "τ micro", f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)],
-                "samples", "rounds", "eval s"):
+    conv = has_conventions(results)
+    caption = "\n".join([CONVENTIONS_NOTE, *convention_notes(results)]) if conv else None
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    columns = ["drafter", f"τ macro ({HEADLINE})", "τ micro", *(["zlab τ macro", "vllm τ micro"] if conv else []),
+               f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s"]
+    for col in columns:
         table.add_column(col, justify="left" if col == "drafter" else "right")
     for r in rows:
-        table.add_row(r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]), _fmt(r["ddtree"]),
+        table.add_row(r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]),
+                      *([fmt_convention(r["zlab"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),
                       *[_fmt(p) for p in r["positions"]], str(r["samples"] or "–"), str(r["rounds"] or "–"),
                       _fmt(r["eval_s"], 1))
     return table
+
+
+def engine_lines(results: dict, markdown: bool = False) -> list[str]:
+    """The engine block (``--engine vllm``), rendered by ``engine_report`` (owned by the engine eval)."""
+    try:
+        from orchestrator.evaluation import engine_report
+    except ImportError:
+        return []
+    render = getattr(engine_report, "engine_markdown" if markdown else "engine_text", None)
+    return list(render(results)) if render else []
 
 
 def settings_lines(results: dict) -> list[str]:
@@ -113,16 +174,24 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     if hosts:
         out += ["- hosts: " + ", ".join(f"{h} (job {p.get('job_id')}, {p.get('samples')} samples, "
                                          f"kernels {p.get('kernel_path')})" for h, p in hosts.items())]
+    conv = has_conventions(results)
     out += ["", "## Acceptance", "",
-            f"| drafter | format | τ macro | τ micro | DDTree-{k} | budgeted DDTree | "
+            f"| drafter | format | τ macro ({HEADLINE}) | τ micro ({HEADLINE}) | "
+            + ("zlab τ macro | vllm τ micro | " if conv else "") + f"DDTree-{k} | budgeted DDTree | "
             + " | ".join(f"p{i}" for i in range(1, FIRST_POSITIONS + 1)) + " | samples | rounds | eval s |",
-            "|---|---|---|---|---|---|" + "---|" * FIRST_POSITIONS + "---|---|---|"]
+            "|---|---|---|---|" + ("---|---|" if conv else "") + "---|---|" + "---|" * FIRST_POSITIONS + "---|---|---|"]
     for r in rows:
         out.append(f"| {r['drafter']} | {r['format'] or ''} | {_fmt(r['tau_macro'])} | {_fmt(r['tau_micro'])} | "
-                   f"{_fmt(r['ddtree'])} | {_fmt(r['budgeted'])}"
+                   + (f"{fmt_convention(r['zlab'])} | {fmt_convention(r['vllm'])} | " if conv else "")
+                   + f"{_fmt(r['ddtree'])} | {_fmt(r['budgeted'])}"
                    + (f" (budget {r['budget']})" if r["budget"] else "") + " | "
                    + " | ".join(_fmt(p) for p in r["positions"])
                    + f" | {r['samples']} | {r['rounds']} | {_fmt(r['eval_s'], 1)} |")
+    if conv:
+        out += ["", f"p_k and the τ histogram below are the {HEADLINE} convention's.", ""]
+        out += conventions_markdown(results)
+    engine = engine_lines(results, markdown=True)
+    out += ["", *engine] if engine else []
     comparison = comparison_lines(results)
     if comparison:
         out += ["", "## Comparison", ""] + [f"- {line}" for line in comparison]
@@ -137,7 +206,8 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     warnings = results.get("warnings") or []
     if warnings:
         out += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
-    out += ["", "## Samples", "", "| id | host | tokens | " + " | ".join(f"τ {r['drafter']}" for r in rows) + " |",
+    out += ["", "## Samples", "", "| id | host | tokens | " + " | ".join(f"τ {r['drafter']} ({HEADLINE})" for r in rows)
+            + " |",
             "|---|---|---|" + "---|" * len(rows)]
     for s in samples:
         taus = [(s.get("drafters") or {}).get(r["drafter"], {}).get("tau") for r in rows]
@@ -148,6 +218,30 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def conventions_markdown(results: dict) -> list[str]:
+    """``## τ conventions``: every convention of every drafter, macro and micro, rounds and p1..p4."""
+    out = ["## τ conventions", "", CONVENTIONS_NOTE, "",
+           "| drafter | convention | τ macro | τ micro | rounds | "
+           + " | ".join(f"p{i}" for i in range(1, FIRST_POSITIONS + 1)) + " | exact |",
+           "|---|---|---|---|---|" + "---|" * FIRST_POSITIONS + "---|"]
+    for name, d in (results.get("drafters") or {}).items():
+        for conv, block in ((d.get("metrics") or {}).get("conventions") or {}).items():
+            if block.get("available") is False:
+                out.append(f"| {name} | {conv} | n/a | n/a | | " + " | " * FIRST_POSITIONS + "|")
+                continue
+            ps = {p["k"]: p.get("p") for p in block.get("per_position") or []}
+            out.append(f"| {name} | {conv} | {_fmt(block.get('tau_macro'))} | {_fmt(block.get('tau_micro'))} | "
+                       f"{block.get('rounds')} | " + " | ".join(_fmt(ps.get(i)) for i in range(1, FIRST_POSITIONS + 1))
+                       + f" | {'yes' if block.get('exact', True) else 'lower bound'} |")
+    notes = convention_notes(results)
+    definitions = next((c for d in (results.get("drafters") or {}).values()
+                        if (c := (d.get("metrics") or {}).get("conventions"))), {})
+    out += [""] + [f"- {line}" for line in notes] + ([""] if notes else [])
+    out += [f"- **{conv}**: {block.get('definition')}" for conv, block in definitions.items()
+            if block.get("definition")]
+    return out
 
 
 def _definitions(results: dict) -> dict:

@@ -15,24 +15,48 @@ from orchestrator.evaluation.compare import compare_runs
 from orchestrator.evaluation.report import drafter_rows, write_report
 from orchestrator.evaluation.runs import find_run, list_runs, new_run, write_json_atomic
 
+ZLAB_GAIN = 0.5  # zlab τ per sample = committed + this, in these synthetic runs
 
-def metrics(taus: list[float]) -> dict:
+
+def conventions(taus: list[float], unavailable: str | None = None, exact: bool = True) -> dict:
+    def block(tau):
+        return {"tau_macro": tau, "tau_micro": tau + 0.25, "rounds": 10 * len(taus), "drafts_accepted": 5,
+                "per_position": [{"k": 1, "accepted_ge_k": 5, "eligible": 10, "p": 0.5}], "exact": exact,
+                "definition": "def"}
+    tau = sum(taus) / len(taus)
+    out = {"committed": {**block(tau), "exact": True}, "zlab": block(tau + ZLAB_GAIN), "vllm": block(tau)}
+    if unavailable:
+        out["zlab"] = out["vllm"] = {"available": False, "reason": unavailable, "definition": "def"}
+    return out
+
+
+def metrics(taus: list[float], **conv) -> dict:
     return {"tau_macro": sum(taus) / len(taus), "tau_micro": sum(taus) / len(taus), "rounds": 10 * len(taus),
             "samples": len(taus), "block_size": 4,
             "per_position": [{"k": 1, "p": 0.5}, {"k": 2, "p": 0.25}, {"k": 3, "p": 0.1}],
             "tau_histogram": {"1": 5, "2": 3, "3": 1, "4": 1},
             "tree": {"topk": {"k": 8, "tau_macro": 3.0, "definition": "top-k"},
-                     "budgeted": {"budget": 8, "tau_macro": 2.5, "definition": "budgeted"}}}
+                     "budgeted": {"budget": 8, "tau_macro": 2.5, "definition": "budgeted"}},
+            "conventions": conventions(taus, **conv)}
 
 
-def make_run(root: Path, taus: dict[str, list[float]], settings: dict | None = None):
+def zlab_record(tau: float) -> dict:
+    """Two rounds whose mean τ_round is tau + ZLAB_GAIN (produced = accepted + 1)."""
+    produced = [round(tau + ZLAB_GAIN - 0.5), round(tau + ZLAB_GAIN + 0.5)]
+    return {"accepted": [p - 1 for p in produced], "produced": produced}
+
+
+def make_run(root: Path, taus: dict[str, list[float]], settings: dict | None = None, conv: dict | None = None):
     run = new_run(root, ["ct129"], {"request": {}})
     ids = [f"p{i}" for i in range(len(next(iter(taus.values()))))]
     results = {"schema": "dfo.results/1", "status": "ok", "settings": settings or {"max_new_tokens": 64},
                "target": {"weights_digest": {"algorithm": "sha256", "value": "aa"}},
                "extraction": {"kernel_path": "torch"},
-               "drafters": {n: {"metrics": metrics(t), "spec": {"format": "zlab"}} for n, t in taus.items()}}
-    samples = [{"id": i, "continuation_tokens": 10, "drafters": {n: {"tau": t[k]} for n, t in taus.items()}}
+               "drafters": {n: {"metrics": metrics(t, **(conv or {}).get(n, {})), "spec": {"format": "zlab"}}
+                            for n, t in taus.items()}}
+    samples = [{"id": i, "continuation_tokens": 10, "tail_tokens": 3,
+                "drafters": {n: {"tau": t[k], "conventions": {"zlab": zlab_record(t[k]), "vllm": zlab_record(t[k])}}
+                             for n, t in taus.items()}}
                for k, i in enumerate(ids)]
     (run.path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     write_report(run.path, results, samples)
@@ -44,7 +68,10 @@ def make_run(root: Path, taus: dict[str, list[float]], settings: dict | None = N
 def test_report_and_plots_are_written(tmp_path):
     run = make_run(tmp_path, {"ours": [2.0, 3.0, 4.0], "zlab": [5.0, 6.0, 7.0]})
     report = (run.path / "report.md").read_text()
-    assert "| ours | zlab | 3.00 |" in report and "| zlab | zlab | 6.00 |" in report
+    assert "| τ macro (committed) | τ micro (committed) | zlab τ macro | vllm τ micro |" in report
+    assert "| ours | zlab | 3.00 | 3.00 | 3.50 | 3.25 |" in report and "| zlab | zlab | 6.00 |" in report
+    assert "## τ conventions" in report and "| ours | zlab | 3.50 | 3.75 | 30 | 0.50 |" in report
+    assert "published τ uses" in report and "τ ours (committed)" in report
     assert "DDTree-8" in report and "budgeted DDTree" in report and "(budget 8)" in report
     assert "![acceptance](acceptance.png)" in report
     for png in ("acceptance.png", "tau_histogram.png"):
@@ -86,8 +113,39 @@ def test_runs_cli_show_and_compare(tmp_path):
                                        capture_output=True, text=True, timeout=60)
     shown = run("runs", "show", a.name)
     assert shown.returncode == 0 and "ours" in shown.stdout and "2.50" in shown.stdout
+    assert "τ macro (committed)" in shown.stdout and "zlab τ macro" in shown.stdout and "3.00" in shown.stdout
     compared = run("runs", "compare", a.name, b.name, "--json")
     assert compared.returncode == 0
     assert json.loads(compared.stdout)["drafters"][0]["delta"] == pytest.approx(1.0)
+    table = run("runs", "compare", a.name, b.name)
+    assert table.returncode == 0 and "committed convention" in table.stdout and "3.00→4.00" in table.stdout
     missing = run("runs", "show", "nope")
     assert missing.returncode == 2 and "no run matches" in missing.stderr
+
+
+def test_report_names_unavailable_and_lower_bound_conventions(tmp_path):
+    run = make_run(tmp_path, {"srv": [2.0, 3.0], "short": [2.0, 2.0]},
+                   conv={"srv": {"unavailable": "the server refused ignore_eos"}, "short": {"exact": False}})
+    report = (run.path / "report.md").read_text()
+    assert "| srv | zlab | 2.50 | 2.50 | n/a | n/a |" in report and "| short | zlab | 2.00 | 2.00 | ≥2.50 | ≥2.25 |" \
+        in report
+    assert "srv: zlab τ unavailable: the server refused ignore_eos" in report
+    assert "short: vllm τ is a lower bound" in report
+    rows = drafter_rows(run.results())
+    assert rows[0]["zlab"] == {"value": None, "exact": None, "reason": "the server refused ignore_eos"}
+    assert rows[0]["convention"] == "committed" and rows[1]["vllm"]["exact"] is False
+
+
+def test_compare_carries_the_other_conventions(tmp_path):
+    a = make_run(tmp_path, {"ours": [2.0, 3.0, 4.0, 3.0]})
+    b = make_run(tmp_path, {"ours": [3.0, 4.0, 5.0, 4.0]}, conv={"ours": {"unavailable": "no tail"}})
+    c = make_run(tmp_path, {"ours": [3.0, 4.0, 5.0, 5.0]})
+    report = compare_runs(a, c)
+    assert report["convention"] == "committed"
+    zlab = report["drafters"][0]["conventions"]["zlab"]
+    assert (zlab["a"], zlab["b"]) == (3.5, 4.75) and zlab["paired_samples"] == 4
+    assert zlab["delta"] == pytest.approx(1.25)  # paired over the per-sample zlab records
+    vllm = report["drafters"][0]["conventions"]["vllm"]
+    assert (vllm["figure"], vllm["a"], vllm["b"]) == ("tau_micro", 3.25, 4.5) and "delta" not in vllm
+    missing = compare_runs(a, b)["drafters"][0]["conventions"]["zlab"]
+    assert missing["b"] is None and missing["unavailable"] == [None, "no tail"] and "delta" not in missing
