@@ -236,8 +236,8 @@ def conventions_markdown(results: dict) -> list[str]:
                        f"{block.get('rounds')} | " + " | ".join(_fmt(ps.get(i)) for i in range(1, FIRST_POSITIONS + 1))
                        + f" | {'yes' if block.get('exact', True) else 'lower bound'} |")
     notes = convention_notes(results)
-    definitions = next((c for d in (results.get("drafters") or {}).values()
-                        if (c := (d.get("metrics") or {}).get("conventions"))), {})
+    definitions: dict = next((c for d in (results.get("drafters") or {}).values()
+                              if (c := (d.get("metrics") or {}).get("conventions"))), {})
     out += [""] + [f"- {line}" for line in notes] + ([""] if notes else [])
     out += [f"- **{conv}**: {block.get('definition')}" for conv, block in definitions.items()
             if block.get("definition")]
