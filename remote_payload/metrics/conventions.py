@@ -8,9 +8,9 @@ what each convention counts is:
   counted, τ_round <= tokens left).
 - ``zlab`` (z-lab's ``dflash_generate`` benchmark loop): ``while anchor < prompt + max_new``: one round, τ_round
   = accepted + 1 with every accepted draft counted, including drafts past the end token; stop after the
-  round that committed an end token. At a max-tokens stop it therefore runs one more round than the kept
-  tokens need (anchor = the last kept token), counted in full. Needs the target's greedy tokens a block
-  past the stop.
+  round that committed an end token. At a max-tokens stop, when the rounds land exactly on the last kept
+  token, it therefore runs one more round than the kept tokens need (anchored there), counted in full.
+  Needs the target's greedy tokens a block past the stop.
 - ``vllm`` (vLLM's spec-decode counters): the same rounds as ``committed`` (the request finishes once the
   kept tokens are committed) but each round's accepted drafts are counted in full, past the end token or
   max_tokens too; τ = 1 + accepted / drafts, p_k = (rounds accepting >= k) / rounds.
