@@ -23,6 +23,7 @@ from orchestrator.core.errors import DfoError, HostError, InputError, OperationE
 from orchestrator.core.events import Events
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
+from orchestrator.evaluation.engine_merge import merge_engine
 from orchestrator.evaluation.merge import merge_host_results
 from orchestrator.evaluation.plan import EvalPlan
 from orchestrator.evaluation.report import write_report
@@ -344,6 +345,8 @@ def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None 
         parts[host] = dest
         _copy_engine_logs(dest, run.path / "logs", host)
     results, samples = merge_host_results(parts, jobs)
+    if len(parts) > 1:
+        _merge_engine(results, parts, samples)
     body = "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in samples)
     tmp = run.path / ".samples.jsonl.tmp"
     tmp.write_text(body, encoding="utf-8")
@@ -354,6 +357,17 @@ def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None 
     write_json_atomic(run.results_path, results)  # last: its presence means the run is complete
     run.set(status="succeeded", error=None)
     return run
+
+
+def _merge_engine(results: dict, parts: dict[str, Path], samples: list[dict]) -> None:
+    """A sharded run's engine figures over all samples (each host ran its own servers)."""
+    host_results = {h: json.loads((p / "results.json").read_text(encoding="utf-8")) for h, p in parts.items()}
+    run, drafters = merge_engine(host_results, samples)
+    if run is None:
+        return
+    results["engine"] = run
+    for name, block in drafters.items():
+        results.setdefault("drafters", {}).setdefault(name, {})["engine"] = block
 
 
 def _copy_engine_logs(pulled: Path, logs: Path, host: str) -> None:

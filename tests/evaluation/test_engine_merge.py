@@ -1,0 +1,58 @@
+"""A sharded eval's engine figures merged over all samples (orchestrator.evaluation.engine_merge), on
+hand-built per-host results and sample lines."""
+
+from __future__ import annotations
+
+from orchestrator.evaluation.engine_merge import COMMITTED, merge_engine
+from remote_payload.metrics.engine_agreement import compare, sample_counts
+
+B1 = 3
+
+
+def _line(sid, offline, engine, conventions=True, matches=True):
+    entry = {"accepted": [min(a, 1) for a in offline],  # committed: capped, differs from the vllm figures
+             "engine": {**sample_counts(engine, B1), "tokens": 10, "seconds": 0.5, "matches_reference": matches}}
+    if conventions:
+        entry["conventions"] = {"vllm": {"accepted": offline, "produced": [a + 1 for a in offline]}}
+    return {"id": sid, "drafters": {"ours": entry}}
+
+
+def _host(tokens, seconds, start, mismatches=()):
+    block = {"name": "vllm", "version": "0.32.0", "used_for": ["drafters"], "logs": ["vllm-plain.log"],
+             "plain": {"tokens": tokens, "seconds": seconds}, "start_seconds": {"plain": start, "ours": start + 9}}
+    drafter = {"engine": {"num_speculative_tokens": B1, "exported": None, "folder": "/d",
+                          "outputs": {"mismatches": list(mismatches), "equal_plain": True}}}
+    return {"engine": block, "drafters": {"ours": drafter}}
+
+
+def test_engine_figures_are_recomputed_over_every_host():
+    offline = {"a": [3, 0, 1], "b": [2, 2], "c": [3, 3, 0], "d": [1]}
+    engine = {"a": [3, 0, 1], "b": [2, 1, 1], "c": [3, 3, 0], "d": [1]}
+    samples = [_line(s, offline[s], engine[s]) for s in "abcd"]
+    run, drafters = merge_engine({"ct129": _host(40, 2.0, 50.0), "kpro6": _host(20, 2.0, 60.0)}, samples)
+    assert run["plain"] == {"tokens": 60, "seconds": 4.0, "tokens_per_s": 15.0}
+    assert run["start_seconds"] == {"ct129:plain": 50.0, "ct129:ours": 59.0, "kpro6:plain": 60.0, "kpro6:ours": 69.0}
+    assert run["logs"] == ["ct129-vllm-plain.log", "kpro6-vllm-plain.log"] and set(run["hosts"]) == {"ct129", "kpro6"}
+    ours = drafters["ours"]
+    expected = compare(list("abcd"), [sample_counts(engine[s], B1) for s in "abcd"], [offline[s] for s in "abcd"], B1)
+    assert ours["agreement"]["engine"] == expected["engine"] and ours["agreement"]["offline"] == expected["offline"]
+    assert ours["agreement"]["samples"]["identical"] == 3 and ours["agreement"]["offline_source"] == "vllm"
+    assert ours["tokens_per_s"] == {"plain": 15.0, "dflash": 20.0, "speedup": round(20 / 15, 3)}
+    assert ours["outputs"]["samples"] == 4 and ours["outputs"]["equal_plain"] is True
+
+
+def test_mismatched_outputs_are_left_out_and_committed_is_the_fallback():
+    samples = [_line("a", [3, 0], [3, 0], conventions=False), _line("b", [1], [0, 0], matches=False)]
+    run, drafters = merge_engine({"h1": _host(5, 1.0, 1.0), "h2": _host(5, 1.0, 1.0, mismatches=["b"])}, samples)
+    ag = drafters["ours"]["agreement"]
+    assert ag["left_out"] == ["b"] and ag["samples"]["compared"] == 1
+    assert ag["offline_source"] == COMMITTED and ag["offline"]["drafts_accepted"] == 1  # the capped figures
+    assert drafters["ours"]["outputs"]["mismatches"] == ["b"]
+
+
+def test_a_host_whose_engine_failed_makes_the_drafter_an_error():
+    bad = _host(5, 1.0, 1.0)
+    bad["drafters"]["ours"]["engine"] = {"engine": "vllm", "error": "vLLM server exited with status 1"}
+    run, drafters = merge_engine({"h1": _host(5, 1.0, 1.0), "h2": bad}, [_line("a", [1], [1])])
+    assert drafters["ours"] == {"engine": "vllm", "error": "h2: vLLM server exited with status 1"}
+    assert merge_engine({"h1": {"drafters": {}}}, []) == (None, {})
