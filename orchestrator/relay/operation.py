@@ -505,11 +505,11 @@ _FROZEN = False
 
 def _freeze_heap() -> None:
     """Modules and objects that exist now live as long as the process: move them out of the collector's
-    sight (once per process), so the pumps' small allocations do not trigger walks over the whole heap."""
+    sight (once per process), so the pumps' small allocations do not trigger walks over the whole heap.
+    No collection first: the little garbage of the imports is not worth a walk over the heap at start-up."""
     global _FROZEN
     if not _FROZEN:
         _FROZEN = True
-        gc.collect()
         gc.freeze()
 
 
