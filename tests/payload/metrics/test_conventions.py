@@ -113,3 +113,28 @@ def test_zlab_convention_equals_online_zlab_loop(fixture_dir, eval_cache, tmp_pa
     assert z["exact"] is True and z["rounds"] >= c["rounds"] and z["tau_micro"] >= c["tau_micro"]
     assert c["tau_macro"] == run.summary["metrics"]["tau_macro"]  # committed is the chain figure
     assert past_end > 0  # the fixtures do reach past the stop, so the check is not vacuous
+
+
+def test_reference_tail_is_cached_beside_an_old_entry(target, samples, tmp_path):
+    """The tail past the stop: the target's greedy tokens, end tokens not stopped on; an existing reference
+    cache entry without it is reused (continuation unchanged) and gains it; a shorter tail is its prefix."""
+    import json
+
+    from remote_payload.inputs.reference import _greedy, cached_reference
+
+    _, ref, _ = min(samples, key=lambda s: len(s[1].continuation))
+    prompt, max_new = ref.prompt_ids, 12  # cut at max_new: the tail continues the same greedy decoding
+    old = cached_reference(target, prompt, max_new, tmp_path)
+    (path,) = (tmp_path / "references").glob("*.json")
+    assert old.tail is None and "tail" not in json.loads(path.read_text())
+    again = cached_reference(target, prompt, max_new, tmp_path, tail=5)
+    assert again.cached and again.continuation == old.continuation == ref.continuation[:max_new]
+    assert again.tail == ref.continuation[max_new:max_new + 5]  # greedy decoding, just further
+    assert json.loads(path.read_text())["tail"] == again.tail
+    stamp = path.stat().st_mtime_ns
+    assert cached_reference(target, prompt, max_new, tmp_path, tail=3).tail == again.tail[:3]
+    assert path.stat().st_mtime_ns == stamp  # served from the cache, not decoded again
+    # past an end token: the tail does not stop there (z-lab's loop verifies drafts past it)
+    eos = cached_reference(target, prompt, 160, tmp_path, tail=6)
+    assert eos.stop_reason == "eos" and len(eos.tail) == 6
+    assert eos.tail == _greedy(target, eos.tokens, 6, set())
