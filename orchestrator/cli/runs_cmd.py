@@ -94,10 +94,11 @@ def compare_cmd(ctx: typer.Context, run_a: str = typer.Argument(..., metavar="RU
         app_ctx.print_json(report)
         return
     conv = report.get("convention", "committed")
-    table = Table(title=f"{a.name} → {b.name}  (τ macro, {conv} convention)", title_justify="left")
-    for col in ("drafter", f"τ A ({conv})", "τ B", "Δτ (B−A)", "95% CI", "paired samples", "zlab τ A→B",
-                "vllm τ micro A→B", "note"):
-        table.add_column(col, justify="left" if col in ("drafter", "note") else "right")
+    table = Table(title=f"{a.name} → {b.name}  (τ macro, {conv} convention; zlab: τ macro, vllm: τ micro)",
+                  title_justify="left")
+    for col in ("drafter", f"{conv} τ A", "τ B", "Δτ (B−A)", "95% CI", "pairs", "zlab A→B", "vllm A→B", "note"):
+        table.add_column(col, justify="left" if col in ("drafter", "note") else "right",
+                         min_width=len(conv) if col.startswith(conv) else None)
     for row in report["drafters"]:
         ci = row.get("ci")
         other = row.get("conventions") or {}

@@ -16,9 +16,9 @@ HEADLINE = "committed"  # the convention of the headline τ (metrics.tau_macro /
 # The figure shown per other convention: z-lab reports a mean over samples, vLLM's counters give 1 + accepted/drafts.
 SHOWN = {"zlab": "tau_macro", "vllm": "tau_micro"}
 CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens); zlab = z-lab's "
-                    "benchmark loop, the one its published τ uses (drafts accepted past the end counted, one more "
-                    "round at max-new); vllm = vLLM's spec-decode counters (1 + accepted/drafts). A committed τ "
-                    "and a model card's τ are different figures.")
+                    "benchmark loop, the one its published τ uses (drafts accepted past the end counted); vllm = "
+                    "vLLM's spec-decode counters (1 + accepted/drafts). A committed τ and a model card's τ are "
+                    "different figures.")
 
 
 def digest_value(digest) -> str | None:
@@ -105,14 +105,15 @@ def convention_notes(results: dict) -> list[str]:
     """Why a drafter's zlab/vllm figures are missing or a lower bound (one line each)."""
     out = []
     for r in drafter_rows(results):
-        for name in SHOWN:
-            fig = r[name]
-            if fig["reason"]:
-                out.append(f"{r['drafter']}: {name} τ unavailable: {fig['reason']}")
-            elif fig["exact"] is False:
-                out.append(f"{r['drafter']}: {name} τ is a lower bound (fewer than B-1 target tokens known past "
-                           "the stop for some samples)")
-    return sorted(set(out), key=out.index)
+        reasons = {name: r[name]["reason"] for name in SHOWN if r[name]["reason"]}
+        for reason in dict.fromkeys(reasons.values()):
+            names = " and ".join(n for n, why in reasons.items() if why == reason)
+            out.append(f"{r['drafter']}: {names} τ unavailable: {reason}")
+        bounds = [name for name in SHOWN if r[name]["exact"] is False]
+        if bounds:
+            out.append(f"{r['drafter']}: {' and '.join(bounds)} τ a lower bound (≥; fewer than B-1 target tokens "
+                       "known past the stop for some samples)")
+    return out
 
 
 def summary_table(results: dict, title: str | None = None) -> Table:
@@ -121,10 +122,11 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     conv = has_conventions(results)
     caption = "\n".join([CONVENTIONS_NOTE, *convention_notes(results)]) if conv else None
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    columns = ["drafter", f"τ macro ({HEADLINE})", "τ micro", *(["zlab τ macro", "vllm τ micro"] if conv else []),
+    columns = ["drafter", f"{HEADLINE} τ macro", "τ micro", *(["zlab τ macro", "vllm τ micro"] if conv else []),
                f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s"]
-    for col in columns:
-        table.add_column(col, justify="left" if col == "drafter" else "right")
+    for col in columns:  # the headline's convention must stay readable in its header
+        table.add_column(col, justify="left" if col == "drafter" else "right",
+                         min_width=len(HEADLINE) if col.startswith(HEADLINE) else None)
     for r in rows:
         table.add_row(r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]),
                       *([fmt_convention(r["zlab"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),

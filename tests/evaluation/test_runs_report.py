@@ -113,12 +113,12 @@ def test_runs_cli_show_and_compare(tmp_path):
                                        capture_output=True, text=True, timeout=60)
     shown = run("runs", "show", a.name)
     assert shown.returncode == 0 and "ours" in shown.stdout and "2.50" in shown.stdout
-    assert "τ macro (committed)" in shown.stdout and "zlab τ macro" in shown.stdout and "3.00" in shown.stdout
+    assert "committed τ macro" in shown.stdout and "zlab τ macro" in shown.stdout and "3.00" in shown.stdout
     compared = run("runs", "compare", a.name, b.name, "--json")
     assert compared.returncode == 0
     assert json.loads(compared.stdout)["drafters"][0]["delta"] == pytest.approx(1.0)
     table = run("runs", "compare", a.name, b.name)
-    assert table.returncode == 0 and "committed convention" in table.stdout and "3.00→4.00" in table.stdout
+    assert table.returncode == 0 and "committed convention" in table.stdout and "3.00→4.00" in table.stdout and "zlab A→B" in table.stdout
     missing = run("runs", "show", "nope")
     assert missing.returncode == 2 and "no run matches" in missing.stderr
 
@@ -129,8 +129,8 @@ def test_report_names_unavailable_and_lower_bound_conventions(tmp_path):
     report = (run.path / "report.md").read_text()
     assert "| srv | zlab | 2.50 | 2.50 | n/a | n/a |" in report and "| short | zlab | 2.00 | 2.00 | ≥2.50 | ≥2.25 |" \
         in report
-    assert "srv: zlab τ unavailable: the server refused ignore_eos" in report
-    assert "short: vllm τ is a lower bound" in report
+    assert "srv: zlab and vllm τ unavailable: the server refused ignore_eos" in report
+    assert "short: zlab and vllm τ a lower bound" in report
     rows = drafter_rows(run.results())
     assert rows[0]["zlab"] == {"value": None, "exact": None, "reason": "the server refused ignore_eos"}
     assert rows[0]["convention"] == "committed" and rows[1]["vllm"]["exact"] is False
