@@ -118,7 +118,8 @@ def test_runs_cli_show_and_compare(tmp_path):
     assert compared.returncode == 0
     assert json.loads(compared.stdout)["drafters"][0]["delta"] == pytest.approx(1.0)
     table = run("runs", "compare", a.name, b.name)
-    assert table.returncode == 0 and "committed convention" in table.stdout and "3.00→4.00" in table.stdout and "zlab A→B" in table.stdout
+    assert table.returncode == 0 and "committed convention" in table.stdout
+    assert "3.00→4.00" in table.stdout and "zlab A→B" in table.stdout
     missing = run("runs", "show", "nope")
     assert missing.returncode == 2 and "no run matches" in missing.stderr
 
