@@ -106,6 +106,32 @@ def test_out_of_vocabulary_id_is_a_clear_error(servers, target_model, engine_fix
     assert srv.proc.poll() is None  # the server survives a refused request
 
 
+def test_a_model_name_the_server_does_not_serve_is_a_clear_error(servers, target_model, prompts, tmp_path):
+    """--reference-model naming another model: vLLM answers 404, the client names the sample and the model."""
+    srv = servers.get("plain")
+    with pytest.raises(PayloadError) as err:
+        _fetch(srv.url, prompts[:1], target_model.tokenizer, target_model.stop_ids, tmp_path, model="not-served",
+               retries=0)
+    msg = str(err.value)
+    assert "(model 'not-served')" in msg and "HTTP 404" in msg and "`not-served` does not exist" in msg, msg
+    assert f"sample {prompts[0].id!r}" in msg and "0 of 1 sample(s) done" in msg
+    assert not list((tmp_path / sr.CACHE_SUBDIR).glob("*.json"))  # nothing cached from a refusal
+
+
+def test_a_prompt_beyond_the_context_length_is_a_clear_error(servers, target_model, tmp_path):
+    """vLLM refuses a prompt longer than --max-model-len with HTTP 400; the client passes its reason on."""
+    srv = servers.get("plain")
+    long = _Prompt("too-long", "fizz buzz " * 1500)
+    ids = render_prompt(target_model.tokenizer, long.message_dicts(), False)
+    assert len(ids) > srv.cfg.max_model_len
+    with pytest.raises(PayloadError) as err:
+        _fetch(srv.url, [long], target_model.tokenizer, target_model.stop_ids, tmp_path, retries=0)
+    msg = str(err.value)
+    assert "'too-long'" in msg and "HTTP 400" in msg, msg
+    assert f"maximum context length is {srv.cfg.max_model_len} tokens" in msg, msg
+    assert srv.proc.poll() is None
+
+
 def test_server_killed_mid_run_resumes_from_the_cache(servers, target_model, prompts, greedy, tmp_path):
     """SIGKILL the plain server after two answers; the re-run asks another vLLM (same served model) for the rest.
 

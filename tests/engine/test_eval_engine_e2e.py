@@ -1,0 +1,104 @@
+"""`dfo eval --engine vllm --reference vllm` end to end on a sandbox host, with a real vLLM.
+
+ONE eval run, two engine starts: the plain server (references through the --reference client, then the
+baseline tokens/s) and one DFlash server for the drafter, which is the team's training-format checkpoint of
+the Qwen3 engine fixture, so the run also proves that vLLM loads dfo's z-lab export of it. ct129's
+``paths.engine_venv`` points at the tests' engine venv (the sandbox hosts share this filesystem); the payload
+venv and the deploy come from the shared ``eval_hosts`` fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from cli_runner import dfo
+from conftest import TIMINGS
+
+pytestmark = [pytest.mark.sshd, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+
+def inventory_with_engine_venv(box, venv: Path, dest: Path) -> Path:
+    """The sandbox inventory with ct129's ``paths.engine_venv`` set (a JSON string is a YAML string)."""
+    lines = box.inventory_path.read_text().splitlines(keepends=True)
+    models = str(box.hosts["ct129"].models)
+    i = next(i for i, line in enumerate(lines) if line.strip().startswith("models:") and models in line)
+    lines.insert(i + 1, f"      engine_venv: {json.dumps(str(venv))}\n")
+    dest.write_text("".join(lines))
+    return dest
+
+
+def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows_the_engine(sandbox, eval_hosts,
+                                                                                              tmp_path):
+    venv = tmp_path / "no-engine-venv"
+    inventory = inventory_with_engine_venv(sandbox, venv, tmp_path / "inventory.yaml")
+    runs = tmp_path / "runs"
+    args = ["eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter", eval_hosts["random"],
+            "--samples", "2", "--max-new-tokens", "8", "--engine", "vllm"]
+    dry = dfo(*args, "--reference", "vllm", "--dry-run", inventory=inventory, runs=runs)
+    assert dry.returncode == 0, dry.stderr
+    out = " ".join(dry.stdout.split())
+    assert f"--engine vllm --reference vllm --engine-python {venv}/bin/python" in out
+    assert "a plain vLLM server (no speculation), started before the target loads: the reference continuations " \
+           "and the baseline tokens/s" in out
+    assert "one vLLM server per drafter (random) with it as DFlash speculative config" in out
+    proc = dfo(*args, inventory=inventory, runs=runs)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert f"ct129: the vLLM engine venv is not provisioned ({venv}/bin/python does not exist); build it with " \
+           "`dfo provision --host ct129 --engine vllm`" in err, err
+    assert "nothing was uploaded or relayed" in err and "Traceback" not in err
+    assert not runs.exists()
+
+
+def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_python, engine_fixtures, tmp_path):
+    inventory = inventory_with_engine_venv(sandbox, Path(engine_python).parents[1], tmp_path / "inventory.yaml")
+    runs = tmp_path / "runs"
+    checkpoint = engine_fixtures / "trained-drafter" / "checkpoint.pt"
+    started = time.monotonic()
+    proc = dfo("eval", "--host", "ct129", "--target", str(engine_fixtures / "target"),
+               "--drafter", f"ours={checkpoint}", "--samples", "4", "--max-new-tokens", "64", "--dtype", "float32",
+               "--threads", "1", "--engine", "vllm", "--reference", "vllm", "--json",
+               inventory=inventory, runs=runs, timeout=2400)
+    TIMINGS["eval --engine vllm --reference vllm"] = f"{time.monotonic() - started:.1f} s"
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = Path(json.loads(proc.stdout)["path"])
+    results = json.loads((run_dir / "results.json").read_text())
+
+    run = results["engine"]
+    assert run["name"] == "vllm" and run["version"] == "0.32.0" and run["used_for"] == ["references", "drafters"]
+    assert set(run["start_seconds"]) == {"plain", "ours"}  # one plain server for the eval, one per drafter
+    TIMINGS.update({f"e2e start {k}": f"{v} s" for k, v in run["start_seconds"].items()})
+    for name in ("vllm-plain.log", "vllm-ours.log"):
+        assert name in run["logs"]
+        assert (run_dir / "hosts" / "ct129" / "engine" / name).is_file()
+        assert "api_server" in (run_dir / "logs" / f"ct129-{name}").read_text()
+    server = results["reference"]["server"]
+    assert server["started_by_payload"] == "vllm" and server["model"] == run["served_name"]
+    assert server["roundtrip_mismatches"] == [] and server["ids_source"] == {"server": 4}
+
+    eng = results["drafters"]["ours"]["engine"]
+    assert eng["exported"] == "training format"  # stripped to the z-lab folder vLLM loaded
+    assert eng["outputs"] == {"samples": 4, "match_reference": 4, "mismatches": [], "equal_plain": True}
+    assert eng["tokens_per_s"]["plain"] > 0 and eng["tokens_per_s"]["dflash"] > 0
+    ag = eng["agreement"]
+    assert ag["convention"] == "vllm" and ag["samples"]["compared"] == 4 and ag["left_out"] == []
+    TIMINGS["e2e engine vs offline"] = json.dumps({
+        "tau_micro": [round(ag["engine"]["tau_micro"], 3), round(ag["offline"]["tau_micro"], 3)],
+        "rounds": [ag["engine"]["rounds"], ag["offline"]["rounds"]], "identical": ag["samples"]["identical"],
+        "p": [[p["k"], round(p["engine"], 3), round(p["offline"], 3)] for p in ag["per_position"]],
+        "offline_source": ag["offline_source"]})
+    assert ag["within_tolerance"], ag["problems"]
+    assert ag["offline"]["drafts_accepted"] > ag["offline"]["rounds"] * 0.3, "the drafter must really accept"
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    per_sample = [s["drafters"]["ours"]["engine"] for s in samples]
+    assert [e["rounds"] for e in per_sample] == [s["rounds"] for s in eng["samples"]]
+    assert sum(e["rounds"] for e in per_sample) == ag["engine"]["rounds"]
+    assert all(e["matches_reference"] for e in per_sample)
+    engine_warnings = [w for w in results.get("warnings") or [] if "engine" in w]
+    assert engine_warnings == []
+    report = (run_dir / "report.md").read_text()
+    assert "## Engine (vLLM)" in report and "| ours |" in report.split("## Engine (vLLM)")[1]
+    assert "within tolerance" in report and "exported to a z-lab folder for vLLM (training format)" in report
