@@ -499,6 +499,8 @@ def fetch_tails(endpoint: Endpoint, batch: ReferenceBatch, n: int, cache_dir: st
     Never raises for what the server does: the first failure stops further requests and is the reason the
     tails are unavailable. Finished tails are cached as they arrive.
     """
+    if n <= 0:
+        return Tails(tails=[[] for _ in batch.samples])
     cache_root = Path(cache_dir) if cache_dir is not None else None
     seqs = [list(s.prompt_ids) + list(s.continuation) for s in batch.samples]
     paths = [_tail_file(cache_root, batch.model, t) if cache_root is not None else None for t in seqs]
