@@ -37,6 +37,24 @@ def test_fixture_item_names_are_checked(tmp_path):
         fx.build(tmp_path, ["targte"], use_cache=False)
 
 
+def test_engine_set_resolves_with_its_dependencies_and_stays_out_of_all():
+    order = ["tokenizer", "engine-target", "engine-trained-drafter", "engine-zlab-drafter"]
+    assert fx._resolve(["engine"]) == order and fx._resolve(["engine-zlab-drafter"]) == order
+    assert not set(fx.ENGINE) & set(fx._resolve(["all"]))  # `--what all` stays the payload tests' set
+    with pytest.raises(PayloadError, match="engine-target"):  # the error lists the engine items too
+        fx.build("unused", ["engine-targte"], use_cache=False)
+
+
+def test_engine_target_is_dense_with_the_head_dim_vllm_cpu_needs():
+    from remote_payload.fixtures import models
+
+    model = models._causal_lm("qwen3", models.ENGINE_TARGET)
+    assert type(model).__name__ == "Qwen3ForCausalLM" and model.config.head_dim >= 32
+    assert kernels.kernel_path(model) == ("none", {})
+    assert models.ENGINE_DRAFTER_SPEC["head_dim"] >= 32 and set(models.ENGINE_DRAFTER_SPEC["layer_types"]) == {
+        "full_attention"}
+
+
 def test_chat_template_applies_the_thinking_flag(target):
     from remote_payload.models.target import render_prompt
 
