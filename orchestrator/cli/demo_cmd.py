@@ -27,7 +27,7 @@ def demo_cmd(
     watch: bool = typer.Option(False, "--watch", help="Instead: a fake training run on kpro6 followed by `dfo watch` "
                                "(τ over training steps, runs/series/run7/)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Also serve the relayed drafter in this engine on "
-                                         "ct129 (vllm: its venv provisioned there, ~1 GB of wheels once) and show "
+                                         "ct129 (vllm: its venv provisioned there, ~650 MiB of wheels once) and show "
                                          "offline and engine τ side by side."),
 ) -> None:
     """Start sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), build a tiny target and

