@@ -38,7 +38,7 @@ def engine_rows(results: dict) -> list[dict]:
             "identical": samples.get("identical"), "compared": samples.get("compared"),
             "outputs": (outputs.get("match_reference"), outputs.get("samples")),
             "plain_tps": tps.get("plain"), "dflash_tps": tps.get("dflash"), "speedup": tps.get("speedup"),
-            "agrees": ag.get("within_tolerance"), "problems": ag.get("problems") or [],
+            "agrees": ag.get("within_tolerance"), "problems": ag.get("problems") or [], "notes": ag.get("notes") or [],
             "offline_source": ag.get("offline_source"), "exported": e.get("exported"),
             "per_position": positions,
         })
@@ -92,13 +92,14 @@ def notes(rows: list[dict]) -> list[str]:
     for r in rows:
         if r["problems"]:
             out.append(f"{r['drafter']}: outside the tolerance: " + "; ".join(r["problems"]))
+        out += [f"{r['drafter']}: {note}" for note in r["notes"]]
         if r["exported"]:
             out.append(f"{r['drafter']}: exported to a z-lab folder for vLLM ({r['exported']})")
         if r["offline_source"] and r["offline_source"] != "vllm":
             out.append(f"{r['drafter']}: offline side from the {r['offline_source']}")
-    out.append("tolerance: per sample rounds within 5% + 1, p_k within 0.08, τ micro within 0.15 — the engine runs its "
-               "own implementation of the drafter, and near-tie drafter logits can flip a draft there; aggregates "
-               "agree closely")
+    out.append("tolerance: rounds within 5% + 1 per sample (summed; samples outside are listed), p_k within 0.08, "
+               "τ micro within 0.15 — the engine runs its own implementation of the drafter, and near-tie drafter "
+               "logits can flip a draft there; aggregates agree closely")
     return out
 
 

