@@ -17,6 +17,7 @@ side by side.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +63,7 @@ def _build_fixtures(connector: Connector, host: str, python: str, out: str, what
 def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
              samples: int | None = 6, max_new_tokens: int = 96, engine: str | None = None) -> DemoOutcome:
     started = time.monotonic()
-    root = root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
+    made, root = root is None, root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
     events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
     box = Sandbox(root, keep=keep)
     box.start()
@@ -96,7 +97,15 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
             follow_and_collect(connector, run, events=events)
     finally:
         box.stop()
+        remove_temporary_root(root, made, keep)
     return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep)
+
+
+def remove_temporary_root(root: Path, made: bool, keep: bool) -> None:
+    """The sandbox folder the demo made itself goes with the hosts (the run folder is elsewhere): it holds the
+    hosts' venvs and wheelhouses, ~0.5 GB, and ~5.5 GB with an engine venv."""
+    if made and not keep:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _report_isolation(box: Sandbox, events: Events) -> None:

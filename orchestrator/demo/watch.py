@@ -16,7 +16,7 @@ from pathlib import Path
 
 from orchestrator.core.events import Events
 from orchestrator.core.inventory import load_inventory
-from orchestrator.demo.operation import FIXTURES_ON, _build_fixtures
+from orchestrator.demo.operation import FIXTURES_ON, _build_fixtures, remove_temporary_root
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy
 from orchestrator.evaluation.operation import raise_failures
@@ -56,7 +56,7 @@ def _start_trainer(connector: Connector, box: Sandbox, python: str, folder: str)
 def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
                    samples: int | None = 6, max_new_tokens: int = 96) -> WatchDemoOutcome:
     started = time.monotonic()
-    root = root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
+    made, root = root is None, root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
     events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
     box = Sandbox(root, keep=keep)
     box.start()
@@ -94,5 +94,6 @@ def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, 
                 cancel_job(connector, "kpro6", trainer)
     finally:
         box.stop()
+        remove_temporary_root(root, made, keep)
     return WatchDemoOutcome(series=watcher.series, folder=watcher.folder, sandbox_root=root,
                             seconds=time.monotonic() - started, kept=keep)
