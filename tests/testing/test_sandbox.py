@@ -389,14 +389,16 @@ def test_cli_up_tears_down_on_signal(tmp_path, sig):
     require_sshd()
     root = tmp_path / "sb"
     up = _cli("up", str(root))
-    deadline = time.monotonic() + 30
+    # Generous bounds: creating and deleting network namespaces waits on the kernel's cleanup of earlier
+    # ones, which after a suite's worth of sandboxes has been seen to take ~25 s.
+    deadline = time.monotonic() + 120
     while not (root / "sandbox.json").exists():
         assert up.poll() is None and time.monotonic() < deadline, up.communicate()
         time.sleep(0.02)
     state = json.loads((root / "sandbox.json").read_text())
     pids = [h["sshd_pid"] for h in state["hosts"].values()]
     up.send_signal(sig)
-    up.communicate(timeout=30)
+    up.communicate(timeout=120)
     assert not any(alive(p) for p in pids)
     names = {h["netns"] for h in state["hosts"].values()} - {None}
     assert not names & netns_names()
