@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from typing import Sequence
@@ -28,6 +29,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _up(args: argparse.Namespace) -> None:
+    if not args.keep:
+        # A shell without job control starts background commands with SIGINT ignored, and the ignore is
+        # inherited; this command promises Ctrl-C (or kill -INT), so it takes SIGINT back before any host
+        # exists (an interrupted start tears down what it made).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     box = Sandbox(args.root, [n for n in args.hosts.split(",") if n], netns=False if args.no_netns else None,
                   keep=args.keep)
     t0 = time.monotonic()

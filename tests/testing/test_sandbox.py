@@ -384,15 +384,18 @@ def _up_keep_then_down(root: Path) -> None:
     assert not names & netns_names()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_cli_up_tears_down_on_signal(tmp_path, sig):
+def _ignoring_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a shell without job control does to `cmd &`
+
+
+@pytest.mark.parametrize("sig,started", [(signal.SIGINT, None), (signal.SIGTERM, None),
+                                         (signal.SIGINT, _ignoring_sigint)],
+                         ids=["ctrl-c", "sigterm", "ctrl-c-after-inherited-ignore"])
+def test_cli_up_tears_down_on_signal(tmp_path, sig, started):
     require_sshd()
     root = tmp_path / "sb"
-    up = _cli("up", str(root))
-    # Generous bounds: the test is about tearing down, not speed. Late in a full suite one up/teardown pair
-    # took over 30 s and a rerun 25 s (normally 0.5 s); likely the kernel's deferred cleanup of earlier
-    # network namespaces, which new ones wait on (not confirmed).
-    deadline = time.monotonic() + 120
+    up = _cli("up", str(root), preexec_fn=started)
+    deadline = time.monotonic() + 120  # generous: the test is about tearing down, not speed
     while not (root / "sandbox.json").exists():
         assert up.poll() is None and time.monotonic() < deadline, up.communicate()
         time.sleep(0.02)
