@@ -402,7 +402,12 @@ def test_cli_up_tears_down_on_signal(tmp_path, sig, started):
     state = json.loads((root / "sandbox.json").read_text())
     pids = [h["sshd_pid"] for h in state["hosts"].values()]
     up.send_signal(sig)
-    up.communicate(timeout=120)
+    try:
+        up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:  # it ignored the signal: SIGTERM tears the hosts down, then fail
+            up.terminate()
+            up.communicate(timeout=120)
     assert not any(alive(p) for p in pids)
     names = {h["netns"] for h in state["hosts"].values()} - {None}
     assert not names & netns_names()
