@@ -152,15 +152,6 @@ def _tiny_engine_lock(tmp_path: Path, local_wheels: Path, *wheels: tuple[str, st
     return write_lock(tmp_path / "tiny-engine.lock", entries)
 
 
-@pytest.fixture
-def local_wheels(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "wheels"
-    folder.mkdir()
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
-    return folder
-
-
 @pytest.mark.sshd
 def test_dry_run_of_an_engine_venv_lists_its_steps_and_changes_nothing(sandbox, connector, tmp_path):
     venv = str(sandbox.hosts["ct129"].workdir / "engines" / "vllm-dry")

@@ -77,16 +77,6 @@ def write_lock(path: Path, entries: list[tuple[str, str, str]]) -> Path:
 
 
 @pytest.fixture
-def local_wheels(tmp_path, monkeypatch) -> Path:
-    """pip (wheelhouse builds) sees only this folder: no index, no network."""
-    folder = tmp_path / "wheels"
-    folder.mkdir()
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
-    return folder
-
-
-@pytest.fixture
 def connector(sandbox):
     with Connector(load_inventory(sandbox.inventory_path)) as conn:
         yield conn
