@@ -14,16 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 from orchestrator.core.inventory import Inventory, inventory_path, load_inventory
+from orchestrator.ui.safe_console import SafeConsole
 
 
 def _console(stderr: bool) -> Console:
     # Piped or redirected output gets a wide page instead of rich's 80 columns, so tables stay readable
     # in logs and CI; a terminal keeps its own width ($COLUMNS still wins).
-    probe = Console(stderr=stderr)
+    probe = SafeConsole(stderr=stderr)
     width = None if probe.is_terminal or os.environ.get("COLUMNS") else 160
-    return Console(stderr=stderr, highlight=False, width=width)
+    # SafeConsole: whatever a command prints, the hosts' text in it carries no control characters.
+    return SafeConsole(stderr=stderr, highlight=False, width=width)
 
 
 @dataclass
@@ -73,7 +76,7 @@ class AppContext:
                 self.inventory,
                 trust_new_host_keys=self.trust_new_host_keys,
                 connect_timeout=self.connect_timeout,
-                on_notice=lambda msg: self.err.print(f"[yellow]{msg}[/]"),
+                on_notice=lambda msg: self.err.print(Text(msg, style="yellow")),
             )
         return self._connector
 

@@ -11,7 +11,7 @@ import sys
 from typing import Optional
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 # dfo uses no pydantic plugins; looking for them reads every installed distribution's metadata (~25 ms of
 # each start, before the inventory's models are built).
@@ -100,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     except DfoError as exc:
         if debug:
             raise
-        err.print(f"[bold red]error:[/] {escape(exc.message)}")
+        # The message may quote a host (its error, a name it sent): text, never markup.
+        err.print(Text.assemble(("error:", "bold red"), " ", exc.message))
         if exc.hint:
-            err.print(f"  [dim]hint:[/] {escape(exc.hint)}")
+            err.print(Text.assemble("  ", ("hint:", "dim"), " ", exc.hint))
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code

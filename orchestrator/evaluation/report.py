@@ -1,15 +1,21 @@
 """What a person reads after a run: the summary table, report.md and the plots.
 
 Everything here is computed from results.json (and samples.jsonl) alone, so `dfo runs show` renders the
-same thing long after the hosts are gone.
+same thing long after the hosts are gone. Those files hold what the eval host wrote: every name and
+reason in them is host text (``Text`` on the terminal, ``md_*`` in report.md) and every figure may be of
+the wrong type ("?" where a number was expected, never an exception).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
+
+from orchestrator.core.host_text import clean, fmt_number, md_fence, md_text
 
 FIRST_POSITIONS = 4
 HEADLINE = "committed"  # the convention of the headline τ (metrics.tau_macro / tau_micro)
@@ -27,17 +33,43 @@ def digest_value(digest) -> str | None:
 
 
 def _fmt(x, digits: int = 2) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
+    return fmt_number(x, f".{digits}f")
+
+
+def _count(x) -> str:
+    """A count: '–' when absent, '?' when not an integer."""
+    return fmt_number(x, "d") if not isinstance(x, float) else "?"
+
+
+def _obj(value) -> dict:
+    """VALUE when it is a JSON object, else {} (a host may write any shape)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _objs(value) -> list[dict]:
+    """The JSON objects in VALUE when it is a list, else []."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _small_int(value) -> int | None:
+    """VALUE when it is a plain integer that fits a label (a k, a budget), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**6 else None
+
+
+def _by_position(items) -> dict[int, object]:
+    """{k: p} of a per-position list; entries without an integer k are left out."""
+    return {k: p.get("p") for p in _objs(items) if (k := _small_int(p.get("k"))) is not None}
 
 
 def convention_figure(metrics: dict, name: str, key: str | None = None) -> dict:
     """One convention's figure: {"value", "exact", "reason"} (value None with a reason when unavailable,
     or with neither in results from before the conventions)."""
-    block = (metrics.get("conventions") or {}).get(name)
+    block = _obj(metrics).get("conventions")
+    block = _obj(block).get(name)
     if not isinstance(block, dict):
         return {"value": None, "exact": None, "reason": None}
     if block.get("available") is False:
-        return {"value": None, "exact": None, "reason": block.get("reason") or "unavailable"}
+        return {"value": None, "exact": None, "reason": str(block.get("reason") or "unavailable")}
     return {"value": block.get(key or SHOWN.get(name, "tau_macro")), "exact": block.get("exact", True), "reason": None}
 
 
@@ -49,55 +81,58 @@ def fmt_convention(fig: dict) -> str:
 
 
 def has_conventions(results: dict) -> bool:
-    return any((d.get("metrics") or {}).get("conventions") for d in (results.get("drafters") or {}).values())
+    return any(_obj(_obj(d).get("metrics")).get("conventions") for d in _obj(results.get("drafters")).values())
 
 
 def drafter_rows(results: dict) -> list[dict]:
     """One flat row per drafter with the headline numbers (missing ones are None); τ macro/micro are the
     committed convention's, ``zlab``/``vllm`` the other conventions' figures (``convention_figure``)."""
     rows = []
-    for name, d in (results.get("drafters") or {}).items():
-        m = d.get("metrics") or {}
-        tree = m.get("tree") or {}
-        topk = tree.get("topk") or {}
-        budgeted = tree.get("budgeted") or {}
-        positions = {p["k"]: p.get("p") for p in m.get("per_position", [])}
+    for name, d in _obj(results.get("drafters")).items():
+        d = _obj(d)
+        m = _obj(d.get("metrics"))
+        tree = _obj(m.get("tree"))
+        topk = _obj(tree.get("topk"))
+        budgeted = _obj(tree.get("budgeted"))
+        positions = _by_position(m.get("per_position"))
         rows.append({
             "drafter": name,
-            "format": (d.get("spec") or {}).get("format"),
+            "format": _obj(d.get("spec")).get("format"),
             "convention": HEADLINE,
             "tau_macro": m.get("tau_macro"),
             "tau_micro": m.get("tau_micro"),
             "zlab": convention_figure(m, "zlab"),
             "vllm": convention_figure(m, "vllm"),
-            "ddtree_k": topk.get("k"),
+            "ddtree_k": _small_int(topk.get("k")),
             "ddtree": topk.get("tau_macro"),
             "budgeted": budgeted.get("tau_macro"),
-            "budget": budgeted.get("budget"),
+            "budget": _small_int(budgeted.get("budget")),
             "positions": [positions.get(k) for k in range(1, FIRST_POSITIONS + 1)],
             "samples": m.get("samples"),
             "rounds": m.get("rounds"),
             "block_size": m.get("block_size"),
-            "eval_s": (d.get("timings") or {}).get("eval_s"),
+            "eval_s": _obj(d.get("timings")).get("eval_s"),
         })
     return rows
 
 
 def comparison_lines(results: dict) -> list[str]:
-    comp = results.get("comparison") or {}
+    comp = _obj(results.get("comparison"))
     level = comp.get("confidence", 0.95)
     lines = []
-    for pair in comp.get("pairs", []):
+    for pair in _objs(comp.get("pairs")):
         parts = []
         for key, label in (("tau_macro", "τ macro"), ("ddtree", "DDTree-8"), ("tau_micro", "τ micro")):
-            stat = pair.get(key)
-            if stat and stat.get("delta") is not None:
-                ci = stat.get("ci") or [None, None]
-                parts.append(f"{label} {stat['delta']:+.2f} [{_fmt(ci[0])}, {_fmt(ci[1])}]")
+            stat = _obj(pair.get(key))
+            if stat.get("delta") is not None:
+                ci = stat.get("ci")
+                ci = ci if isinstance(ci, list) and len(ci) == 2 else [None, None]
+                parts.append(f"{label} {fmt_number(stat['delta'], '+.2f')} [{_fmt(ci[0])}, {_fmt(ci[1])}]")
         if parts:
             verdict = pair.get("verdict")
-            lines.append(f"{pair['b']} − {pair['a']} ({level:.0%} bootstrap CI over {pair.get('samples', '?')} "
-                         "samples): " + "; ".join(parts) + (f"\n    → {verdict}" if verdict else ""))
+            lines.append(f"{pair.get('b', '?')} − {pair.get('a', '?')} ({fmt_number(level, '.0%')} bootstrap CI "
+                         f"over {_count(pair.get('samples'))} samples): " + "; ".join(parts)
+                         + (f"\n    → {verdict}" if verdict else ""))
     return lines
 
 
@@ -117,21 +152,24 @@ def convention_notes(results: dict) -> list[str]:
 
 
 def summary_table(results: dict, title: str | None = None) -> Table:
+    """The terminal's table. Every cell, the title and the caption are ``Text``: names and reasons in them
+    came from the host, and as markup a "[/x]" would raise and a "[link=…]" would render."""
     rows = drafter_rows(results)
     k = next((r["ddtree_k"] for r in rows if r["ddtree_k"]), 8)
     conv = has_conventions(results)
-    caption = "\n".join([CONVENTIONS_NOTE, *convention_notes(results)]) if conv else None
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    caption = Text("\n".join([CONVENTIONS_NOTE, *convention_notes(results)])) if conv else None
+    table = Table(title=Text(title) if title is not None else None, title_justify="left", caption=caption,
+                  caption_justify="left")
     columns = ["drafter", f"{HEADLINE} τ macro", "τ micro", *(["zlab τ macro", "vllm τ micro"] if conv else []),
                f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s"]
     for col in columns:  # the headline's convention must stay readable in its header
         table.add_column(col, justify="left" if col == "drafter" else "right",
                          min_width=len(HEADLINE) if col.startswith(HEADLINE) else None)
     for r in rows:
-        table.add_row(r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]),
-                      *([fmt_convention(r["zlab"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),
-                      *[_fmt(p) for p in r["positions"]], str(r["samples"] or "–"), str(r["rounds"] or "–"),
-                      _fmt(r["eval_s"], 1))
+        cells = [r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]),
+                 *([fmt_convention(r["zlab"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),
+                 *[_fmt(p) for p in r["positions"]], _count(r["samples"]), _count(r["rounds"]), _fmt(r["eval_s"], 1)]
+        table.add_row(*map(Text, cells))
     return table
 
 
@@ -146,10 +184,10 @@ def engine_lines(results: dict, markdown: bool = False) -> list[str]:
 
 
 def settings_lines(results: dict) -> list[str]:
-    s = results.get("settings") or {}
-    t = results.get("target") or {}
-    e = results.get("extraction") or {}
-    v = results.get("versions") or {}
+    s = _obj(results.get("settings"))
+    t = _obj(results.get("target"))
+    e = _obj(results.get("extraction"))
+    v = _obj(results.get("versions"))
     prompts = s.get("prompts")
     if isinstance(prompts, dict):
         prompts = prompts.get("source") or prompts.get("name") or prompts
@@ -167,15 +205,17 @@ def settings_lines(results: dict) -> list[str]:
 
 
 def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
+    """report.md (temp name, then renamed). Host text goes in through ``md_text``/``md_fence``: no HTML,
+    link, extra table cell or early end of a code fence can come from results.json or samples.jsonl."""
     plots = write_plots(run_dir, results)
     rows = drafter_rows(results)
     k = next((r["ddtree_k"] for r in rows if r["ddtree_k"]), 8)
-    out = [f"# dfo eval — {run_dir.name}", ""]
-    out += [f"- {line}" for line in settings_lines(results)]
-    hosts = results.get("hosts") or {}
+    out = [f"# dfo eval — {md_text(run_dir.name)}", ""]
+    out += [f"- {md_text(line)}" for line in settings_lines(results)]
+    hosts = {h: _obj(p) for h, p in _obj(results.get("hosts")).items()}
     if hosts:
-        out += ["- hosts: " + ", ".join(f"{h} (job {p.get('job_id')}, {p.get('samples')} samples, "
-                                         f"kernels {p.get('kernel_path')})" for h, p in hosts.items())]
+        out += ["- hosts: " + ", ".join(md_text(f"{h} (job {p.get('job_id')}, {p.get('samples')} samples, "
+                                                f"kernels {p.get('kernel_path')})") for h, p in hosts.items())]
     conv = has_conventions(results)
     out += ["", "## Acceptance", "",
             f"| drafter | format | τ macro ({HEADLINE}) | τ micro ({HEADLINE}) | "
@@ -183,12 +223,13 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
             + " | ".join(f"p{i}" for i in range(1, FIRST_POSITIONS + 1)) + " | samples | rounds | eval s |",
             "|---|---|---|---|" + ("---|---|" if conv else "") + "---|---|" + "---|" * FIRST_POSITIONS + "---|---|---|"]
     for r in rows:
-        out.append(f"| {r['drafter']} | {r['format'] or ''} | {_fmt(r['tau_macro'])} | {_fmt(r['tau_micro'])} | "
+        out.append(f"| {md_text(r['drafter'])} | {md_text(r['format'] or '')} | {_fmt(r['tau_macro'])} | "
+                   f"{_fmt(r['tau_micro'])} | "
                    + (f"{fmt_convention(r['zlab'])} | {fmt_convention(r['vllm'])} | " if conv else "")
                    + f"{_fmt(r['ddtree'])} | {_fmt(r['budgeted'])}"
                    + (f" (budget {r['budget']})" if r["budget"] else "") + " | "
                    + " | ".join(_fmt(p) for p in r["positions"])
-                   + f" | {r['samples']} | {r['rounds']} | {_fmt(r['eval_s'], 1)} |")
+                   + f" | {_count(r['samples'])} | {_count(r['rounds'])} | {_fmt(r['eval_s'], 1)} |")
     if conv:
         out += ["", f"p_k and the τ histogram below are the {HEADLINE} convention's.", ""]
         out += conventions_markdown(results)
@@ -196,25 +237,27 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     out += ["", *engine] if engine else []
     comparison = comparison_lines(results)
     if comparison:
-        out += ["", "## Comparison", ""] + [f"- {line}" for line in comparison]
+        out += ["", "## Comparison", ""] + [f"- {md_text(line)}" for line in comparison]
     if plots:
         out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     definitions = _definitions(results)
     if definitions:
-        out += ["", "## Definitions", ""] + [f"- **{k}**: {v}" for k, v in definitions.items()]
+        out += ["", "## Definitions", ""] + [f"- **{md_text(k)}**: {md_text(v)}" for k, v in definitions.items()]
     diag = results.get("diagnostics")
     if diag:
-        out += ["", "## Diagnostics", "", "```", _diagnostics_text(diag), "```"]
+        out += ["", "## Diagnostics", "", *md_fence(_diagnostics_text(diag))]
     warnings = results.get("warnings") or []
     if warnings:
-        out += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
-    out += ["", "## Samples", "", "| id | host | tokens | " + " | ".join(f"τ {r['drafter']} ({HEADLINE})" for r in rows)
-            + " |",
+        out += ["", "## Warnings", ""] + [f"- {md_text(w)}" for w in (warnings if isinstance(warnings, list)
+                                                                      else [warnings])]
+    out += ["", "## Samples", "", "| id | host | tokens | "
+            + " | ".join(f"τ {md_text(r['drafter'])} ({HEADLINE})" for r in rows) + " |",
             "|---|---|---|" + "---|" * len(rows)]
     for s in samples:
-        taus = [(s.get("drafters") or {}).get(r["drafter"], {}).get("tau") for r in rows]
-        out.append(f"| {s.get('id')} | {s.get('host', '')} | {s.get('continuation_tokens')} | "
-                   + " | ".join(_fmt(t) for t in taus) + " |")
+        per_drafter = _obj(s.get("drafters"))
+        taus = [_obj(per_drafter.get(r["drafter"])).get("tau") for r in rows]
+        out.append(f"| {md_text(s.get('id'))} | {md_text(s.get('host', ''))} | "
+                   f"{_count(s.get('continuation_tokens'))} | " + " | ".join(_fmt(t) for t in taus) + " |")
     path = run_dir / "report.md"
     tmp = run_dir / ".report.md.tmp"
     tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
@@ -228,30 +271,33 @@ def conventions_markdown(results: dict) -> list[str]:
            "| drafter | convention | τ macro | τ micro | rounds | "
            + " | ".join(f"p{i}" for i in range(1, FIRST_POSITIONS + 1)) + " | exact |",
            "|---|---|---|---|---|" + "---|" * FIRST_POSITIONS + "---|"]
-    for name, d in (results.get("drafters") or {}).items():
-        for conv, block in ((d.get("metrics") or {}).get("conventions") or {}).items():
+    for name, d in _obj(results.get("drafters")).items():
+        for conv, block in _obj(_obj(_obj(d).get("metrics")).get("conventions")).items():
+            block = _obj(block)
             if block.get("available") is False:
-                out.append(f"| {name} | {conv} | n/a | n/a | | " + " | " * FIRST_POSITIONS + "|")
+                out.append(f"| {md_text(name)} | {md_text(conv)} | n/a | n/a | | " + " | " * FIRST_POSITIONS + "|")
                 continue
-            ps = {p["k"]: p.get("p") for p in block.get("per_position") or []}
-            out.append(f"| {name} | {conv} | {_fmt(block.get('tau_macro'))} | {_fmt(block.get('tau_micro'))} | "
-                       f"{block.get('rounds')} | " + " | ".join(_fmt(ps.get(i)) for i in range(1, FIRST_POSITIONS + 1))
+            ps = _by_position(block.get("per_position"))
+            out.append(f"| {md_text(name)} | {md_text(conv)} | {_fmt(block.get('tau_macro'))} | "
+                       f"{_fmt(block.get('tau_micro'))} | {_count(block.get('rounds'))} | "
+                       + " | ".join(_fmt(ps.get(i)) for i in range(1, FIRST_POSITIONS + 1))
                        + f" | {'yes' if block.get('exact', True) else 'lower bound'} |")
     notes = convention_notes(results)
-    definitions: dict = next((c for d in (results.get("drafters") or {}).values()
-                              if (c := (d.get("metrics") or {}).get("conventions"))), {})
-    out += [""] + [f"- {line}" for line in notes] + ([""] if notes else [])
-    out += [f"- **{conv}**: {block.get('definition')}" for conv, block in definitions.items()
-            if block.get("definition")]
+    definitions: dict = next((c for d in _obj(results.get("drafters")).values()
+                              if (c := _obj(_obj(_obj(d).get("metrics")).get("conventions")))), {})
+    out += [""] + [f"- {md_text(line)}" for line in notes] + ([""] if notes else [])
+    out += [f"- **{md_text(conv)}**: {md_text(block['definition'])}" for conv, block in definitions.items()
+            if _obj(block).get("definition")]
     return out
 
 
 def _definitions(results: dict) -> dict:
-    for d in (results.get("drafters") or {}).values():
-        defs = dict((d.get("metrics") or {}).get("definitions") or {})
-        tree = (d.get("metrics") or {}).get("tree") or {}
+    for d in _obj(results.get("drafters")).values():
+        metrics = _obj(_obj(d).get("metrics"))
+        defs = dict(_obj(metrics.get("definitions")))
+        tree = _obj(metrics.get("tree"))
         for key in ("topk", "budgeted"):
-            if (tree.get(key) or {}).get("definition"):
+            if _obj(tree.get(key)).get("definition"):
                 defs[f"tree.{key}"] = tree[key]["definition"]
         if defs:
             return defs
@@ -260,7 +306,7 @@ def _definitions(results: dict) -> dict:
 
 def _diagnostics_text(diag) -> str:
     if isinstance(diag, dict) and diag.get("text"):
-        return diag["text"]
+        return str(diag["text"])
     import json
 
     return json.dumps(diag, indent=2)[:20000]
@@ -279,21 +325,35 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
     except ImportError:
         return []
     os.environ.setdefault("MPLBACKEND", "Agg")
-    drafters = results.get("drafters") or {}
+    drafters = {name: _obj(_obj(d).get("metrics")) for name, d in _obj(results.get("drafters")).items()}
     if not drafters:
         return []
-    written = []
+    # Drafter names are the host's: as mathtext a '$' in one would be parsed, and a malformed one raises.
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return [_acceptance_plot(plt, run_dir, drafters), _histogram_plot(plt, run_dir, drafters)]
 
+
+def _real(x) -> float | None:
+    """X as a finite float, or None when it is not a finite number."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        value = float(x)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _acceptance_plot(plt, run_dir: Path, drafters: dict[str, dict]) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     # Distinct markers and dash styles: two drafters with identical curves must both stay visible.
     styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"), ("P", "--")]
-    for i, (name, d) in enumerate(drafters.items()):
-        m = d.get("metrics") or {}
-        pts = [(p["k"], p["p"]) for p in m.get("per_position", []) if p.get("p") is not None]
+    for i, (name, m) in enumerate(drafters.items()):
+        pts = [(k, v) for k, p in sorted(_by_position(m.get("per_position")).items()) if (v := _real(p)) is not None]
         marker, dash = styles[i % len(styles)]
         if pts:
             ax.plot([k for k, _ in pts], [p for _, p in pts], marker=marker, linestyle=dash, linewidth=2,
-                    markersize=7 - i, label=f"{name} (τ {_fmt(m.get('tau_macro'))})")
+                    markersize=7 - i, label=f"{clean(name)} (τ {_fmt(m.get('tau_macro'))})")
     ax.set_xlabel("draft position k")
     ax.set_ylabel("P(round accepts ≥ k drafts)")
     ax.set_ylim(0, 1.02)
@@ -304,17 +364,21 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
     path = run_dir / "acceptance.png"
     fig.savefig(path)
     plt.close(fig)
-    written.append(path)
+    return path
 
+
+def _histogram_plot(plt, run_dir: Path, drafters: dict[str, dict]) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     n = len(drafters)
     width = 0.8 / n
-    for i, (name, d) in enumerate(drafters.items()):
-        hist = (d.get("metrics") or {}).get("tau_histogram") or {}
+    for i, (name, m) in enumerate(drafters.items()):
+        # {"τ": rounds}; entries whose τ is not a small integer or whose count is not a number are left out
+        hist = {int(k): count for k, v in _obj(m.get("tau_histogram")).items()
+                if k.isascii() and k.isdigit() and len(k) < 7 and (count := _real(v)) is not None}
         total = sum(hist.values()) or 1
-        xs = sorted(int(k) for k in hist)
-        ax.bar([x + (i - (n - 1) / 2) * width for x in xs], [hist[str(x)] / total for x in xs], width=width,
-               label=name)
+        xs = sorted(hist)
+        ax.bar([x + (i - (n - 1) / 2) * width for x in xs], [hist[x] / total for x in xs], width=width,
+               label=clean(name))
     ax.set_xlabel("τ per round (accepted drafts + 1)")
     ax.set_ylabel("fraction of rounds")
     ax.set_title("τ histogram")
@@ -324,5 +388,4 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
     path = run_dir / "tau_histogram.png"
     fig.savefig(path)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path

@@ -85,9 +85,9 @@ class _Relay:
 
     def say(self, text: str) -> None:
         if self.console.is_terminal:
-            from rich.markup import escape
+            from rich.text import Text
 
-            self.console.print(f"[dim]{escape(text)}[/]")
+            self.console.print(Text(text, style="dim"))  # it may quote a host: text, never markup
 
     # -- the whole operation
 
@@ -522,7 +522,10 @@ def relay(connector: Connector, source: str, destination: str, options: RelayOpt
     kept for resume). Returns a RelayResult (``as_dict()`` is the --json summary).
     """
     options = options or RelayOptions()
-    console = console or Console(stderr=True)
+    if console is None:
+        from orchestrator.ui.safe_console import SafeConsole  # hosts' notes and paths: no control characters
+
+        console = SafeConsole(stderr=True)
     if progress is None:
         if console.is_terminal:
             from orchestrator.ui.relay_progress import RichRelayProgress

@@ -1,4 +1,8 @@
-"""``Events`` rendered with rich on one console (the CLI's stderr console)."""
+"""``Events`` rendered with rich on one console (the CLI's stderr console).
+
+Event texts may quote a host (an error, a note, a file name): they go to rich as ``Text``, never as
+markup, and the console (``safe_console.SafeConsole``) strips their control characters.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,12 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.text import Text
 
 from orchestrator.ui.progress_view import ProgressView
 
-_STEP_STYLE = {None: "[bold cyan]▸[/]", "demo": "[bold magenta]demo ▸[/]"}
+_STEP_STYLE = {None: ("▸", "bold cyan"), "demo": ("demo ▸", "bold magenta")}
 
 
 class ConsoleEvents:
@@ -28,29 +32,29 @@ class ConsoleEvents:
         return self.console.is_terminal
 
     def step(self, text: str, tag: str | None = None) -> None:
-        lead = _STEP_STYLE.get(tag) or f"[bold]{escape(tag or '')} ▸[/]"
-        self.console.print(("\n" if tag == "demo" else "") + f"{lead} {escape(text)}")
+        lead = _STEP_STYLE.get(tag) or (f"{tag or ''} ▸", "bold")
+        self.console.print(Text.assemble("\n" if tag == "demo" else "", lead, " ", text))
 
     def info(self, text: str) -> None:
-        self.console.print(escape(text))
+        self.console.print(Text(text))
 
     def success(self, text: str) -> None:
-        self.console.print(f"[green]{escape(text)}[/]")
+        self.console.print(Text(text, style="green"))
 
     def warn(self, text: str) -> None:
-        self.console.print(f"[yellow]{escape(text)}[/]")
+        self.console.print(Text(text, style="yellow"))
 
     @contextmanager
     def transfer(self, label: str, total_bytes: int) -> Iterator[Callable[[int], None]]:
         with self._lock:
             if self._bars is None:
-                self._bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                self._bars = Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
                                       TransferSpeedColumn(), console=self.console, transient=True,
                                       disable=not self.console.is_terminal)
                 self._bars.start()
             bars = self._bars
             self._active += 1
-            task = bars.add_task(escape(label), total=total_bytes or 1)
+            task = bars.add_task(label, total=total_bytes or 1)
         try:
             yield lambda done: bars.update(task, completed=done)
         finally:

@@ -7,18 +7,23 @@ text, JSON without a known ``dfo`` kind, half a line — passes through as log t
 
 On a terminal the bars are live; otherwise (CI logs, pipes) progress is printed as text lines, at most
 one per stage every ``text_every`` seconds plus the final one, so logs stay readable.
+
+Every line is the host's text: it goes to rich as ``Text`` (a ``[tag]`` in it is shown, not applied) and
+the CLI's console strips its control characters. A record whose fields have the wrong type (a unit that
+is not a string, a count that is not a finite number) has those fields ignored.
 """
 
 from __future__ import annotations
 
 import codecs
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
 KNOWN_KINDS = ("progress", "stage", "warning", "result")
 
@@ -85,7 +90,7 @@ class ProgressView:
         record = parse_line(line)
         if record is None:
             self.text_lines.append(line)
-            self._print(escape(line))
+            self._print(Text(line))
             return
         getattr(self, f"_on_{record['dfo']}")(record)
 
@@ -112,8 +117,8 @@ class ProgressView:
         st.done = _number(rec.get("done"), st.done)
         total = _number(rec.get("total"), None)
         st.total = total if total is not None else st.total
-        st.unit = rec.get("unit") or st.unit
-        st.message = rec.get("message") or st.message
+        st.unit = _text(rec.get("unit")) or st.unit
+        st.message = _text(rec.get("message")) or st.message
         st.tokens_per_s = _number(rec.get("tokens_per_s"), st.tokens_per_s)
         if self.live:
             self._bar(name, st)
@@ -122,12 +127,13 @@ class ProgressView:
             now = time.monotonic()
             if complete or st.last_text is None or now - st.last_text >= self.text_every:
                 st.last_text = now
-                self._print(f"[cyan]{escape(name)}[/] {_fmt_progress(st)}")
+                self._print(Text.assemble((name, "cyan"), " ", _fmt_progress(st)))
 
     def _on_stage(self, rec: dict) -> None:
         name = str(rec.get("stage", "?"))
         st = self.stages.setdefault(name, StageState())
-        msg = f" — {escape(str(rec['message']))}" if rec.get("message") else ""
+        message = _text(rec.get("message"))
+        msg = f" — {message}" if message else ""
         if rec.get("status") == "done":
             st.finished = True
             st.elapsed_s = _number(rec.get("elapsed_s"), None)
@@ -135,26 +141,26 @@ class ProgressView:
                 task = self._tasks[name]
                 self._progress.update(task, completed=st.total or st.done or 1, total=st.total or st.done or 1)
             took = f" ({st.elapsed_s:.1f}s)" if st.elapsed_s is not None else ""
-            self._print(f"[green]✓[/] {escape(name)}{took}{msg}")
+            self._print(Text.assemble(("✓", "green"), f" {name}{took}{msg}"))
         else:
-            self._print(f"[bold]▶[/] {escape(name)}{msg}")
+            self._print(Text.assemble(("▶", "bold"), f" {name}{msg}"))
 
     def _on_warning(self, rec: dict) -> None:
-        message = str(rec.get("message", ""))
+        message = _text(rec.get("message")) or ""
         self.warnings.append(message)
-        where = f" ({escape(str(rec['stage']))})" if rec.get("stage") else ""
-        self._print(f"[yellow]warning{where}:[/] {escape(message)}")
+        stage = _text(rec.get("stage"))
+        self._print(Text.assemble((f"warning ({stage}):" if stage else "warning:", "yellow"), f" {message}"))
 
     def _on_result(self, rec: dict) -> None:
         fields = {k: v for k, v in rec.items() if k != "dfo"}
         self.results.append(fields)
         shown = ", ".join(f"{k}={_short(v)}" for k, v in fields.items())
-        self._print(f"[bold green]result:[/] {escape(shown)}")
+        self._print(Text.assemble(("result:", "bold green"), f" {shown}"))
 
     # -- output
 
-    def _print(self, markup: str) -> None:
-        line = (f"[dim]{escape(self.prefix)}[/] " if self.prefix else "") + markup
+    def _print(self, text: Text) -> None:
+        line = Text.assemble((self.prefix, "dim"), " ", text) if self.prefix else text
         if self._progress is not None:
             self._progress.console.print(line, highlight=False)  # above the live bars
         else:
@@ -163,23 +169,35 @@ class ProgressView:
     def _bar(self, name: str, st: StageState) -> None:
         if self._progress is None:
             self._progress = Progress(
-                TextColumn("[cyan]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[unit]}"), TimeRemainingColumn(), TextColumn("{task.fields[extra]}"),
+                # Host text in the columns: markup=False, or a "[/x]" in a stage name would raise MarkupError.
+                TextColumn("{task.description}", style="cyan", markup=False), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[unit]}", markup=False), TimeRemainingColumn(),
+                TextColumn("{task.fields[extra]}", markup=False),
                 console=self.console, transient=False,
             )
             self._progress.start()
         extra = " ".join(x for x in (
-            f"{st.tokens_per_s:.1f} tok/s" if st.tokens_per_s is not None else "", escape(st.message or "")) if x)
+            f"{st.tokens_per_s:.1f} tok/s" if st.tokens_per_s is not None else "", st.message or "") if x)
         if name not in self._tasks:
-            self._tasks[name] = self._progress.add_task(escape(name), total=st.total, completed=st.done,  # type: ignore[arg-type]
-                                                        unit=escape(st.unit or ""), extra=extra)
+            self._tasks[name] = self._progress.add_task(name, total=st.total, completed=st.done,  # type: ignore[arg-type]
+                                                        unit=st.unit or "", extra=extra)
         else:
-            self._progress.update(self._tasks[name], total=st.total, completed=st.done, unit=escape(st.unit or ""),
+            self._progress.update(self._tasks[name], total=st.total, completed=st.done, unit=st.unit or "",
                                   extra=extra)
 
 
 def _number(value, default):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+    """VALUE when it is a finite int or float (not a bool), else DEFAULT (the record came from a host)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    try:
+        return value if math.isfinite(value) else default
+    except OverflowError:  # an int too large for a float: the percentage and the bar would raise
+        return default
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _fmt_progress(st: StageState) -> str:
@@ -188,13 +206,13 @@ def _fmt_progress(st: StageState) -> str:
 
     text = f"{num(st.done)}/{num(st.total)}" if st.total is not None else num(st.done)
     if st.unit:
-        text += f" {escape(st.unit)}"
+        text += f" {st.unit}"
     if st.total:
-        text += f" ({100 * st.done / st.total:.0f}%)"
+        text += f" ({100 * (st.done / st.total):.0f}%)"  # divided first: huge ints must not overflow
     if st.tokens_per_s is not None:
         text += f", {st.tokens_per_s:.1f} tok/s"
     if st.message:
-        text += f" — {escape(st.message)}"
+        text += f" — {st.message}"
     return text
 
 

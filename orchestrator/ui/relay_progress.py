@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -19,20 +18,22 @@ class RichRelayProgress:
     """One bar for the relay, one per stream when there are several (transient: gone when done)."""
 
     def __init__(self, console: Console):
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                            TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True)
+        # The label and status quote the hosts' paths and notes: never read as markup.
+        self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                            DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(),
+                            console=console, transient=True)
         self.main: TaskID | None = None
         self.streams: list[TaskID] = []
 
     def start(self, label: str, total: int, streams: int) -> None:
-        self.main = self.bar.add_task(escape(label), total=max(total, 1))
+        self.main = self.bar.add_task(label, total=max(total, 1))
         if streams > 1:
             self.streams = [self.bar.add_task(f"  stream {k + 1}", total=None) for k in range(streams)]
         self.bar.start()
 
     def status(self, text: str) -> None:
         if self.main is not None:
-            self.bar.update(self.main, description=escape(text))
+            self.bar.update(self.main, description=text)
 
     def set_done(self, total: int, done: int) -> None:
         if self.main is not None:
