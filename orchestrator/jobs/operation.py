@@ -32,7 +32,6 @@ without recording an exit, e.g. a host reboot), refused.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import posixpath
@@ -49,10 +48,11 @@ from orchestrator.core.confine import check_component, check_name, confine
 from orchestrator.core.errors import ConnectionLost, HostError, InputError, OperationError
 from orchestrator.core.events import Events, OutputSink, QuietEvents
 from orchestrator.core.hashing import sha256_file
+from orchestrator.jobs import replies
+from orchestrator.jobs.replies import FINAL_STATES, JobStatus
 from orchestrator.transport import Connector, for_each_host, hostcall
 from orchestrator.transport.hostlock import host_lock
 
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
 DEFAULT_LOCK = "gpu"
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")
 
@@ -86,49 +86,6 @@ class JobHandle:
     @property
     def results_dir(self) -> str:
         return posixpath.join(self.job_dir, "results")
-
-
-@dataclass
-class JobStatus:
-    host: str
-    job_id: str
-    state: str
-    name: str | None = None
-    job_dir: str = ""
-    argv: list[str] = field(default_factory=list)
-    cwd: str | None = None
-    lock: str | None = None
-    created: str | None = None
-    started: str | None = None
-    finished: str | None = None
-    pid: int | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    heartbeat_age_s: float | None = None
-    log_size: int = 0
-    results: int = 0
-    log_tail: list[str] = field(default_factory=list)
-    env_keys: list[str] = field(default_factory=list)
-
-    @property
-    def ref(self) -> str:
-        return f"{self.host}:{self.job_id}"
-
-    @property
-    def done(self) -> bool:
-        return self.state in FINAL_STATES
-
-    @property
-    def ok(self) -> bool:
-        return self.state == "succeeded"
-
-    def as_dict(self) -> dict:
-        return asdict(self) | {"ref": self.ref}
-
-    @classmethod
-    def from_host(cls, host: str, info: dict) -> "JobStatus":
-        names = set(cls.__dataclass_fields__)
-        return cls(host=host, **{k: v for k, v in info.items() if k in names and k != "host"})
 
 
 @dataclass
@@ -238,10 +195,10 @@ def launch_job(
         res = _call(connector, host, "launch", workdir=inv_host.workdir, job_id=job_id,
                     argv=substitute(argv, values), env=full_env, cwd=cwd, job_name=job_name, lock=lock, force=force,
                     supervisor_source=hostcall.program_source(HOST_SCRIPT), heartbeat_s=heartbeat_s)
-    if not res["ok"]:
-        raise JobRefused(host, res.get("refused") or {}, lock or "")
-    status = JobStatus.from_host(host, res["job"])
-    return JobHandle(host, job_id, job_dir, job_name, notices=lock_notices + res.get("notices", []), status=status)
+    launched = replies.Launched.from_host(host, res)
+    if not launched.ok:
+        raise JobRefused(host, launched.refused, lock or "")
+    return JobHandle(host, job_id, job_dir, job_name, notices=lock_notices + launched.notices, status=launched.job)
 
 
 # ------------------------------------------------------------------------------ inspection
@@ -254,8 +211,8 @@ def job_status(connector: Connector, host: str, job_id: str, *, tail: int = 20) 
 
 
 def list_jobs(connector: Connector, host: str, *, limit: int = 50) -> list[JobStatus]:
-    res = _call(connector, host, "list_jobs", workdir=_host(connector, host).workdir, limit=limit)
-    return [JobStatus.from_host(host, info) for info in res["jobs"]]
+    return replies.job_list(host, _call(connector, host, "list_jobs", workdir=_host(connector, host).workdir,
+                                        limit=limit))
 
 
 def resolve_job(connector: Connector, host: str, ref: str) -> str:
@@ -293,7 +250,7 @@ def poll_job(connector: Connector, host: str, job_id: str, offset: int, *, max_b
     """(status, new log bytes, next offset): one round trip (``timeout``: give up on a stalled link)."""
     info = _call(connector, host, "poll", workdir=_host(connector, host).workdir, job_id=job_id, offset=offset,
                  max_bytes=max_bytes, tail=tail, call_timeout=timeout)
-    return JobStatus.from_host(host, info), base64.b64decode(info["chunk"]), info["offset"]
+    return replies.polled(host, info, offset)
 
 
 def follow_job(
@@ -360,16 +317,18 @@ def follow_job(
 
 
 def cancel_job(connector: Connector, host: str, job_id: str, *, grace: float = 5.0) -> JobStatus:
-    res = _call(connector, host, "cancel", workdir=_host(connector, host).workdir, job_id=job_id, grace=grace)
-    if res.get("group_alive"):
+    reply = _call(connector, host, "cancel", workdir=_host(connector, host).workdir, job_id=job_id, grace=grace)
+    status, group_alive = replies.cancelled(host, reply)
+    if group_alive:
         raise HostError(host, f"job {job_id}: processes of its group survived SIGKILL",
                         hint="check the host with ps -g <pgid>")
-    return JobStatus.from_host(host, res["job"])
+    return status
 
 
 def lock_status(connector: Connector, host: str, lock: str = DEFAULT_LOCK) -> dict:
     check_lock_name(lock)
-    return _call(connector, host, "lock_status", workdir=_host(connector, host).workdir, lock=lock)
+    return replies.lock_state(host, _call(connector, host, "lock_status", workdir=_host(connector, host).workdir,
+                                          lock=lock))
 
 
 # ------------------------------------------------------------------------------------- pull
@@ -395,12 +354,12 @@ def pull_results(
     ``force``. A job that is still running is refused unless ``allow_running``.
     """
     dest = Path(dest)
-    res = _call(connector, host, "results", workdir=_host(connector, host).workdir, job_id=job_id)
-    status = JobStatus.from_host(host, res["job"])
+    workdir = _host(connector, host).workdir
+    status, files = replies.results_listing(host, _call(connector, host, "results", workdir=workdir, job_id=job_id))
     if not status.done and not allow_running:
         raise InputError(f"job {host}:{job_id} is still {status.state}; its results may be incomplete",
                          hint="wait for it (dfo jobs logs -f) or pass --allow-running")
-    manifest = _checked_manifest(host, res.get("files"))
+    manifest = _checked_manifest(host, files)
     if dest.exists():
         if _already_pulled(dest, job_id, manifest) and not force:
             return PullResult(host, job_id, str(dest), "up-to-date", len(manifest), 0, manifest)
@@ -410,7 +369,9 @@ def pull_results(
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
-        done = _download_verified(connector.session(host), host, res["root"], manifest, tmp, progress)
+        # The folder is the one dfo made for the job (the id was checked), not a path the host names.
+        root = posixpath.join(workdir, "jobs", check_component(job_id, host=host, what="job id"), "results")
+        done = _download_verified(connector.session(host), host, root, manifest, tmp, progress)
         (tmp / PULL_RECORD).write_text(json.dumps(
             {"host": host, "job_id": job_id, "job_dir": status.job_dir, "state": status.state,
              "exit_code": status.exit_code, "pulled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -508,7 +469,7 @@ def default_pull_dest(host: str, job_id: str, root: str | os.PathLike = "runs") 
 
 
 __all__ = [
-    "JobHandle", "JobRefused", "JobStatus", "PullResult", "cancel_job", "default_pull_dest",
+    "FINAL_STATES", "JobHandle", "JobRefused", "JobStatus", "PullResult", "cancel_job", "default_pull_dest",
     "follow_job", "job_status", "launch_job", "list_jobs", "locate_job", "lock_status", "new_job_id",
     "parse_job_ref", "poll_job", "pull_results", "resolve_job", "substitute",
 ]
