@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
+from orchestrator.core.errors import InputError
+from orchestrator.core.host_text import fmt_number
 from orchestrator.evaluation.compare import compare_runs
 from orchestrator.evaluation.operation import Detached, reattach_hint, wait_and_collect
 from orchestrator.evaluation.report import drafter_rows
@@ -33,17 +35,21 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
     for run in runs:
         taus = {}
         if run.has_results():
-            taus = {r["drafter"]: r["tau_macro"] for r in drafter_rows(run.results())}
+            try:
+                taus = {r["drafter"]: r["tau_macro"] for r in drafter_rows(run.results())}
+            except InputError:  # a damaged results.json: `dfo runs show` says what is wrong with it
+                taus = {}
         rows.append({"run": run.name, "status": run.status, "hosts": run.record.get("hosts"), "tau_macro": taus})
     if json_out:
         app_ctx.print_json({"runs": rows})
         return
-    table = Table(title=str(runs_root(runs_dir)), title_justify="left")
+    table = Table(title=Text(str(runs_root(runs_dir))), title_justify="left")
     for col in ("run", "status", "hosts", "τ macro (committed)"):
         table.add_column(col)
-    for r in rows:
-        table.add_row(str(r["run"]), str(r["status"]), ",".join(r["hosts"] or []),
-                      "  ".join(f"{n} {t:.2f}" if t is not None else f"{n} –" for n, t in r["tau_macro"].items()))
+    for r in rows:  # drafter names and figures are the eval host's: Text cells, "?" for a τ that is no number
+        hosts = r["hosts"] if isinstance(r["hosts"], list) else []
+        table.add_row(Text(str(r["run"])), Text(str(r["status"])), Text(",".join(map(str, hosts))),
+                      Text("  ".join(f"{n} {_f(t)}" for n, t in r["tau_macro"].items())))
     app_ctx.out.print(table)
 
 
@@ -60,9 +66,9 @@ def show_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run nam
         if json_out:
             app_ctx.print_json({"run": found.name, "status": found.status, "error": found.record.get("error")})
         else:
-            app_ctx.out.print(escape(msg))
+            app_ctx.out.print(Text(msg))  # the error may quote a host
             if found.status in ("running", "detached"):
-                app_ctx.out.print(escape(reattach_hint(found)))
+                app_ctx.out.print(Text(reattach_hint(found)))
         raise typer.Exit(0 if found.status in ("running", "detached") else 1)
     render_run(app_ctx, found, json_out)
 
@@ -76,7 +82,7 @@ def pull_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run nam
     try:
         wait_and_collect(app_ctx.connector, found, events=app_ctx.events)
     except Detached:
-        app_ctx.err.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(found))}")
+        app_ctx.err.print(Text.assemble("\n", ("detached", "yellow"), f" (Ctrl-C): {reattach_hint(found)}"))
         raise typer.Exit(130) from None
     render_run(app_ctx, found, json_out)
 
@@ -94,7 +100,7 @@ def compare_cmd(ctx: typer.Context, run_a: str = typer.Argument(..., metavar="RU
         app_ctx.print_json(report)
         return
     conv = report.get("convention", "committed")
-    table = Table(title=f"{a.name} → {b.name}  (τ macro, {conv} convention; zlab: τ macro, vllm: τ micro)",
+    table = Table(title=Text(f"{a.name} → {b.name}  (τ macro, {conv} convention; zlab: τ macro, vllm: τ micro)"),
                   title_justify="left")
     for col in ("drafter", f"{conv} τ A", "τ B", "Δτ (B−A)", "95% CI", "pairs", "zlab A→B", "vllm A→B", "note"):
         table.add_column(col, justify="left" if col in ("drafter", "note") else "right",
@@ -102,16 +108,15 @@ def compare_cmd(ctx: typer.Context, run_a: str = typer.Argument(..., metavar="RU
     for row in report["drafters"]:
         ci = row.get("ci")
         other = row.get("conventions") or {}
-        table.add_row(row["drafter"], _f(row.get("tau_a")), _f(row.get("tau_b")), _f(row.get("delta"), sign=True),
-                      f"[{_f(ci[0])}, {_f(ci[1])}]" if ci else "–", str(row.get("paired_samples", 0)),
-                      *[f"{_f((other.get(c) or {}).get('a'))}→{_f((other.get(c) or {}).get('b'))}"
-                        for c in ("zlab", "vllm")], escape(row.get("note", "")))
+        cells = [row["drafter"], _f(row.get("tau_a")), _f(row.get("tau_b")), _f(row.get("delta"), sign=True),
+                 f"[{_f(ci[0])}, {_f(ci[1])}]" if ci else "–", str(row.get("paired_samples", 0)),
+                 *[f"{_f((other.get(c) or {}).get('a'))}→{_f((other.get(c) or {}).get('b'))}"
+                   for c in ("zlab", "vllm")], row.get("note", "")]
+        table.add_row(*(Text(str(cell)) for cell in cells))  # drafter names are the hosts': never markup
     app_ctx.out.print(table)
     for line in report.get("notes", []):
-        app_ctx.out.print(f"  {escape(line)}")
+        app_ctx.out.print(Text(f"  {line}"))
 
 
 def _f(x, sign: bool = False) -> str:
-    if x is None:
-        return "–"
-    return f"{x:+.2f}" if sign else f"{x:.2f}"
+    return fmt_number(x, "+.2f" if sign else ".2f")

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
+from orchestrator.core.host_text import fmt_number
 from orchestrator.evaluation.runs import runs_root
 from orchestrator.watch import series as sm
 from orchestrator.watch import supervisor
@@ -56,9 +57,9 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
         return
     table = Table("series", "source", "eval host", "evaluated", "failed", "last step", "τ macro", "supervisor")
     for r in rows:
-        tau = "–" if r["last_tau_macro"] is None else f"{r['last_tau_macro']:.2f}"
-        table.add_row(escape(r["series"]), escape(r["source"]), r["eval_host"], str(r["evaluated"]), str(r["failed"]),
-                      str(r["last_step"] or "–"), tau, str(r["watcher"] or "–"))
+        cells = (r["series"], r["source"], r["eval_host"], r["evaluated"], r["failed"], r["last_step"] or "–",
+                 fmt_number(r["last_tau_macro"]), r["watcher"] or "–")
+        table.add_row(*(Text(str(cell)) for cell in cells))
     app_ctx.out.print(table)
 
 
@@ -75,25 +76,28 @@ def show_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME")
 
 
 def render_series(app_ctx: AppContext, folder, doc: dict) -> None:
-    """The series table (one row per checkpoint by step), the baselines and where the files are."""
+    """The series table (one row per checkpoint by step), the baselines and where the files are.
+
+    Checkpoint names and errors came from the training and eval hosts: every cell and line is ``Text``."""
     out = app_ctx.out
     table = Table("step", "checkpoint", "τ macro [95% CI]", "τ micro", "DDTree-8 [95% CI]", "p1", "verdict",
-                  title=f"series {doc['name']}: {doc['source']} on {doc['eval_host']}")
+                  title=Text(f"series {doc['name']}: {doc['source']} on {doc['eval_host']}"))
     for e in sorted(doc["checkpoints"].values(), key=lambda e: e["step"]):
         if e["status"] == "done":
             m = e["measures"]
             p1 = next((p["value"] for p in m["p"] if p["k"] == 1 and p["value"] is not None), None)
-            table.add_row(str(e["step"]), escape(e["name"]), fmt_ci(m["tau_macro"]), fmt_ci(m["tau_micro"]),
-                          fmt_ci(m["ddtree"]), "–" if p1 is None else f"{p1:.2f}", escape(verdict_text(e["verdict"])))
+            cells = [e["step"], e["name"], fmt_ci(m["tau_macro"]), fmt_ci(m["tau_micro"]), fmt_ci(m["ddtree"]),
+                     fmt_number(p1), verdict_text(e["verdict"])]
         else:
             detail = e.get("error") if e["status"] == "failed" else "in progress"
-            table.add_row(str(e["step"]), escape(e["name"]), e["status"], "", "", "", escape(str(detail)))
+            cells = [e["step"], e["name"], e["status"], "", "", "", detail]
+        table.add_row(*(Text(str(cell)) for cell in cells))
     out.print(table)
     for bname, m in ((doc.get("baselines") or {}).get("drafters") or {}).items():
-        out.print(f"  baseline {escape(bname)}: τ macro {fmt_ci(m['tau_macro'])}, DDTree-8 {fmt_ci(m['ddtree'])}")
+        out.print(Text(f"  baseline {bname}: τ macro {fmt_ci(m['tau_macro'])}, DDTree-8 {fmt_ci(m['ddtree'])}"))
     pid = supervisor.running_pid(folder)
-    out.print(f"folder: {escape(str(folder))} (series.json, series.md, tau_vs_step.png)"
-              + (f"; supervisor pid {pid}" if pid else ""))
+    out.print(Text(f"folder: {folder} (series.json, series.md, tau_vs_step.png)"
+                   + (f"; supervisor pid {pid}" if pid else "")))
 
 
 @series_app.command("plot")
@@ -106,4 +110,4 @@ def plot_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME")
     path = write_plot(folder, doc)
     if path is None:
         raise InputError(f"series {name!r}: nothing to plot yet (no evaluated checkpoint, or matplotlib missing)")
-    app_ctx.out.print(str(path))
+    app_ctx.out.print(Text(str(path)))

@@ -64,16 +64,34 @@ class Run:
 
     def results(self) -> dict:
         try:
-            return json.loads(self.results_path.read_text(encoding="utf-8"))
+            results = json.loads(self.results_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise InputError(f"run {self.name} has no results yet (status: {self.status})",
                              hint=f"dfo runs pull {self.name}") from None
+        except ValueError as exc:
+            raise InputError(f"{self.results_path} is not valid JSON: {exc}",
+                             hint=f"pull the results again: dfo runs pull {self.name}") from None
+        if not isinstance(results, dict):
+            raise InputError(f"{self.results_path}: not a JSON object (got {type(results).__name__})",
+                             hint=f"pull the results again: dfo runs pull {self.name}")
+        return results
 
     def samples(self) -> list[dict]:
         path = self.path / "samples.jsonl"
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        samples = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                sample = json.loads(line)
+            except ValueError as exc:
+                raise InputError(f"{path}:{number}: not valid JSON: {exc}") from None
+            if not isinstance(sample, dict):
+                raise InputError(f"{path}:{number}: not a JSON object (got {type(sample).__name__})")
+            samples.append(sample)
+        return samples
 
     def save(self) -> None:
         self.record["updated"] = _now()
@@ -105,6 +123,8 @@ def load_run(path: Path) -> Run:
         raise InputError(f"{path} is not a dfo run folder (no {RUN_RECORD})") from None
     except ValueError as exc:
         raise InputError(f"{path / RUN_RECORD} is not valid JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise InputError(f"{path / RUN_RECORD}: not a JSON object (got {type(record).__name__})")
     return Run(path, record)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from orchestrator.core.host_text import clean
 from orchestrator.watch.series import done_entries, failures
 
 
@@ -21,6 +22,12 @@ def write_plot(folder: Path, series: dict) -> Path | None:
     done = done_entries(series)
     if not done:
         return None
+    # Baseline and series names are text, not mathtext: a '$' in one would be parsed (and a bad one raises).
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _draw(plt, folder, series, done)
+
+
+def _draw(plt, folder: Path, series: dict, done: list[dict]) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5.0), dpi=120)
     steps = [e["step"] for e in done]
     k = next((e["measures"]["ddtree"].get("k") for e in done if e["measures"]["ddtree"].get("k")), 8)
@@ -67,7 +74,7 @@ def _baselines(ax, base: dict, k: int) -> None:
             v = (m.get(key) or {}).get("value")
             if v is not None:
                 ax.axhline(v, color=color, linestyle=dashes[i % len(dashes)], linewidth=1.2, alpha=0.8)
-                labels.append((v, f"{name} {what} {v:.2f}", color))
+                labels.append((v, f"{clean(name)} {what} {v:.2f}", color))
     if not labels:
         return
     lo, hi = ax.get_ylim()
