@@ -7,11 +7,17 @@ continuations, tokens/s without and with the drafter, and the server start times
 
 from __future__ import annotations
 
+from orchestrator.core.host_text import fmt_number, md_code, md_text
+
 FIRST_POSITIONS = 4
 
 
 def _fmt(x, digits: int = 2) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
+    return fmt_number(x, f".{digits}f")  # "?" for a figure of the host's that is not a number
+
+
+def _first_line(text) -> str:
+    return (str(text).splitlines() or [""])[0]
 
 
 def engine_rows(results: dict) -> list[dict]:
@@ -52,14 +58,16 @@ def engine_markdown(results: dict) -> list[str]:
     if not run and not rows:
         return []
     run = run or {}
+    # Host text (names, versions, errors, notes) goes in through md_text/md_code: no HTML, link or extra cell.
     out = ["## Engine (vLLM)", "",
-           f"- {run.get('name') or 'vllm'} {run.get('version') or '?'}, served as `{run.get('served_name')}`; "
-           f"used for: {', '.join(run.get('used_for') or []) or '–'}; baseline (no drafter) "
-           f"{_fmt((run.get('plain') or {}).get('tokens_per_s'), 1)} tokens/s",
-           "- server start: " + ", ".join(f"{k} {_fmt(v, 1)} s" for k, v in (run.get("start_seconds") or {}).items())
-           + "; logs: " + ", ".join(run.get("logs") or []) + " (in logs/ as HOST-NAME.log)"]
+           f"- {md_text(run.get('name') or 'vllm')} {md_text(run.get('version') or '?')}, served as "
+           f"{md_code(run.get('served_name'))}; used for: {', '.join(map(md_text, run.get('used_for') or [])) or '–'};"
+           f" baseline (no drafter) {_fmt((run.get('plain') or {}).get('tokens_per_s'), 1)} tokens/s",
+           "- server start: " + ", ".join(f"{md_text(k)} {_fmt(v, 1)} s"
+                                          for k, v in (run.get("start_seconds") or {}).items())
+           + "; logs: " + ", ".join(map(md_text, run.get("logs") or [])) + " (in logs/ as HOST-NAME.log)"]
     if run.get("error"):
-        out.append(f"- engine error: {run['error'].splitlines()[0]}")
+        out.append(f"- engine error: {md_text(_first_line(run['error']))}")
     ok_rows = [r for r in rows if "error" not in r]
     if ok_rows:
         pos = " | ".join(f"p{k} eng/off" for k in range(1, FIRST_POSITIONS + 1))
@@ -70,14 +78,16 @@ def engine_markdown(results: dict) -> list[str]:
                 "|---|---|---|" + "---|" * FIRST_POSITIONS + "---|---|---|---|---|---|---|"]
         for r in ok_rows:
             out.append(
-                f"| {r['drafter']} | {_fmt(r['engine_tau_micro'])} / {_fmt(r['offline_tau_micro'])} | "
+                f"| {md_text(r['drafter'])} | {_fmt(r['engine_tau_micro'])} / {_fmt(r['offline_tau_micro'])} | "
                 f"{_fmt(r['engine_tau_macro'])} / {_fmt(r['offline_tau_macro'])} | "
                 + " | ".join(f"{_fmt(e)} / {_fmt(o)}" for e, o in r["positions"])
-                + f" | {r['rounds'][0]} / {r['rounds'][1]} | {r['identical']}/{r['compared']} | "
-                f"{r['outputs'][0]}/{r['outputs'][1]} | {_fmt(r['plain_tps'], 1)} | {_fmt(r['dflash_tps'], 1)} | "
+                + f" | {md_text(r['rounds'][0])} / {md_text(r['rounds'][1])} | "
+                f"{md_text(r['identical'])}/{md_text(r['compared'])} | {md_text(r['outputs'][0])}/"
+                f"{md_text(r['outputs'][1])} | {_fmt(r['plain_tps'], 1)} | {_fmt(r['dflash_tps'], 1)} | "
                 f"{_fmt(r['speedup'])}× | {_verdict(r)} |")
-        out += [""] + [f"- {line}" for line in notes(ok_rows)]
-    out += [f"- {r['drafter']}: engine run failed: {r['error'].splitlines()[0]}" for r in rows if "error" in r]
+        out += [""] + [f"- {md_text(line)}" for line in notes(ok_rows)]
+    out += [f"- {md_text(r['drafter'])}: engine run failed: {md_text(_first_line(r['error']))}"
+            for r in rows if "error" in r]
     return out
 
 
@@ -108,7 +118,7 @@ def engine_text(results: dict) -> list[str]:
     lines = []
     for r in engine_rows(results):
         if "error" in r:
-            lines.append(f"engine {r['drafter']}: failed: {r['error'].splitlines()[0]}")
+            lines.append(f"engine {r['drafter']}: failed: {_first_line(r['error'])}")
             continue
         lines.append(f"engine {r['drafter']} (vllm convention): τ micro {_fmt(r['engine_tau_micro'])} vs offline "
                      f"{_fmt(r['offline_tau_micro'])}, p1 {_fmt(r['positions'][0][0] if r['positions'] else None)} vs "
