@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -52,14 +52,13 @@ def demo_cmd(
         raise OperationError(f"cannot start the sandbox hosts: {exc}",
                              hint="the demo needs root (network namespaces) or falls back to 127.0.0.x; "
                              "install openssh-server and iproute2 (scripts/setup.sh does)") from None
-    app_ctx.err.print(f"\n[bold green]demo finished[/] in {outcome.seconds:.0f}s"
-                      + (f"; sandbox kept in {outcome.sandbox_root}" if outcome.kept else "; sandbox hosts stopped"))
+    _finished(app_ctx, outcome)
     render_run(app_ctx, outcome.run, json_out)
     if engine and not json_out:
         from orchestrator.demo.engine import side_by_side
 
         for line in side_by_side(outcome.run.results()):
-            app_ctx.out.print(escape(line))
+            app_ctx.out.print(Text(line))
 
 
 def _watch_demo(app_ctx: AppContext, root, keep, samples, max_new_tokens, runs_dir) -> None:
@@ -68,6 +67,11 @@ def _watch_demo(app_ctx: AppContext, root, keep, samples, max_new_tokens, runs_d
 
     outcome = run_watch_demo(events=app_ctx.events, runs_dir=runs_root(runs_dir).resolve(), root=root, keep=keep,
                              samples=samples, max_new_tokens=max_new_tokens)
-    app_ctx.err.print(f"\n[bold green]demo finished[/] in {outcome.seconds:.0f}s"
-                      + (f"; sandbox kept in {outcome.sandbox_root}" if outcome.kept else "; sandbox hosts stopped"))
+    _finished(app_ctx, outcome)
     render_series(app_ctx, outcome.folder, outcome.series)
+
+
+def _finished(app_ctx: AppContext, outcome) -> None:
+    app_ctx.err.print(Text.assemble("\n", ("demo finished", "bold green"), f" in {outcome.seconds:.0f}s",
+                                    f"; sandbox kept in {outcome.sandbox_root}" if outcome.kept
+                                    else "; sandbox hosts stopped"))

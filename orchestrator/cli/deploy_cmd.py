@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -41,14 +41,15 @@ def deploy_cmd(
         table = Table(title="dfo deploy" + (" (dry run)" if dry_run else ""), title_justify="left")
         for col in ("host", "status", "release", "uploaded", "detail"):
             table.add_column(col)
+        # Errors, releases and file names may come from the host: Text cells, never markup.
         for n, o in outcomes.items():
             if not o.ok:
-                table.add_row(n, "[red]failed[/]", "", "", escape(str(o.error)))
+                table.add_row(Text(n), Text("failed", style="red"), "", "", Text(str(o.error)))
                 continue
             r = o.value
             detail = ""
             if r.plan and r.status == "would-deploy":
-                detail = escape(", ".join(r.plan.changed[:8]) + (" …" if len(r.plan.changed) > 8 else ""))
+                detail = ", ".join(r.plan.changed[:8]) + (" …" if len(r.plan.changed) > 8 else "")
                 if r.plan.removed:
                     detail += f" (remove {len(r.plan.removed)})"
             elif r.status == "deployed":
@@ -58,10 +59,10 @@ def deploy_cmd(
             uploaded = (f"{r.plan.upload_bytes:,} B planned" if r.status == "would-deploy" and r.plan
                         else f"{r.uploaded_files} files, {r.uploaded_bytes:,} B")
             style = {"up-to-date": "green", "deployed": "green", "rolled-back": "yellow"}.get(r.status, "cyan")
-            table.add_row(n, f"[{style}]{r.status}[/]", r.release, uploaded, detail)
+            table.add_row(Text(n), Text(r.status, style=style), Text(str(r.release)), Text(uploaded), Text(detail))
         app_ctx.out.print(table)
         for o in failed:
             if o.error.hint:
-                app_ctx.err.print(f"[dim]{escape(o.host)}: hint: {escape(o.error.hint)}[/]")
+                app_ctx.err.print(Text(f"{o.host}: hint: {o.error.hint}", style="dim"))
     if failed:
         raise typer.Exit(1)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -105,7 +105,7 @@ def eval_cmd(
     run = start_eval(connector, plan, runs_dir=runs_root(runs_dir), events=app_ctx.events, prompts_file=prompts_file)
     if detach:
         run.set(status="detached")
-        console.print(f"[green]detached[/]: run folder {run.path}\n  {escape(reattach_hint(run))}")
+        console.print(Text.assemble(("detached", "green"), f": run folder {run.path}\n  {reattach_hint(run)}"))
         if json_out:
             app_ctx.print_json({"run": run.name, "path": str(run.path), "status": run.status,
                                 "jobs": run.record["jobs"]})
@@ -113,7 +113,7 @@ def eval_cmd(
     try:
         follow_and_collect(connector, run, events=app_ctx.events)
     except Detached:
-        console.print(f"\n[yellow]detached[/] (Ctrl-C): {escape(reattach_hint(run))}")
+        console.print(Text.assemble("\n", ("detached", "yellow"), f" (Ctrl-C): {reattach_hint(run)}"))
         raise typer.Exit(130) from None
     render_run(app_ctx, run, json_out)
 
@@ -123,31 +123,27 @@ def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
         app_ctx.print_json({"dry_run": True, "plan": json.loads(json.dumps(plan.as_dict(), default=str))})
         return
     out = app_ctx.out
-    out.print("[bold]dfo eval plan[/] (dry run: nothing is changed)")
-    out.print("1. check on the hosts that these exist:")
-    for h, paths in plan.checks.items():
-        for p in paths:
-            out.print(f"     {h}: {escape(p)}")
-    out.print(f"2. deploy remote_payload/ to {', '.join(plan.deploy_hosts)} (only changed files; `dfo deploy --dry-run` "
-              "lists them)")
-    out.print(f"3. provision the venv on {', '.join(plan.provision_hosts)} (skipped when up to date; "
-              "`dfo provision --dry-run`)")
+    out.print(Text.assemble(("dfo eval plan", "bold"), " (dry run: nothing is changed)"))
+    lines = ["1. check on the hosts that these exist:"]
+    lines += [f"     {h}: {p}" for h, paths in plan.checks.items() for p in paths]
+    lines += [f"2. deploy remote_payload/ to {', '.join(plan.deploy_hosts)} (only changed files; "
+              "`dfo deploy --dry-run` lists them)",
+              f"3. provision the venv on {', '.join(plan.provision_hosts)} (skipped when up to date; "
+              "`dfo provision --dry-run`)"]
     if plan.relays:
-        out.print("4. relay drafters:")
-        for r in plan.relays:
-            out.print(f"     {r.drafter}: {escape(r.source)} → {escape(r.destination)}"
-                      + (" (strip optimizer state on the source first)" if r.strip else "")
-                      + f" → {escape(r.lands_at)}")
+        lines.append("4. relay drafters:")
+        lines += [f"     {r.drafter}: {r.source} → {r.destination}"
+                  + (" (strip optimizer state on the source first)" if r.strip else "") + f" → {r.lands_at}"
+                  for r in plan.relays]
     else:
-        out.print("4. relay: nothing (every drafter is already on the eval host)")
+        lines.append("4. relay: nothing (every drafter is already on the eval host)")
     if plan.request.prompts != "builtin":
-        out.print(f"5. upload prompts {escape(plan.request.prompts)}")
-    out.print("6. run as a detached job (then follow, pull, merge, report):")
-    for j in plan.jobs:
-        out.print(f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload "
-                  + escape(" ".join(j.args)))
-    for line in _engine_plan_lines(plan):
-        out.print(line)
+        lines.append(f"5. upload prompts {plan.request.prompts}")
+    lines.append("6. run as a detached job (then follow, pull, merge, report):")
+    lines += [f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload " + " ".join(j.args)
+              for j in plan.jobs]
+    for line in lines + _engine_plan_lines(plan):
+        out.print(Text(line))  # paths and names are printed as they are, never read as markup
 
 
 def _engine_plan_lines(plan) -> list[str]:
@@ -155,7 +151,7 @@ def _engine_plan_lines(plan) -> list[str]:
     req = plan.request
     if not plan.engine_pythons:
         return []
-    venvs = ", ".join(f"{h}: {escape(p)}" for h, p in plan.engine_pythons.items())
+    venvs = ", ".join(f"{h}: {p}" for h, p in plan.engine_pythons.items())
     lines = [f"   vLLM engine inside the job (engine python {venvs}; must be provisioned: "
              "`dfo provision --host HOST --engine vllm`), servers on the eval host's loopback, stopped by PID:"]
     if req.reference == "vllm":

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -44,11 +44,15 @@ STATE_STYLE = {"running": "cyan", "starting": "cyan", "succeeded": "green", "fai
                "lost": "red", "refused": "yellow"}
 
 
-def _state(st: JobStatus) -> str:
+# Job references, names, commands, states and log lines are the host's text: every line is built as rich
+# ``Text`` (never markup), and the console strips control characters from it.
+
+
+def _state(st: JobStatus) -> Text:
     text = st.state
     if st.state in ("failed", "cancelled") and st.exit_code is not None:
         text += f" (exit {st.exit_code}" + (f", {st.signal}" if st.signal else "") + ")"
-    return f"[{STATE_STYLE.get(st.state, 'white')}]{escape(text)}[/]"
+    return Text(text, style=STATE_STYLE.get(st.state, "white"))
 
 
 def _short_time(iso: str | None) -> str:
@@ -67,14 +71,14 @@ def _took(st: JobStatus) -> str:
 def _report_end(app_ctx: AppContext, st: JobStatus) -> None:
     """Say how a finished job ended; a failure shows its last log lines and makes the command exit 1."""
     if st.ok:
-        app_ctx.err.print(f"{escape(st.ref)}: [green]succeeded[/]; {st.results} result file(s) — "
-                          f"dfo jobs pull {escape(st.ref)}")
+        app_ctx.err.print(Text.assemble(f"{st.ref}: ", ("succeeded", "green"),
+                                        f"; {st.results} result file(s) — dfo jobs pull {st.ref}"))
         return
-    app_ctx.err.print(f"{escape(st.ref)}: {_state(st)}")
+    app_ctx.err.print(Text.assemble(f"{st.ref}: ", _state(st)))
     if st.log_tail:
-        app_ctx.err.print("[dim]last log lines:[/]")
+        app_ctx.err.print(Text("last log lines:", style="dim"))
         for line in st.log_tail:
-            app_ctx.err.print("  " + escape(line), highlight=False)
+            app_ctx.err.print(Text("  " + line), highlight=False)
     raise typer.Exit(1)
 
 
@@ -108,16 +112,16 @@ def run_cmd(
     handle = launch_job(app_ctx.connector, host, command, env=extra, cwd=cwd, job_name=name, force=force,
                         lock=lock or None)
     for notice in handle.notices:
-        app_ctx.err.print(f"[yellow]{escape(host)}: {escape(notice)}[/]")
+        app_ctx.err.print(Text(f"{host}: {notice}", style="yellow"))
     if json_out and not follow:
         app_ctx.print_json(handle.status.as_dict() if handle.status else {"ref": handle.ref})
         return
-    app_ctx.out.print(handle.ref, highlight=False)
+    app_ctx.out.print(Text(handle.ref), highlight=False)
     if follow:
         st = follow_job(app_ctx.connector, host, handle.job_id, events=app_ctx.out_events())
         _report_end(app_ctx, st)
     else:
-        app_ctx.err.print(f"[dim]follow: dfo jobs logs {escape(handle.ref)} -f[/]")
+        app_ctx.err.print(Text(f"follow: dfo jobs logs {handle.ref} -f", style="dim"))
 
 
 @jobs_app.command("list")
@@ -138,20 +142,21 @@ def list_cmd(
     else:
         # Plain aligned lines (no table): job references stay whole and copy-pastable at any width.
         out = app_ctx.out
-        out.print(f"[bold]{'JOB':<28} {'STATE':<18} {'STARTED UTC':<15} {'TOOK':>6} {'FILES':>5}  NAME: COMMAND[/]")
+        out.print(Text(f"{'JOB':<28} {'STATE':<18} {'STARTED UTC':<15} {'TOOK':>6} {'FILES':>5}  NAME: COMMAND",
+                       style="bold"))
         for n, o in outcomes.items():
             if not o.ok:
-                out.print(f"{escape(n + ':'):<28} [red]{'unreachable':<18}[/] {escape(str(o.error))}")
+                out.print(Text.assemble(f"{n + ':':<28} ", (f"{'unreachable':<18}", "red"), f" {o.error}"))
                 continue
             if not o.value:
-                out.print(f"[dim]{escape(n)}: no jobs[/]")
+                out.print(Text(f"{n}: no jobs", style="dim"))
             for j in o.value:
                 state = j.state + (f" ({j.exit_code})" if j.state == "failed" and j.exit_code is not None else "")
                 label = (f"{j.name}: " if j.name else "") + " ".join(j.argv)
                 label = label if len(label) <= 70 else label[:69] + "…"
-                out.print(f"{escape(j.ref):<28} [{STATE_STYLE.get(j.state, 'white')}]{escape(state):<18}[/] "
-                          f"{_short_time(j.started or j.created):<15} {_took(j):>6} {j.results:>5}  {escape(label)}",
-                          highlight=False)
+                out.print(Text.assemble(f"{j.ref:<28} ", (f"{state:<18}", STATE_STYLE.get(j.state, "white")),
+                                        f" {_short_time(j.started or j.created):<15} {_took(j):>6} {j.results:>5}  "
+                                        f"{label}"), highlight=False)
     if failed:
         raise typer.Exit(1)
 
@@ -172,18 +177,18 @@ def status_cmd(
         app_ctx.print_json(st.as_dict())
         return
     out = app_ctx.out
-    out.print(f"[bold]{escape(st.ref)}[/]" + (f"  ({escape(st.name)})" if st.name else "") + f"  {_state(st)}")
+    out.print(Text.assemble((st.ref, "bold"), f"  ({st.name})" if st.name else "", "  ", _state(st)))
     rows = [("command", " ".join(st.argv)), ("directory", st.job_dir), ("cwd", st.cwd or ""),
             ("lock", st.lock or "-"), ("created", st.created), ("started", st.started), ("finished", st.finished),
             ("pid", st.pid), ("heartbeat", f"{st.heartbeat_age_s:.0f}s ago"
                                             if st.heartbeat_age_s is not None and not st.done else None), ("log", f"{st.log_size:,} bytes"), ("results", f"{st.results} file(s)")]
     for key, value in rows:
         if value not in (None, ""):
-            out.print(f"  {key:10} {escape(str(value))}", highlight=False)
+            out.print(Text(f"  {key:10} {value}"), highlight=False)
     if st.log_tail:
-        out.print("  [dim]last log lines:[/]")
+        out.print(Text.assemble("  ", ("last log lines:", "dim")))
         for line in st.log_tail:
-            out.print("    " + escape(line), highlight=False)
+            out.print(Text("    " + line), highlight=False)
 
 
 @jobs_app.command("logs")
@@ -234,8 +239,8 @@ def logs_cmd(
         # Progress went to text at most once per stage: say where each stage stands now.
         for name, stage in view.stages.items():
             if not stage.finished and stage.total is not None and stage.done < stage.total:
-                app_ctx.out.print(f"[cyan]{escape(name)}[/] {stage.done}/{stage.total} {escape(stage.unit or '')}")
-    app_ctx.err.print(f"{escape(st.ref)}: {_state(st)}")
+                app_ctx.out.print(Text.assemble((name, "cyan"), f" {stage.done}/{stage.total} {stage.unit or ''}"))
+    app_ctx.err.print(Text.assemble(f"{st.ref}: ", _state(st)))
 
 
 @jobs_app.command("cancel")
@@ -255,9 +260,9 @@ def cancel_cmd(
         app_ctx.print_json(st.as_dict() | {"was": before.state})
         return
     if before.done:
-        app_ctx.out.print(f"{escape(st.ref)}: already {_state(st)}; nothing to cancel")
+        app_ctx.out.print(Text.assemble(f"{st.ref}: already ", _state(st), "; nothing to cancel"))
     else:
-        app_ctx.out.print(f"{escape(st.ref)}: {_state(st)}")
+        app_ctx.out.print(Text.assemble(f"{st.ref}: ", _state(st)))
 
 
 @jobs_app.command("pull")
@@ -279,4 +284,4 @@ def pull_cmd(
         app_ctx.print_json(res.as_dict())
         return
     verb = "already up to date" if res.status == "up-to-date" else f"pulled {res.files} file(s), {res.bytes:,} bytes"
-    app_ctx.out.print(f"{escape(h)}:{escape(job_id)} -> {escape(res.dest)}: {verb} (sha256 verified)")
+    app_ctx.out.print(Text(f"{h}:{job_id} -> {res.dest}: {verb} (sha256 verified)"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.markup import escape
+from rich.text import Text  # names, reasons and notes may come from the hosts: Text, never markup
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -61,7 +61,7 @@ def _render(app_ctx: AppContext, r: RelayResult) -> None:
 
     out = app_ctx.out
     title = f"dfo relay-checkpoint {r.source} → {r.destination}" + (" (dry run)" if r.dry_run else "")
-    table = Table(title=escape(title), title_justify="left")
+    table = Table(title=Text(title), title_justify="left")
     for col in ("file", "size", "status", "sha256", "detail"):
         table.add_column(col, overflow="fold")
     for f in r.files:
@@ -75,18 +75,18 @@ def _render(app_ctx: AppContext, r: RelayResult) -> None:
         if f.reason and f.status.startswith(("would", "skipped")):
             detail.append(f.reason)
         style = {"sent": "green", "resumed": "green", "skipped": "dim"}.get(f.status, "cyan")
-        table.add_row(escape(f.rel or f.final.rsplit("/", 1)[-1]), human_bytes(f.size), f"[{style}]{f.status}[/]",
-                      (f.sha256 or "")[:16], escape("; ".join(detail)))
+        table.add_row(Text(f.rel or f.final.rsplit("/", 1)[-1]), human_bytes(f.size), Text(f.status, style=style),
+                      Text((f.sha256 or "")[:16]), Text("; ".join(detail)))
     out.print(table)
     if r.dry_run:
-        out.print(f"streams {r.streams}, cipher {r.cipher or 'ssh default'} ({escape(r.cipher_reason)}), "
-                  f"data plane {r.data_plane}; space needed {human_bytes(r.space_needed)}, "
-                  f"free {human_bytes(r.space_free)}")
+        out.print(Text(f"streams {r.streams}, cipher {r.cipher or 'ssh default'} ({r.cipher_reason}), "
+                       f"data plane {r.data_plane}; space needed {human_bytes(r.space_needed)}, "
+                       f"free {human_bytes(r.space_free)}"))
     else:
-        out.print(f"moved {human_bytes(r.sent_bytes)} in {r.seconds:.1f}s ({r.mib_per_s:.0f} MiB/s), "
-                  f"resumed {human_bytes(r.resumed_bytes)}, skipped {human_bytes(r.skipped_bytes)}; "
-                  f"{r.streams} stream(s), cipher {r.cipher or 'ssh default'}, {r.data_plane}")
+        out.print(Text(f"moved {human_bytes(r.sent_bytes)} in {r.seconds:.1f}s ({r.mib_per_s:.0f} MiB/s), "
+                       f"resumed {human_bytes(r.resumed_bytes)}, skipped {human_bytes(r.skipped_bytes)}; "
+                       f"{r.streams} stream(s), cipher {r.cipher or 'ssh default'}, {r.data_plane}"))
         if r.manifest:
-            out.print(f"manifest: {escape(r.destination.split(':', 1)[0])}:{escape(r.manifest)}")
+            out.print(Text(f"manifest: {r.destination.split(':', 1)[0]}:{r.manifest}"))
     for note in r.notes:
-        app_ctx.err.print(f"[yellow]note:[/] {escape(note)}")
+        app_ctx.err.print(Text.assemble(("note:", "yellow"), f" {note}"))

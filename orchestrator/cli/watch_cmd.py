@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -109,16 +109,16 @@ def _foreground(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
     def idle(text: str, seconds: float) -> None:
         import time
 
-        with err.status(escape(text)) if err.is_terminal else _Nothing():
+        with err.status(Text(text)) if err.is_terminal else _Nothing():
             if not err.is_terminal:
-                err.print(escape(text))
+                err.print(Text(text))
             time.sleep(seconds)
 
     watcher = Watcher(app_ctx.connector, cfg, app_ctx.events, idle=idle)
     result = watcher.run()
     done, failed = sm.done_entries(result), sm.failures(result)
-    err.print(f"series {escape(cfg.series)}: {len(done)} evaluated, {len(failed)} failed → "
-              f"{escape(str(watcher.folder))} (series.json, series.md, tau_vs_step.png)")
+    err.print(Text(f"series {cfg.series}: {len(done)} evaluated, {len(failed)} failed → "
+                   f"{watcher.folder} (series.json, series.md, tau_vs_step.png)"))
     if json_out:
         failed_rows = [{"name": e["name"], "step": e["step"], "error": e.get("error")} for e in failed]
         app_ctx.print_json({"series": cfg.series, "path": str(watcher.folder), "steps": sm.points(result),
@@ -147,24 +147,25 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
                             "ignored": [{"name": n, "why": w} for n, w in ignored],
                             "baselines": {"drafters": baselines, "cached": cached}})
         return
+    # Checkpoint names (and why one is waited for or ignored) come from the training host's listing: Text.
     out = app_ctx.out
-    out.print(f"[bold]dfo watch {escape(cfg.source)}[/] (dry run: nothing is changed) → series {escape(cfg.series)}")
-    out.print(f"already evaluated: {plan.done}")
+    out.print(Text.assemble((f"dfo watch {cfg.source}", "bold"), f" (dry run: nothing is changed) → series {cfg.series}"))
+    out.print(Text(f"already evaluated: {plan.done}"))
     for e in plan.reattach:
-        out.print(f"reattach to the eval job of {escape(e['name'])} (run {escape(str(e['run']))})")
+        out.print(Text(f"reattach to the eval job of {e['name']} (run {e['run']})"))
     if baselines:
-        out.print("baselines: " + ", ".join(escape(b) for b in baselines)
-                  + (" (cached: reused)" if cached else " (evaluated once before the first checkpoint)"))
+        out.print(Text("baselines: " + ", ".join(baselines)
+                       + (" (cached: reused)" if cached else " (evaluated once before the first checkpoint)")))
     for c in plan.evaluate:
-        out.print(f"evaluate step {c.step} ({c.step_source}): {escape(c.name)} → drafter {drafter_name(c)}: "
-                  f"strip on {cfg.source_host}, relay to {cfg.eval_host}, eval, pull"
-                  + ("" if cfg.keep else f", remove from {cfg.eval_host}"))
+        out.print(Text(f"evaluate step {c.step} ({c.step_source}): {c.name} → drafter {drafter_name(c)}: "
+                       f"strip on {cfg.source_host}, relay to {cfg.eval_host}, eval, pull"
+                       + ("" if cfg.keep else f", remove from {cfg.eval_host}")))
     for c, why in plan.waiting:
-        out.print(f"wait     step {c.step}: {escape(c.name)}: {escape(why)}")
+        out.print(Text(f"wait     step {c.step}: {c.name}: {why}"))
     for c, why in plan.skipped:
-        out.print(f"skip     step {c.step}: {escape(c.name)}: {escape(why)}")
+        out.print(Text(f"skip     step {c.step}: {c.name}: {why}"))
     for name, why in ignored:
-        out.print(f"ignore   {escape(name)}: {escape(why)}")
+        out.print(Text(f"ignore   {name}: {why}"))
     if not (plan.evaluate or plan.waiting or plan.reattach):
         out.print("nothing new to evaluate")
 
@@ -185,6 +186,6 @@ def _detach(app_ctx: AppContext, cfg: WatchConfig) -> None:
     if "--runs-dir" not in args:
         args += ["--runs-dir", str(cfg.runs_dir)]
     pid = supervisor.start(folder, head + args)
-    app_ctx.err.print(f"[green]detached[/]: supervisor pid {pid} watches {escape(cfg.source)}\n"
-                      f"  log {escape(str(folder / 'watch.log'))}; stop with `kill {pid}`; "
-                      f"`dfo series show {escape(cfg.series)}` shows the series")
+    app_ctx.err.print(Text.assemble(("detached", "green"), f": supervisor pid {pid} watches {cfg.source}\n"
+                                    f"  log {folder / 'watch.log'}; stop with `kill {pid}`; "
+                                    f"`dfo series show {cfg.series}` shows the series"))
