@@ -2,7 +2,8 @@
 
 Operations (deploy, provision, jobs, eval, demo) take an ``Events`` and call it; the CLI passes the rich
 implementation from ``orchestrator.ui.console_events``, tests and scripts may pass ``QuietEvents`` (or
-nothing). Texts are plain: the renderer escapes and styles them.
+nothing). Texts are plain and may quote a host (its errors, names, notes): the renderer styles them and shows
+them as text, never markup, on a console that strips their control characters (``ui/safe_console.py``).
 """
 
 from __future__ import annotations
