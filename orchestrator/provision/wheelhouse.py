@@ -7,6 +7,11 @@ controller with pip (uv has no `pip download`) and cached under ``$DFO_CACHE/whe
 ``~/.cache/dfo``) so it is built once; it is complete only once its ``MANIFEST.json`` exists (built in a
 temporary directory, renamed at the end).
 
+The target's facts come from the host, so its cache folder is confined under the cache, and a cached folder is
+used only when it holds exactly what the lock pins: every file a plain wheel name, a regular file of the listed
+size, with a sha256 the lock pins (and that sha256 is checked again before a file is uploaded). Whoever wrote a
+folder, nothing but the lock's own wheels can leave the controller from it.
+
 Also the lock generator: ``python -m orchestrator.provision.wheelhouse compile-lock cpu|cuda|vllm-cuda`` (see
 LOCK_SPECS).
 """
@@ -20,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,11 +36,14 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.core.confine import check_component, confine
 from orchestrator.core.errors import InputError, OperationError
 from orchestrator.core.hashing import sha256_file
 
 PAYLOAD_DIR = Path(__file__).resolve().parents[2] / "remote_payload"
 MANIFEST = "MANIFEST.json"
+_WHEEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]{0,250}\.whl$")  # a wheel's file name, nothing else
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _BUILD_LOCK = threading.Lock()
 
 try:  # `packaging` comes with pip, which the wheelhouse needs anyway
@@ -192,13 +201,6 @@ class Target:
     glibc: str | None             # "2.36"; None: not glibc (musl...) -> only pure wheels
     markers: dict[str, str]       # PEP 508 environment
 
-    @classmethod
-    def from_facts(cls, facts: dict) -> "Target":
-        return cls(
-            python_version=facts["version"], implementation=facts["implementation"], abi=facts["abi"],
-            machine=facts["machine"], glibc=facts.get("glibc"), markers=dict(facts["markers"]),
-        )
-
     @property
     def short_version(self) -> str:
         return "".join(self.python_version.split(".")[:2])
@@ -226,6 +228,23 @@ class Wheelhouse:
     path: Path
     files: dict[str, dict]  # file name -> {"sha256", "size"}
     built: bool = False     # built by this call (False: from the cache)
+
+    def upload_set(self, names: list[str], *, host: str) -> dict[str, tuple[Path, str]]:
+        """{name: (local path, sha256)} for NAMES (what a host said it lacks): each a wheel of this wheelhouse,
+        opened from inside its folder only, its bytes checked against the manifest's sha256 now."""
+        out = {}
+        for name in names:
+            meta = self.files.get(name)
+            if meta is None:
+                raise OperationError(f"{host}: {name!r} is not a wheel of {self.path}")
+            path = confine(self.path, name, host=host, what="wheel name")
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != meta["size"] or sha256_file(path) != meta["sha256"]:
+                raise OperationError(f"{host}: {path} is not the wheel the wheelhouse's manifest lists (changed "
+                                     "since it was built?); nothing was uploaded",
+                                     hint=f"remove {self.path} and run dfo provision again: it is rebuilt")
+            out[name] = (path, meta["sha256"])
+        return out
 
     @property
     def total_bytes(self) -> int:
@@ -257,14 +276,61 @@ def wheelhouse_key(lock: Lock, target: Target) -> tuple[str, list[LockedRequirem
     return f"{lock.sha256[:16]}/{target.label}-{hashlib.sha256(ident.encode()).hexdigest()[:10]}", selected
 
 
-def cached_wheelhouse(lock: Lock, target: Target, root: Path | None = None) -> Wheelhouse | None:
+def wheelhouse_dir(lock: Lock, target: Target, root: Path | None = None, *, host: str) -> Path:
+    """<root>/wheelhouse/<lock>/<label>-<hash>: the target came from HOST, so its label must be one plain name
+    and the folder must stay under <root>/wheelhouse (a HostError naming the host otherwise)."""
     key, _ = wheelhouse_key(lock, target)
-    path = (root or cache_dir()) / "wheelhouse" / key
+    base = (root or cache_dir()) / "wheelhouse"
+    check_component(target.label, host=host, what="wheelhouse label (from its Python facts)")
+    confine(base, key, host=host, what="wheelhouse cache folder")
+    return base / key
+
+
+def cached_wheelhouse(lock: Lock, target: Target, root: Path | None = None, *, host: str,
+                      on_notice=None) -> Wheelhouse | None:
+    """The cached wheelhouse for (lock, target), or None when there is none dfo can use (``on_notice`` hears why
+    an existing one is not used)."""
+    path = wheelhouse_dir(lock, target, root, host=host)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
-    return Wheelhouse(path, manifest["files"])
+    except (OSError, ValueError) as exc:
+        manifest = exc
+    files, problem = _trusted_files(path, manifest, lock, target)
+    if files is None:
+        if on_notice:
+            on_notice(f"not using the cached wheelhouse {path}: {problem}")
+        return None
+    return Wheelhouse(path, files)
+
+
+def _trusted_files(path: Path, manifest: object, lock: Lock, target: Target) -> tuple[dict | None, str]:
+    """The manifest's files when the folder holds exactly what the lock pins for TARGET; else (None, why)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return None, f"{MANIFEST} is not a manifest dfo writes ({str(manifest)[:80]})"
+    if manifest.get("lock_sha256") != lock.sha256 or manifest.get("target") != target.label:
+        return None, f"{MANIFEST} is for another lock or target"
+    selected = lock.select(target.markers)
+    pinned = {h.removeprefix("sha256:") for r in selected for h in r.hashes}
+    files: dict[str, dict] = {}
+    for name, meta in manifest["files"].items():
+        sha, size = (meta.get("sha256"), meta.get("size")) if isinstance(meta, dict) else (None, None)
+        if not (isinstance(name, str) and _WHEEL_RE.match(name) and isinstance(sha, str) and _SHA256_RE.match(sha)
+                and isinstance(size, int) and not isinstance(size, bool)):
+            return None, f"{MANIFEST} lists {name!r:.80} with {meta!r:.80}: not a wheel name, sha256 and size"
+        if sha not in pinned:
+            return None, f"{name} has a sha256 the lock does not pin"
+        try:
+            st = os.lstat(path / name)
+        except OSError:
+            return None, f"{name} is missing"
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return None, f"{name} is not a regular file of {size} bytes"
+        files[name] = {"sha256": sha, "size": size}
+    if _missing(selected, files):
+        return None, f"it lacks {', '.join(_missing(selected, files))}"
+    return files, ""
 
 
 def pip_download_argv(requirements_file: Path, dest: Path, target: Target, python: str = sys.executable) -> list[str]:
@@ -286,12 +352,12 @@ def build_wheelhouse(lock: Lock, target: Target, *, root: Path | None = None, ho
     (index, find-links: that is how a locally available CPU torch wheel gets in). Failures raise
     OperationError with pip's message, the lock and the host it was for.
     """
-    key, selected = wheelhouse_key(lock, target)
-    final = (root or cache_dir()) / "wheelhouse" / key
+    _, selected = wheelhouse_key(lock, target)
+    final = wheelhouse_dir(lock, target, root, host=host or "controller")
     final.parent.mkdir(parents=True, exist_ok=True)
     with _BUILD_LOCK, open(final.parent / f".{final.name}.lock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # another dfo process may be building the same one
-        cached = cached_wheelhouse(lock, target, root)
+        cached = cached_wheelhouse(lock, target, root, host=host or "controller", on_notice=on_notice)
         if cached is not None:
             return cached
         if on_notice:
@@ -349,9 +415,14 @@ def _pip_error(output: str) -> str:
     return "\n".join((errors or lines)[-12:])
 
 
+def _missing(selected: list[LockedRequirement], files: dict[str, dict]) -> list[str]:
+    """The requirements none of FILES satisfies (by the lock's hashes)."""
+    by_hash = {f"sha256:{meta['sha256']}" for meta in files.values()}
+    return [r.name for r in selected if not any(h in by_hash for h in r.hashes)]
+
+
 def _check_complete(selected: list[LockedRequirement], files: dict[str, dict], lock: Lock) -> None:
-    by_hash = {f"sha256:{meta['sha256']}": name for name, meta in files.items()}
-    missing = [r.name for r in selected if not any(h in by_hash for h in r.hashes)]
+    missing = _missing(selected, files)
     if missing:
         raise OperationError(f"the wheelhouse for {lock.path} lacks {', '.join(missing)} after pip download")
 

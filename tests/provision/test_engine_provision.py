@@ -7,6 +7,7 @@ hand-made wheels and locks (see test_provision.py), so they are quick and hermet
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,6 +36,7 @@ from orchestrator.provision.plan import (
     marker_hash,
     plan_provision,
 )
+from orchestrator.provision.replies import ProbeFacts, PythonFacts, VenvFacts
 from orchestrator.provision.wheelhouse import PAYLOAD_DIR, load_lock, parse_lock
 from orchestrator.transport import Connector
 
@@ -117,7 +119,7 @@ def test_engine_plan_runs_the_set_up_after_the_sync_and_before_the_marker(tmp_pa
     host = Host(address="h", workdir="/w", python="/usr/bin/python3")
     uv = UvChoice("/w/uv", "0.13.9", "dfo")
     spec = engine_spec("vllm", "cpu")
-    facts = {"python": {"found": True, "version": "3.11.2"}, "venv": {"python": False, "marker": None}}
+    facts = ProbeFacts(PythonFacts(True, version="3.11.2"))
     plan = plan_provision("h", host, "/w/engines/vllm", facts, lock, "cpu", "cpu", uv, False, spec)
     assert not plan.up_to_date and plan.reasons == ["no venv at /w/engines/vllm"]
     assert [s.split()[0] for s in plan.steps] == ["create/keep", "uv", "write", "check", "verify"]
@@ -128,7 +130,7 @@ def test_engine_plan_runs_the_set_up_after_the_sync_and_before_the_marker(tmp_pa
     assert not any("stub" in s for s in cuda.steps) and any("import vllm" in s for s in cuda.steps)
 
     fields = marker_fields(lock, "3.11.2", "cpu", "cpu", "0.13.9", spec)
-    done = dict(facts, venv={"python": True, "marker": dict(fields, hash=marker_hash(fields))})
+    done = dataclasses.replace(facts, venv=VenvFacts(True, True, dict(fields, hash=marker_hash(fields))))
     again = plan_provision("h", host, "/w/engines/vllm", done, lock, "cpu", "cpu", uv, False, spec)
     assert again.up_to_date and again.steps == []
 

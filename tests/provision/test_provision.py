@@ -8,6 +8,7 @@ they are quick and hermetic.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ from orchestrator.provision.plan import (
     plan_provision,
     resolve_flavour,
 )
+from orchestrator.provision.replies import ProbeFacts, PythonFacts, UvFound, VenvFacts
 from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Target, load_lock, parse_lock
 from orchestrator.transport import Connector
 
@@ -171,12 +173,12 @@ def test_lock_path_for_prefers_a_backend_specific_cuda_lock(tmp_path):
 def test_choose_uv_prefers_a_recent_host_uv_then_dfo_copy_then_push():
     ctl = ControllerUv("/ctl/uv", "0.13.9")
     dfo = "/w/tools/uv-0.13.9/uv"
-    assert choose_uv([{"source": "host", "path": "/usr/bin/uv", "version": "0.9.1"}], ctl, dfo).source == "host"
-    old_host = {"source": "host", "path": "/usr/bin/uv", "version": "0.4.0"}
+    assert choose_uv([UvFound("host", "/usr/bin/uv", "0.9.1")], ctl, dfo).source == "host"
+    old_host = UvFound("host", "/usr/bin/uv", "0.4.0")
     assert choose_uv([old_host], ctl, dfo) == UvChoice(dfo, "0.13.9", "push")
-    ours = {"source": "dfo", "path": dfo, "version": "0.13.9"}
+    ours = UvFound("dfo", dfo, "0.13.9")
     assert choose_uv([old_host, ours], ctl, dfo).source == "dfo"
-    assert choose_uv([{"source": "dfo", "path": dfo, "version": None}], ctl, dfo).source == "push"  # broken copy
+    assert choose_uv([UvFound("dfo", dfo, None)], ctl, dfo).source == "push"  # broken copy
 
 
 def test_plan_up_to_date_only_when_the_marker_matches(tmp_path):
@@ -185,17 +187,17 @@ def test_plan_up_to_date_only_when_the_marker_matches(tmp_path):
     uv = UvChoice("/w/uv", "0.13.9", "dfo")
     fields = marker_fields(lock, "3.11.2", "cpu", "cpu", "0.13.9")
     good = dict(fields, hash=marker_hash(fields))
-    facts = {"python": {"found": True, "version": "3.11.2"}, "venv": {"python": True, "marker": good}}
+    facts = ProbeFacts(PythonFacts(True, version="3.11.2"), venv=VenvFacts(True, True, good))
     assert plan_provision("h", host, "/w/venv", facts, lock, "cpu", "cpu", uv, force=False).up_to_date
     assert not plan_provision("h", host, "/w/venv", facts, lock, "cpu", "cpu", uv, force=True).up_to_date
-    newer_py = dict(facts, python={"found": True, "version": "3.11.9"})
+    newer_py = dataclasses.replace(facts, python=PythonFacts(True, version="3.11.9"))
     plan = plan_provision("h", host, "/w/venv", newer_py, lock, "cpu", "cpu", uv, force=False)
     assert not plan.up_to_date and "python 3.11.2 -> 3.11.9" in plan.reasons
     other = parse_lock("a==2 --hash=sha256:" + "b" * 64 + "\n", tmp_path / "a.lock")
     plan = plan_provision("h", host, "/w/venv", facts, other, "cpu", "cpu", uv, force=False)
     assert not plan.up_to_date and plan.reasons[0].startswith("lock changed")
     assert any("uv pip sync" in s for s in plan.steps)
-    no_venv = dict(facts, venv={"python": False, "marker": None})
+    no_venv = dataclasses.replace(facts, venv=VenvFacts())
     no_venv_plan = plan_provision("h", host, "/w/venv", no_venv, lock, "cpu", "cpu", uv, False)
     assert no_venv_plan.reasons == ["no venv at /w/venv"]
 
