@@ -1,6 +1,8 @@
 """Which checkpoints a training folder holds, ordered by training step (pure: a listing in, checkpoints out).
 
-A listing comes from ``probe.list_folder`` on the training host: one entry per file or directory in the
+A listing comes from ``probe.list_folder`` on the training host and is data from another machine: every
+field is checked here (names are single folder entries, sizes and times numbers), and a malformed answer
+is a HostError naming the host and the field. It has one entry per file or directory in the
 folder with its size and mtime (a directory: the sum and the newest over its files) and, for a directory,
 the step recorded in its metadata when it has any (``trainer_state.json`` ``global_step``,
 ``config.json`` ``training.step``, ``dfo-source.json`` ``step``). The step is read from the name when
@@ -11,10 +13,12 @@ checkpoint says which (``step_source``).
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from dataclasses import dataclass
 
-from orchestrator.core.errors import InputError
+from orchestrator.core.confine import check_name, name_problem
+from orchestrator.core.errors import HostError, InputError
 
 # Files a trainer writes as whole checkpoints (the eval strips their optimizer state on the source host).
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
@@ -63,39 +67,122 @@ def step_from_name(name: str) -> int | None:
     return int(numbers[-1]) if numbers else None
 
 
-def _looks_like_checkpoint(entry: dict) -> bool:
-    if entry.get("is_dir"):
-        return bool(entry.get("has_weights"))
-    return str(entry["name"]).endswith(CHECKPOINT_SUFFIXES)
+@dataclass(frozen=True)
+class Entry:
+    """One entry of the host's listing, checked (see ``listing_entries``)."""
+    name: str
+    is_dir: bool
+    size: int
+    mtime: float
+    has_weights: bool
+    meta_file: str | None      # which metadata file recorded the step
+    meta_step: int | None
 
 
-def _step(entry: dict, step_from: str) -> tuple[int | None, str]:
-    by_name = step_from_name(entry["name"])
-    meta = entry.get("meta") or {}
-    by_meta = meta.get("step") if isinstance(meta.get("step"), int) else None
-    meta_source = f"metadata:{meta.get('file')}"
+# The metadata files the listing script reads (watch/host_script.py); any other name is a lie.
+_META_FILES = ("trainer_state.json", "dfo-source.json", "config.json")
+
+
+def _malformed(host: str, what: str, value: object) -> HostError:
+    return HostError(host, f"malformed folder listing from the host: {what} is {value!r:.80}",
+                     hint="dfo's listing script never answers this; treat the training host as compromised")
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _time(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_entry_name(name: object) -> bool:
+    """NAME can be one entry of a folder: a clean relative name without '/'."""
+    return name_problem(name) is None and "/" not in str(name)
+
+
+def checkpoint_name(name: object, *, host: str) -> str:
+    """NAME when it is one plain entry of a folder listing (what ``os.listdir`` can return); else a HostError.
+
+    The name is joined onto the folder to make the path the relay reads and names the relayed copy on the
+    eval host after: ``step_7/`` would relay into the relay folder itself (and the clean-up would then
+    remove that folder), a NUL breaks every command that carries the name."""
+    check_name(name, host=host, what="checkpoint name")
+    if "/" in str(name):
+        raise HostError(host, f"refused checkpoint name {name!r} from the host: a folder entry has no '/'",
+                        hint="a host answered a name that would leave its folder; treat that host as compromised")
+    return str(name)
+
+
+def _entry(raw: object, host: str) -> Entry:
+    if not isinstance(raw, dict):
+        raise _malformed(host, "an entry", raw)
+    name = checkpoint_name(raw.get("name"), host=host)
+    is_dir, has_weights = raw.get("is_dir"), raw.get("has_weights", False)
+    if not isinstance(is_dir, bool) or not isinstance(has_weights, bool):
+        raise _malformed(host, f"is_dir/has_weights of {name!r}", (is_dir, has_weights))
+    if not _count(raw.get("size")):
+        raise _malformed(host, f"the size of {name!r}", raw.get("size"))
+    if not _time(raw.get("mtime")):
+        raise _malformed(host, f"the mtime of {name!r}", raw.get("mtime"))
+    meta = raw.get("meta")
+    if meta is not None and not (isinstance(meta, dict) and meta.get("file") in _META_FILES
+                                 and isinstance(meta.get("step"), int) and not isinstance(meta["step"], bool)):
+        raise _malformed(host, f"the metadata step of {name!r}", meta)
+    return Entry(name=name, is_dir=is_dir, size=raw["size"], mtime=float(raw["mtime"]), has_weights=has_weights,
+                 meta_file=meta["file"] if meta else None, meta_step=meta["step"] if meta else None)
+
+
+def listing_entries(doc: object, *, host: str) -> tuple[float, list[Entry]]:
+    """(the host's clock, its entries), every field checked; an answer that cannot be a listing is a HostError."""
+    if not isinstance(doc, dict):
+        raise _malformed(host, "the answer", doc)
+    if "error" in doc:
+        if not isinstance(doc["error"], str):
+            raise _malformed(host, "the error", doc["error"])
+        raise InputError(f"{host}: {doc['error']}")
+    if not _time(doc.get("now")):
+        raise _malformed(host, "the host's clock", doc.get("now"))
+    raw = doc.get("entries")
+    if not isinstance(raw, list):
+        raise _malformed(host, "the entries", raw)
+    entries = [_entry(e, host) for e in raw]
+    if len({e.name for e in entries}) != len(entries):
+        raise _malformed(host, "the entries", "a name listed twice")
+    return float(doc["now"]), entries
+
+
+def _looks_like_checkpoint(entry: Entry) -> bool:
+    if entry.is_dir:
+        return entry.has_weights
+    return entry.name.endswith(CHECKPOINT_SUFFIXES)
+
+
+def _step(entry: Entry, step_from: str) -> tuple[int | None, str]:
+    by_name = step_from_name(entry.name)
+    meta_source = f"metadata:{entry.meta_file}"
     if step_from == "name":
         return by_name, "name"
     if step_from == "metadata":
-        return by_meta, meta_source
+        return entry.meta_step, meta_source
     if by_name is not None:
         return by_name, "name"
-    return by_meta, meta_source
+    return entry.meta_step, meta_source
 
 
-def parse_listing(doc: dict, *, pattern: str | None = None, step_from: str = "auto") -> Listing:
-    """``doc``: what the host's listing script printed. ``pattern``: an fnmatch pattern on the entry name
-    (default: checkpoint files and directories that hold weights)."""
+def parse_listing(doc: object, *, host: str, folder: str, pattern: str | None = None,
+                  step_from: str = "auto") -> Listing:
+    """``doc``: what ``host_script.list_folder`` answered on HOST for FOLDER (the folder dfo asked for, never
+    the one the answer names). ``pattern``: an fnmatch pattern on the entry name (default: checkpoint files
+    and directories that hold weights)."""
     if step_from not in STEP_FROM:
         raise InputError(f"--step-from {step_from!r}: expected one of {', '.join(STEP_FROM)}")
-    if doc.get("error"):
-        raise InputError(f"{doc.get('host', 'training host')}: {doc['error']}")
-    folder = str(doc.get("folder", ""))
+    host_now, entries = listing_entries(doc, host=host)
     out: list[Checkpoint] = []
     ignored: list[tuple[str, str]] = []
-    for entry in doc.get("entries", []):
-        name = str(entry.get("name", ""))
-        if not name or _IGNORED.search(name):
+    for entry in entries:
+        name = entry.name
+        if _IGNORED.search(name):
             continue
         if pattern is not None:
             if not fnmatch.fnmatchcase(name, pattern):
@@ -109,13 +196,12 @@ def parse_listing(doc: dict, *, pattern: str | None = None, step_from: str = "au
             ignored.append((name, why))
             continue
         out.append(Checkpoint(name=name, path=f"{folder.rstrip('/')}/{name}", step=step, step_source=source,
-                              size=int(entry.get("size") or 0), mtime=float(entry.get("mtime") or 0.0),
-                              is_dir=bool(entry.get("is_dir"))))
+                              size=entry.size, mtime=entry.mtime, is_dir=entry.is_dir))
     out.sort(key=lambda c: (c.step, c.name))
     steps = [c.step for c in out]
     for c in out:
         if steps.count(c.step) > 1:
             ignored.append((c.name, f"step {c.step} is claimed by {steps.count(c.step)} checkpoints"))
     dup = {c.step for c in out if steps.count(c.step) > 1}
-    return Listing(folder=folder, host_now=float(doc.get("now") or 0.0),
-                   checkpoints=[c for c in out if c.step not in dup], ignored=ignored)
+    return Listing(folder=folder, host_now=host_now, checkpoints=[c for c in out if c.step not in dup],
+                   ignored=ignored)

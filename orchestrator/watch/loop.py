@@ -34,7 +34,7 @@ from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_at
 from orchestrator.jobs.operation import JobRefused
 from orchestrator.transport import Connector
 from orchestrator.watch import series as sm
-from orchestrator.watch.discovery import Checkpoint, parse_listing
+from orchestrator.watch.discovery import Checkpoint, is_entry_name, parse_listing
 from orchestrator.watch.hooks import run_hook
 from orchestrator.watch.measures import judge, measure, per_sample_tau, verdict_text
 from orchestrator.watch.plot import write_plot
@@ -86,8 +86,8 @@ def drafter_name(ckpt: Checkpoint) -> str:
 
 def look(connector: Connector, cfg: WatchConfig, entries: dict[str, dict]) -> tuple[RoundPlan, list]:
     """One look at the folder: the round plan and the names ignored (with why)."""
-    listing = parse_listing(list_folder(connector, cfg.source_host, cfg.folder), pattern=cfg.pattern,
-                            step_from=cfg.step_from)
+    listing = parse_listing(list_folder(connector, cfg.source_host, cfg.folder), host=cfg.source_host,
+                            folder=cfg.folder, pattern=cfg.pattern, step_from=cfg.step_from)
     return plan_round(listing, entries, cfg.options), listing.ignored
 
 
@@ -287,7 +287,10 @@ class Watcher:
         """Remove the relayed (stripped) weights from the eval host; the series keeps their digests."""
         path = e.get("relayed_to")
         root = relay_dir(self.connector.inventory, self.cfg.eval_host, self.cfg.source_host)
-        if self.cfg.keep or not path or not path.startswith(root.rstrip("/") + "/"):
+        if self.cfg.keep or not isinstance(path, str):
+            return None
+        if not removable(path, root):
+            self.events.warn(f"not removing {path!r} from {self.cfg.eval_host}: not one checkpoint inside {root}")
             return None
         try:
             self.connector.session(self.cfg.eval_host).run(["rm", "-rf", "--", path, path + ".dfo-manifest.json"])
@@ -330,6 +333,15 @@ class Watcher:
         tmp.write_text(series_markdown(self.series), encoding="utf-8")
         tmp.replace(self.folder / "series.md")
         write_plot(self.folder, self.series)
+
+
+def removable(path: str, root: str) -> bool:
+    """PATH is one relayed checkpoint directly inside the relay folder ROOT (never ROOT itself, nothing above).
+
+    The path was made from a name the training host listed and is read back from series.json, which an
+    older dfo may have written with a name that is no plain entry (``step_7/`` made it ROOT itself)."""
+    prefix = root.rstrip("/") + "/"
+    return path.startswith(prefix) and is_entry_name(path[len(prefix):])
 
 
 def _digests(record: dict) -> dict | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.errors import InputError
+from orchestrator.core.errors import HostError, InputError
 from orchestrator.watch.discovery import parse_listing, step_from_name
 from orchestrator.watch.selection import Options, plan_round
 
@@ -13,6 +13,10 @@ NOW = 1_000_000.0
 
 def listing(*entries, now=NOW):
     return {"folder": "/data/run7", "now": now, "entries": list(entries)}
+
+
+def parse(doc, **options):
+    return parse_listing(doc, host="kpro6", folder="/data/run7", **options)
 
 
 def f(name, size=100, age=3600.0):
@@ -34,7 +38,7 @@ def test_checkpoints_are_ordered_by_step_not_by_name_and_say_where_the_step_came
     doc = listing(f("step_1000.pt"), f("step_200.pt"), d("checkpoint-50"), d("final", meta=meta),
                   f("spec.json"), f("step_300.pt.dfo-partial"), f(".step_400.pt.tmp"), f("notes.txt"),
                   d("logs", weights=False))
-    got = parse_listing(doc)
+    got = parse(doc)
     assert [(c.name, c.step) for c in got.checkpoints] == [("checkpoint-50", 50), ("step_200.pt", 200),
                                                            ("step_1000.pt", 1000), ("final", 3000)]
     assert [c.step_source for c in got.checkpoints] == ["name", "name", "name", "metadata:trainer_state.json"]
@@ -43,24 +47,51 @@ def test_checkpoints_are_ordered_by_step_not_by_name_and_say_where_the_step_came
 
 def test_pattern_and_step_source_options():
     doc = listing(f("step_100.pt"), f("ema_100.pt"), f("step_final.pt"))
-    got = parse_listing(doc, pattern="step_*.pt")
+    got = parse(doc, pattern="step_*.pt")
     assert [c.name for c in got.checkpoints] == ["step_100.pt"]
     assert got.ignored == [("step_final.pt", "no step in the name or metadata")]
-    meta_only = parse_listing(listing(d("run-5", meta={"file": "config.json", "step": 77})), step_from="metadata")
+    meta_only = parse(listing(d("run-5", meta={"file": "config.json", "step": 77})), step_from="metadata")
     assert [(c.step, c.step_source) for c in meta_only.checkpoints] == [(77, "metadata:config.json")]
     with pytest.raises(InputError, match="--step-from 'guess'"):
-        parse_listing(doc, step_from="guess")
+        parse(doc, step_from="guess")
 
 
 def test_two_checkpoints_claiming_one_step_are_both_ignored_with_the_reason():
-    got = parse_listing(listing(f("step_100.pt"), f("ema_step_100.pt"), f("step_200.pt")))
+    got = parse(listing(f("step_100.pt"), f("ema_step_100.pt"), f("step_200.pt")))
     assert [c.name for c in got.checkpoints] == ["step_200.pt"]
     assert {n for n, why in got.ignored if "claimed by 2" in why} == {"step_100.pt", "ema_step_100.pt"}
 
 
 def test_a_folder_that_cannot_be_listed_is_a_clear_error():
     with pytest.raises(InputError, match="kpro6: cannot list /nope: No such file"):
-        parse_listing({"host": "kpro6", "folder": "/nope", "error": "cannot list /nope: No such file or directory"})
+        parse({"folder": "/nope", "error": "cannot list /nope: No such file or directory"})
+
+
+def test_paths_are_made_from_the_folder_dfo_asked_for_not_the_one_the_answer_names():
+    doc = {**listing(f("step_100.pt")), "folder": "/home/u/.ssh"}
+    assert [c.path for c in parse(doc).checkpoints] == ["/data/run7/step_100.pt"]
+
+
+@pytest.mark.parametrize("name", ["step_7/", "step\x007.pt", "../step_7.pt", "a/step_7.pt", "/etc/step_7.pt", ".", "",
+                                  7, None])
+def test_a_name_that_is_no_folder_entry_is_refused_naming_the_host(name):
+    with pytest.raises(HostError, match=r"kpro6: refused checkpoint name"):
+        parse(listing(f("step_100.pt"), {**f("x"), "name": name}))
+
+
+@pytest.mark.parametrize("doc,what", [
+    ([], "the answer"), ({"now": NOW}, "the entries"), ({"entries": []}, "the host's clock"),
+    (listing("step_1.pt"), "an entry"), (listing({**f("step_1.pt"), "size": "100"}), "the size"),
+    (listing({**f("step_1.pt"), "size": -1}), "the size"), (listing({**f("step_1.pt"), "mtime": None}), "the mtime"),
+    (listing({**f("step_1.pt"), "is_dir": "no"}), "is_dir"),
+    (listing(d("ckpt", meta={"file": "/etc/passwd", "step": 3})), "the metadata step"),
+    (listing(d("ckpt", meta={"file": "config.json", "step": "3"})), "the metadata step"),
+    (listing(f("step_1.pt"), f("step_1.pt")), "a name listed twice"), ({"error": ["x"]}, "the error"),
+])
+def test_a_malformed_listing_is_a_host_error_naming_the_field(doc, what):
+    with pytest.raises(HostError, match="kpro6: malformed folder listing from the host") as caught:
+        parse(doc)
+    assert what in caught.value.message
 
 
 def entries(**status):
@@ -69,7 +100,7 @@ def entries(**status):
 
 
 def test_only_settled_new_checkpoints_are_evaluated():
-    doc = parse_listing(listing(f("step_100.pt"), f("step_200.pt"), f("step_300.pt", age=2), f("step_400.pt", size=0)))
+    doc = parse(listing(f("step_100.pt"), f("step_200.pt"), f("step_300.pt", age=2), f("step_400.pt", size=0)))
     plan = plan_round(doc, entries(**{"step_100.pt": "done"}), Options(settle=30))
     assert [c.name for c in plan.evaluate] == ["step_200.pt"]
     assert plan.done == 1
@@ -78,7 +109,7 @@ def test_only_settled_new_checkpoints_are_evaluated():
 
 
 def test_in_flight_attempts_are_resumed_and_failures_retried_only_when_the_file_changed():
-    doc = parse_listing(listing(f("step_100.pt"), f("step_200.pt"), f("step_300.pt", size=999)))
+    doc = parse(listing(f("step_100.pt"), f("step_200.pt"), f("step_300.pt", size=999)))
     state = entries(**{"step_100.pt": "evaluating", "step_200.pt": "failed", "step_300.pt": "failed"})
     plan = plan_round(doc, state, Options(settle=0))
     assert [e["name"] for e in plan.reattach] == ["step_100.pt"]
@@ -89,7 +120,7 @@ def test_in_flight_attempts_are_resumed_and_failures_retried_only_when_the_file_
 
 
 def test_every_n_and_newest():
-    doc = parse_listing(listing(*(f(f"step_{s}.pt") for s in (500, 1000, 1500, 2000))))
+    doc = parse(listing(*(f(f"step_{s}.pt") for s in (500, 1000, 1500, 2000))))
     every = plan_round(doc, {}, Options(settle=0, every=1000))
     assert [c.step for c in every.evaluate] == [1000, 2000]
     assert [c.step for c, _ in every.skipped] == [500, 1500]

@@ -14,6 +14,7 @@ from orchestrator.core.errors import InputError
 from orchestrator.watch import series as sm
 from orchestrator.watch.discovery import Checkpoint
 from orchestrator.watch.hooks import run_hook
+from orchestrator.watch.loop import removable
 from orchestrator.watch.measures import judge, measure, per_sample_tau, verdict_text
 from orchestrator.watch.plot import write_plot
 from orchestrator.watch.render import series_markdown
@@ -137,6 +138,26 @@ def test_on_result_gets_the_result_json_on_stdin_and_its_failure_is_reported(tmp
     assert got["measures"]["tau_macro"]["value"] == 3.1 and step == "300"
     bad = run_hook("echo webhook down >&2; exit 3", {"step": 1})
     assert bad == {"ok": False, "exit_code": 3, "detail": "webhook down"}
+
+
+def test_a_hook_that_cannot_run_for_a_checkpoint_is_a_failure_not_an_exception():
+    # A NUL cannot travel in an environment variable: subprocess raises ValueError, which once crashed the
+    # watcher (and, the hook still pending in series.json, every restart after it).
+    outcome = run_hook("true", {"checkpoint": "step\x007.pt", "step": 7})
+    assert outcome["ok"] is False and outcome["exit_code"] is None
+    assert "could not start" in outcome["detail"] and "null byte" in outcome["detail"]
+
+
+@pytest.mark.parametrize("path,ok", [("/w/checkpoints/dfo-relayed/kpro6/step_7.pt", True),
+                                     ("/w/checkpoints/dfo-relayed/kpro6/", False),
+                                     ("/w/checkpoints/dfo-relayed/kpro6", False),
+                                     ("/w/checkpoints/dfo-relayed/kpro6/..", False),
+                                     ("/w/checkpoints/dfo-relayed/kpro6/a/../../x", False),
+                                     ("/w/checkpoints/dfo-relayed/kpro6//x", False),
+                                     ("/w/checkpoints/dfo-relayed/kpro6/st\x00ep", False),
+                                     ("/w/checkpoints/dfo-relayed/kpro6x/step_7.pt", False)])
+def test_the_clean_up_removes_only_one_checkpoint_inside_the_relay_folder(path, ok):
+    assert removable(path, "/w/checkpoints/dfo-relayed/kpro6") is ok
 
 
 def test_series_cli_list_show_plot(tmp_path):
