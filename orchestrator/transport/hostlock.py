@@ -7,16 +7,20 @@ rebooted, process killed) is stale and cleared by the next dfo, under the same f
 use, so two controllers can never both clear it. A second dfo that finds the lock held is refused at once
 with who holds it and since when. Nested uses within one dfo (``dfo eval`` deploys, provisions and
 launches) share the outer lock.
+
+Every host that dfo uses reads the holder record, so it names a holder without naming the operator: a
+random token drawn once per dfo process and that process's pid on its controller (no user name, no
+controller host name). The pid tells the operator which of their dfo runs holds it; the token tells two
+controllers' runs with the same pid apart.
 """
 
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
+import secrets
 import shlex
-import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -38,17 +42,29 @@ class HostLocked(OperationError):
 
     def __init__(self, host: str, holder: dict, op: str):
         self.host, self.holder = host, holder
-        since = holder.get("since")
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since)) if isinstance(since, (int, float)) else "?"
         super().__init__(
             f"{host}: another dfo ({holder.get('owner', '?')}, {holder.get('op', '?')}) has held the host lock "
-            f"since {when}; refusing to {op} now",
-            hint="wait for it to finish (the lock is released when that dfo ends, also when it is killed)",
+            f"since {_when(holder.get('since'))}; refusing to {op} now",
+            hint="wait for it to finish (the lock is released when that dfo ends, also when it is killed); "
+            "the pid is that dfo's process on its controller (ps -p PID there)",
         )
 
 
+def _when(since: object) -> str:
+    """The holder's start as the host recorded it ("?" when that is not a time: the host may answer anything)."""
+    if not isinstance(since, (int, float)) or isinstance(since, bool):
+        return "?"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
+    except (ValueError, OverflowError, OSError):  # NaN, or beyond what the platform's time can hold
+        return "?"
+
+
+_TOKEN = secrets.token_hex(4)  # one per dfo process: identifies a holder without identifying its operator
+
+
 def _owner() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+    return f"dfo {_TOKEN} pid {os.getpid()}"
 
 
 @contextlib.contextmanager

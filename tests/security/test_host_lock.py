@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,6 +61,27 @@ def test_a_second_dfo_is_refused_while_one_holds_the_host(sandbox, tmp_path):
                 pass
             assert _lock_file(sandbox).exists()
     assert not _lock_file(sandbox).exists()  # released with the block
+
+
+def test_the_lock_names_its_holder_without_the_operators_user_or_controller_host(sandbox):
+    # Every host dfo uses reads the holder record: it said `user@controller-host pid N` to all of them.
+    code = ("import json, sys\nfrom orchestrator.core.inventory import load_inventory\n"
+            "from orchestrator.transport import Connector\nfrom orchestrator.transport.hostlock import host_lock\n"
+            f"c = Connector(load_inventory({str(sandbox.inventory_path)!r}))\n"
+            f"with host_lock(c, {HOST!r}, 'deploy'):\n    print(open({str(_lock_file(sandbox))!r}).read())\n")
+    records = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                         check=True).stdout) for _ in range(2)]
+    tokens = [r["owner"].split()[1] for r in records]
+    for record in records:
+        assert re.fullmatch(r"dfo [0-9a-f]{8} pid \d+", record["owner"]), record
+        text = json.dumps(record)
+        assert f"{getpass.getuser()}@" not in text and socket.gethostname() not in text, text
+    assert tokens[0] != tokens[1]  # each dfo process draws its own token
+    with Connector(load_inventory(sandbox.inventory_path)) as conn:
+        with host_lock(conn, HOST, "deploy"):
+            owner = json.loads(_lock_file(sandbox).read_text())["owner"]
+            proc = dfo(sandbox, "jobs", "run", "-H", HOST, "--lock", "", "--", "true")
+    assert proc.returncode == 1 and owner in " ".join(proc.stderr.split()), proc.stderr  # still names the holder
 
 
 def test_the_lock_ends_with_the_dfo_that_held_it(sandbox):
