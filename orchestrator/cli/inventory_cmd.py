@@ -18,6 +18,7 @@ from orchestrator.transport.facts import gather_facts
 inventory_app = typer.Typer(help="Validate, inspect and edit inventory.yaml (comments and order are kept).",
                             no_args_is_help=True)
 app.add_typer(inventory_app, name="inventory")
+HIDDEN = "(hidden)"  # what `show --json` prints for an env value: the keys are shown, never the values
 
 
 @inventory_app.command("check")
@@ -83,7 +84,8 @@ def show(
     if json_out:
         app_ctx.print_json({
             "inventory": str(inv.source),
-            "hosts": {n: {**h.model_dump(), "venv": h.venv, "ssh": resolve_host(inv, n).label}
+            "hosts": {n: {**h.model_dump(), "venv": h.venv, "ssh": resolve_host(inv, n).label,
+                          "env": {key: HIDDEN for key in h.env}}  # env values are never printed (README)
                       for n, h in inv.hosts.items()},
         })
         return
