@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import posixpath
+import secrets
 import shutil
 import threading
 from dataclasses import asdict
@@ -162,13 +163,29 @@ def _upload_prompts(connector: Connector, plan: EvalPlan, local: Path) -> None:
         job = next(j for j in plan.jobs if j.host == host)
         session = connector.session(host)
         remote = job.prompts_upload or ""  # only hosts with an upload get here
-        session.run(["mkdir", "-p", posixpath.dirname(remote)])
-        tmp = f"{remote}.dfo-tmp"
-        session.put_bytes(data, tmp)
-        check = session.run(["sh", "-c", 'openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1"', "sh", tmp])
-        if check.text.split()[0].lstrip("*") != digest:
-            raise HostError(host, f"prompts file {remote} failed sha256 verification after upload")
-        session.run(["mv", "-f", tmp, remote])
+        folder, name = posixpath.split(remote)
+        session.run(["mkdir", "-p", folder])
+        # Someone else who can write the folder cannot choose what the upload writes through: the temporary
+        # name is fresh and created exclusively (O_CREAT|O_EXCL fails on any existing name, a planted link
+        # too), and rename(2) replaces whatever is at REMOTE (a link included) instead of writing through it.
+        tmp = posixpath.join(folder, f".{name}.{secrets.token_hex(8)}.dfo-tmp")
+        renamed = False
+        try:
+            with session.sftp.open(tmp, "wx") as fh:
+                fh.set_pipelined(True)
+                fh.write(data)
+            check = session.run(["sh", "-c", 'openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1"', "sh",
+                                 tmp])
+            if (check.text.split() or [""])[0].lstrip("*") != digest:
+                raise HostError(host, f"prompts file {remote} failed sha256 verification after upload")
+            session.sftp.posix_rename(tmp, remote)
+            renamed = True
+        except OSError as exc:
+            raise HostError(host, f"uploading the prompts file to {remote} failed: {exc}") from None
+        finally:
+            if not renamed:  # nothing partial left behind
+                with contextlib.suppress(Exception):
+                    session.sftp.remove(tmp)
 
     raise_failures("prompts upload", for_each_host([j.host for j in plan.jobs if j.prompts_upload], put))
 
