@@ -5,6 +5,10 @@ readings taken around a request is that request's spec-decode figures only when 
 request is the one the ``--reference`` client sends (token-id prompt, greedy, the target's end tokens as
 ``stop_token_ids``, ``return_token_ids``), so engine outputs compare token for token with references.
 
+Every request carries the server's per-run API key (``VllmServer.api_key``; vLLM guards ``/v1`` with it,
+not ``/metrics``, which gets it all the same), and before each prompt the server is checked to be alive and
+the only process on its port (``VllmServer.check_serving``): the prompts reach the process dfo started.
+
 ``evaluate_engine`` is the whole per-drafter step: a plain server (no speculation: the reference outputs
 and the baseline tokens/s), then one with the drafter, each stopped by PID with its log kept.
 
@@ -46,9 +50,9 @@ class EnginePrompt:
     reference: list[int] | None = None  # the target's greedy continuation, when known
 
 
-def _http(method: str, url: str, body: dict | None, timeout: float) -> bytes:
+def _http(method: str, url: str, body: dict | None, timeout: float, api_key: str) -> bytes:
     req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
     try:
         with opener.open(req, timeout=timeout) as resp:
@@ -61,7 +65,8 @@ def _http(method: str, url: str, body: dict | None, timeout: float) -> bytes:
 
 
 def counters(server: VllmServer) -> SpecCounters:
-    return read_counters(_http("GET", server.root + "/metrics", None, 30).decode(), server.cfg.served_name)
+    return read_counters(_http("GET", server.root + "/metrics", None, 30, server.api_key).decode(),
+                         server.cfg.served_name)
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -82,10 +87,11 @@ def _settled(server: VllmServer, before: SpecCounters, tokens: int) -> SpecCount
 
 def run_one(server: VllmServer, prompt: EnginePrompt, max_tokens: int, stop_ids: Sequence[int],
             timeout_s: float = 900.0) -> dict:
+    server.check_serving()
     before = counters(server)
     body = request_body(server.cfg.served_name, list(prompt.prompt_ids), max_tokens, stop_ids)
     started = time.perf_counter()
-    raw = _http("POST", server.url + "/completions", body, timeout_s)
+    raw = _http("POST", server.url + "/completions", body, timeout_s, server.api_key)
     seconds = time.perf_counter() - started
     try:
         parsed = parse_completion(json.loads(raw))

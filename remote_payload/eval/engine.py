@@ -11,7 +11,9 @@
   in total, its outputs vs the reference continuation, tokens/s plain vs dflash, and the agreement with the
   offline figures in the ``vllm`` convention (``metrics.engine_agreement``; outside it: a warning line).
 
-Servers never run side by side (memory). Their logs stay in ``<out>/engine/`` and travel with the results.
+Each server has its own random API key (``VllmServer.api_key``), sent on all its requests; the
+references client gets that key, never the user's ``$DFO_REFERENCE_API_KEY`` (meant for the server the
+user named). Servers never run side by side (memory). Their logs stay in ``<out>/engine/`` and travel with the results.
 A drafter whose engine run fails gets ``engine.error`` and a warning; the offline results still count.
 """
 
@@ -166,7 +168,7 @@ def engine_references(ctx: EvalContext, eng: EngineRun) -> None:
     _prepare(ctx, eng)
     with _serve(ctx, eng, "plain", server_config(ctx, eng, None)) as server:
         s.reference_url, s.reference_model = server.url, eng.served_name
-        stages.server_references(ctx)
+        stages.server_references(ctx, engine_key=server.api_key)
         if s.engine:
             eng.plain = _timed_run(ctx, server, "plain")
     eng.seconds += time.perf_counter() - started

@@ -104,16 +104,21 @@ def tail_length(ctx: EvalContext) -> int:
     return max((ld.spec.block_size for ld in ctx.drafters.values()), default=1) - 1
 
 
-def server_references(ctx: EvalContext) -> None:
-    """The ``reference`` stage from an OpenAI-compatible server (``--reference URL``), before the target loads."""
+def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
+    """The ``reference`` stage from an OpenAI-compatible server (``--reference URL``), before the target loads.
+
+    ``engine_key``: the per-run API key of the engine this run started (``--reference vllm``). The user's
+    ``$DFO_REFERENCE_API_KEY`` goes only to the server the user named, never to an engine started here.
+    """
     from remote_payload.inputs.openai_client import Endpoint  # stdlib only, loaded for --reference runs only
     from remote_payload.inputs.server_reference import fetch_references, fetch_tails
 
     s, progress = ctx.settings, ctx.progress
     progress.stage_start("reference")
+    api_key = engine_key if s.reference_engine else os.environ.get(REFERENCE_API_KEY_ENV) or None
     endpoint = Endpoint(url=str(s.reference_url), model=s.reference_model, timeout_s=s.reference_timeout,
                         prompt_format=s.reference_prompt_format, concurrency=s.reference_concurrency,
-                        retries=s.reference_retries, api_key=os.environ.get(REFERENCE_API_KEY_ENV) or None)
+                        retries=s.reference_retries, api_key=api_key)
     started = time.perf_counter()
     batch = fetch_references(
         endpoint, ctx.prompts, ctx.tokenizer, enable_thinking=s.enable_thinking, max_tokens=s.max_new_tokens,

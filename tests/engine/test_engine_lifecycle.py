@@ -1,8 +1,10 @@
 """Server lifecycle and metrics parsing without vLLM: real processes standing in for the engine's python.
 
 The stand-in "python" is an executable script given the exact argv vLLM would get. It either dies at once
-(as vLLM does on a broken venv), never becomes healthy, or serves /health with a child process of its own
-(as vLLM's engine core is), so stop() must end the whole process group. No engine venv needed.
+(as vLLM does on a broken venv), never becomes healthy, or serves as vLLM does with ``$VLLM_API_KEY``
+(/health open, /v1 behind the key) with a child process of its own (as vLLM's engine core is), so stop()
+must end the whole process group. No engine venv needed, except for the last test, which checks on the
+session's real vLLM server (tests/engine/conftest.py) what the stand-in assumes: the key it requires.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import stat
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,14 +24,19 @@ from remote_payload.engines import vllm_server as vs
 from remote_payload.engines.spec_metrics import SpecCounters, parse_prometheus, read_counters
 
 FAKE_SERVER = """
-import http.server, os, subprocess, sys, time
+import http.server, json, os, subprocess, sys, time
 args = sys.argv[1:]
-port = int(args[args.index("--port") + 1])
+port, name = int(args[args.index("--port") + 1]), args[args.index("--served-model-name") + 1]
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 open(os.environ["FAKE_CHILD_PID_FILE"], "w").write(str(child.pid))
 print("engine core started", child.pid, flush=True)
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path.startswith("/v1") and self.headers.get("Authorization") != "Bearer " + os.environ["VLLM_API_KEY"]:
+            self.send_response(401); self.end_headers(); return
+        if self.path == "/v1/models":
+            body = json.dumps({"data": [{"id": name}]}).encode()
+            self.send_response(200); self.end_headers(); self.wfile.write(body); return
         self.send_response(200 if self.path == "/health" else 404); self.end_headers()
     def log_message(self, *a): pass
 http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
@@ -107,9 +116,19 @@ def test_server_argv_and_env(tmp_path):
     (drafter / "config.json").write_text(json.dumps({"dflash_config": {}}))
     with pytest.raises(vs.EngineError, match=r"config\.json: block_size .* found None"):
         vs.server_argv(cfg, 1)
-    env = vs.server_env(cfg)
+    env = vs.server_env(cfg, "k")
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and "PYTHONPATH" not in env
     assert "--speculative-config" not in vs.server_argv(vs.ServerConfig(python="py", target="/t"), 1)
+
+
+def test_the_api_key_goes_in_the_environment_never_in_argv(monkeypatch):
+    """argv is readable by every local user (ps); a process's environment only by its own user."""
+    monkeypatch.setenv("VLLM_API_KEY", "the-callers-own")
+    cfg = vs.ServerConfig(python="py", target="/t", extra_env={"VLLM_API_KEY": "from-extra-env"})
+    one, two = vs.VllmServer(cfg, "/dev/null"), vs.VllmServer(cfg, "/dev/null")
+    assert one.api_key != two.api_key and len(one.api_key) >= 40  # random per server (32 bytes)
+    assert vs.server_env(cfg, one.api_key)["VLLM_API_KEY"] == one.api_key  # neither the caller's nor extra_env
+    assert not any(one.api_key in arg for arg in vs.server_argv(cfg, one.port))
 
 
 PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -183,8 +202,29 @@ def test_engine_failing_after_its_health_check_names_the_log(tmp_path):
         engine_run._served(cfg, tmp_path / "vllm.log", [engine_run.EnginePrompt("a", [1, 2])], 4, [0], 60)
     msg = str(err.value)
     assert "HTTP 404 from GET" in msg and "/metrics" in msg and "engine core started" in msg, msg
+    assert "Bearer" not in msg and "VLLM_API_KEY=" not in (tmp_path / "vllm.log").read_text()
     child = int((tmp_path / "c").read_text())
     deadline = time.monotonic() + 10  # the group was signalled; a loaded machine may take a moment to reap it
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child)
+
+
+def test_real_vllm_requires_the_key_and_argv_does_not_hold_it(servers):
+    """On the session's real vLLM: /v1 answers 401 without the key or with a wrong one, 200 with it; the key is
+    in the process's environment, not in its argv (/proc/PID/cmdline) nor in the log dfo keeps."""
+    srv = servers.get("plain")
+    models = srv.root + "/v1/models"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with pytest.raises(urllib.error.HTTPError) as no_key:
+        opener.open(models, timeout=30)
+    assert no_key.value.code == 401
+    assert vs.get_status(models, "not-" + srv.api_key, timeout=30)[0] == 401
+    status, body = vs.get_status(models, srv.api_key, timeout=30)
+    assert status == 200 and srv.cfg.served_name in vs.served_models(body)
+    with opener.open(srv.root + "/health", timeout=30) as resp:  # why readiness is not /health: it is open
+        assert resp.status == 200
+    cmdline = Path(f"/proc/{srv.pid}/cmdline").read_bytes()
+    assert b"vllm.entrypoints.openai.api_server" in cmdline and srv.api_key.encode() not in cmdline
+    assert f"VLLM_API_KEY={srv.api_key}".encode() in Path(f"/proc/{srv.pid}/environ").read_bytes()
+    assert srv.api_key not in srv.log_path.read_text(errors="replace")

@@ -51,17 +51,19 @@ def greedy(target_model, prompts):
                                 MAX_NEW) for p in prompts}
 
 
-def _fetch(url, chosen, tokenizer, stop_ids, cache, **endpoint):
+def _fetch(srv, chosen, tokenizer, stop_ids, cache, **endpoint):
+    """References from the server ``srv`` with its own API key (vLLM started by dfo refuses /v1 without it)."""
     endpoint.setdefault("retry_backoff_s", 0.05)
     endpoint.setdefault("concurrency", 1)
     on_sample = endpoint.pop("on_sample", None)
-    return sr.fetch_references(sr.Endpoint(url=url, **endpoint), chosen, tokenizer, enable_thinking=False,
-                               max_tokens=MAX_NEW, stop_ids=stop_ids, cache_dir=cache, on_sample=on_sample)
+    return sr.fetch_references(sr.Endpoint(url=srv.url, api_key=srv.api_key, **endpoint), chosen, tokenizer,
+                               enable_thinking=False, max_tokens=MAX_NEW, stop_ids=stop_ids, cache_dir=cache,
+                               on_sample=on_sample)
 
 
 def test_vllm_references_equal_dfo_greedy(servers, target_model, prompts, greedy, tmp_path):
     srv = servers.get("plain")
-    batch = _fetch(srv.url, prompts, target_model.tokenizer, target_model.stop_ids, tmp_path, concurrency=2)
+    batch = _fetch(srv, prompts, target_model.tokenizer, target_model.stop_ids, tmp_path, concurrency=2)
     assert batch.model == srv.cfg.served_name  # discovered through GET /v1/models
     assert batch.requests == len(prompts)
     for got in batch.samples:
@@ -73,14 +75,14 @@ def test_vllm_references_equal_dfo_greedy(servers, target_model, prompts, greedy
         assert got.roundtrip["ok"] is True and got.roundtrip["prompt_ids_match"] is True, got.roundtrip
     assert {r.stop_reason for r in batch.samples} == {ref.stop_reason for ref in greedy.values()}
     assert batch.summary()["roundtrip_mismatches"] == [] and batch.unchecked == []
-    again = _fetch(srv.url, prompts, target_model.tokenizer, target_model.stop_ids, tmp_path)
+    again = _fetch(srv, prompts, target_model.tokenizer, target_model.stop_ids, tmp_path)
     assert again.requests == 0 and all(r.cached for r in again.samples)
 
 
 def test_text_prompt_format_tokenised_by_vllm(servers, target_model, prompts, greedy, tmp_path):
     """vLLM tokenises the rendered template itself; the prompt ids it reports equal ours."""
     srv = servers.get("plain")
-    batch = _fetch(srv.url, prompts[:3], target_model.tokenizer, target_model.stop_ids, tmp_path,
+    batch = _fetch(srv, prompts[:3], target_model.tokenizer, target_model.stop_ids, tmp_path,
                    prompt_format="text")
     for got in batch.samples:
         assert got.roundtrip["prompt_ids_match"] is True, got.sample_id
@@ -99,7 +101,7 @@ def test_out_of_vocabulary_id_is_a_clear_error(servers, target_model, engine_fix
     bad = _Prompt("oov-sample", "say <|not-in-the-model|> twice")
     srv = servers.get("plain")
     with pytest.raises(PayloadError) as err:
-        _fetch(srv.url, [bad], tok, target_model.stop_ids, tmp_path, retries=0)
+        _fetch(srv, [bad], tok, target_model.stop_ids, tmp_path, retries=0)
     msg = str(err.value)
     assert "'oov-sample'" in msg and "HTTP 400" in msg and str(oov) in msg, msg
     assert "0 of 1 sample(s) done" in msg
@@ -110,7 +112,7 @@ def test_a_model_name_the_server_does_not_serve_is_a_clear_error(servers, target
     """--reference-model naming another model: vLLM answers 404, the client names the sample and the model."""
     srv = servers.get("plain")
     with pytest.raises(PayloadError) as err:
-        _fetch(srv.url, prompts[:1], target_model.tokenizer, target_model.stop_ids, tmp_path, model="not-served",
+        _fetch(srv, prompts[:1], target_model.tokenizer, target_model.stop_ids, tmp_path, model="not-served",
                retries=0)
     msg = str(err.value)
     assert "(model 'not-served')" in msg and "HTTP 404" in msg and "`not-served` does not exist" in msg, msg
@@ -125,11 +127,22 @@ def test_a_prompt_beyond_the_context_length_is_a_clear_error(servers, target_mod
     ids = render_prompt(target_model.tokenizer, long.message_dicts(), False)
     assert len(ids) > srv.cfg.max_model_len
     with pytest.raises(PayloadError) as err:
-        _fetch(srv.url, [long], target_model.tokenizer, target_model.stop_ids, tmp_path, retries=0)
+        _fetch(srv, [long], target_model.tokenizer, target_model.stop_ids, tmp_path, retries=0)
     msg = str(err.value)
     assert "'too-long'" in msg and "HTTP 400" in msg, msg
     assert f"maximum context length is {srv.cfg.max_model_len} tokens" in msg, msg
     assert srv.proc.poll() is None
+
+
+def test_without_the_engines_key_the_client_gets_a_clear_401(servers, target_model, prompts, tmp_path):
+    """The engine dfo started answers nobody without its per-run key (here: the client sends none)."""
+    srv = servers.get("plain")
+    with pytest.raises(PayloadError) as err:
+        sr.fetch_references(sr.Endpoint(url=srv.url, model=srv.cfg.served_name, retries=0), prompts[:1],
+                            target_model.tokenizer, enable_thinking=False, max_tokens=MAX_NEW,
+                            stop_ids=target_model.stop_ids, cache_dir=tmp_path)
+    msg = str(err.value)
+    assert "HTTP 401" in msg and f"sample {prompts[0].id!r}" in msg and srv.api_key not in msg, msg
 
 
 def test_server_killed_mid_run_resumes_from_the_cache(servers, target_model, prompts, greedy, tmp_path):
@@ -145,13 +158,13 @@ def test_server_killed_mid_run_resumes_from_the_cache(servers, target_model, pro
             victim.kill()
 
     with pytest.raises(PayloadError) as err:
-        _fetch(victim.url, chosen, target_model.tokenizer, target_model.stop_ids, tmp_path, retries=1,
+        _fetch(victim, chosen, target_model.tokenizer, target_model.stop_ids, tmp_path, retries=1,
                on_sample=kill_after_two)
     msg = str(err.value)
     assert f"sample {chosen[2].id!r}" in msg and "connection refused" in msg, msg
     assert "2 of 4 sample(s) done and cached" in msg and "re-run" in msg
     other = servers.get("dflash")  # a different server and port: the cache key has no URL
-    batch = _fetch(other.url, chosen, target_model.tokenizer, target_model.stop_ids, tmp_path)
+    batch = _fetch(other, chosen, target_model.tokenizer, target_model.stop_ids, tmp_path)
     assert batch.requests == 2 and [r.cached for r in batch.samples] == [True, True, False, False]
     for got in batch.samples:
         assert got.continuation == greedy[got.sample_id].continuation, got.sample_id

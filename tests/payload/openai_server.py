@@ -15,17 +15,31 @@ It answers like SGLang's OpenAI layer:
   Errors are ``{"object": "error", "message", "type", "code"}`` with the HTTP status.
 /v1/chat/completions is not served: the payload applies the chat template itself.
 
+Like vLLM it also answers ``GET /health`` (200) and ``GET /metrics`` (``vllm:generation_tokens_total``), and
+with ``api_key`` set it refuses ``/v1/*`` without ``Authorization: Bearer <key>`` (HTTP 401), as vLLM does
+with ``$VLLM_API_KEY``. ``port`` binds a chosen port (an impostor taking the engine's). Every request is
+recorded in ``requests`` (method, path, Authorization header).
+
+Run as a script (``serve_as_engine``) it stands in for ``python -m vllm.entrypoints.openai.api_server``:
+it reads vLLM's ``--model``/``--served-model-name``/``--port`` and ``$VLLM_API_KEY``, and appends each
+request to the JSON-lines file ``$FAKE_ENGINE_REQUESTS``; ``$FAKE_ENGINE_IGNORES_KEY`` makes it a vLLM that
+does not read ``$VLLM_API_KEY`` (serves without a key).
+
 ``Faults`` (all keyed by the 1-based number of the completion request) make it misbehave for tests.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 MODEL_NAME = "dfo-tiny-target"
 
@@ -61,10 +75,15 @@ class _Reject(Exception):
 
 
 class OpenAIServer:
-    def __init__(self, model, tokenizer, faults: Faults | None = None, model_name: str = MODEL_NAME):
+    def __init__(self, model, tokenizer, faults: Faults | None = None, model_name: str = MODEL_NAME,
+                 port: int = 0, api_key: str | None = None,
+                 on_request: Callable[[dict], None] | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.faults = faults or Faults()
         self.model_name = model_name
+        self.bind_port, self.api_key, self.on_request = port, api_key, on_request
+        self.requests: list[dict] = []  # every request: {"method", "path", "authorization"}
+        self.generated = 0  # tokens generated so far (the /metrics counter)
         self.completion_requests = 0  # every POST /v1/completions, answered or not
         self.answered: list[list[int]] = []  # prompt ids of the requests answered with a completion
         self.bodies: list[dict] = []  # the JSON bodies of those requests, as received
@@ -82,7 +101,7 @@ class OpenAIServer:
         class Handler(_Handler):
             owner = server
 
-        self._httpd = _Httpd(("127.0.0.1", 0), Handler)
+        self._httpd = _Httpd(("127.0.0.1", self.bind_port), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="openai-test-server", daemon=True)
         self._thread.start()
@@ -161,6 +180,7 @@ class OpenAIServer:
             choice["prompt_token_ids"] = prompt_ids
         self.answered.append(prompt_ids)
         self.bodies.append(req)
+        self.generated += len(ids)
         return {"id": f"cmpl-{number}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": [choice],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
@@ -207,8 +227,27 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps({"object": "error", "message": message, "type": kind, "param": None,
                                        "code": status}).encode())
 
+    def _admitted(self, method: str) -> bool:
+        """Record the request; False (answered 401) when /v1 is guarded and the key is not the server's."""
+        owner = self.owner
+        record = {"method": method, "path": self.path, "authorization": self.headers.get("Authorization")}
+        owner.requests.append(record)  # not under _lock: that one is held for a whole generation
+        if owner.on_request:
+            owner.on_request(record)
+        if owner.api_key and self.path.startswith("/v1") and record["authorization"] != f"Bearer {owner.api_key}":
+            self._send(401, json.dumps({"error": "Unauthorized"}).encode())  # vLLM's answer
+            return False
+        return True
+
     def do_GET(self):
-        if self.path.rstrip("/") == "/v1/models":
+        if not self._admitted("GET"):
+            return
+        if self.path == "/health":
+            self._send(200, b"")
+        elif self.path == "/metrics":
+            page = f'vllm:generation_tokens_total{{model_name="{self.owner.model_name}"}} {self.owner.generated}\n'
+            self._send(200, page.encode())
+        elif self.path.rstrip("/") == "/v1/models":
             self._send(200, json.dumps({"object": "list", "data": [
                 {"id": self.owner.model_name, "object": "model", "owned_by": "dfo-tests"}]}).encode())
         else:
@@ -218,6 +257,8 @@ class _Handler(BaseHTTPRequestHandler):
         owner, faults = self.owner, self.owner.faults
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)  # read it all, so closing early is a clean FIN, not a reset
+        if not self._admitted("POST"):
+            return
         if self.path.rstrip("/") != "/v1/completions":
             return self._error(404, f"no route {self.path}")
         with owner._lock:
@@ -246,3 +287,30 @@ class _Handler(BaseHTTPRequestHandler):
         if faults.malformed == "fields":
             answer.pop("choices")
         self._send(200, json.dumps(answer).encode())
+
+
+def serve_as_engine(argv: list[str]) -> None:
+    """Serve as vLLM would with this argv and environment, until killed (the caller stops it by PID)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--served-model-name", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    args, _ = ap.parse_known_args(argv)
+    log_path = os.environ.get("FAKE_ENGINE_REQUESTS")
+
+    def log(record: dict) -> None:
+        if log_path:
+            with open(log_path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    log({"argv": sys.argv, "api_key": os.environ.get("VLLM_API_KEY")})
+    model, tokenizer = load_model(Path(args.model))
+    OpenAIServer(model, tokenizer, model_name=args.served_model_name, port=args.port,
+                 api_key=None if os.environ.get("FAKE_ENGINE_IGNORES_KEY") else os.environ.get("VLLM_API_KEY"),
+                 on_request=log).start()
+    print(f"serving {args.served_model_name} on 127.0.0.1:{args.port}", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    serve_as_engine(sys.argv[1:])
