@@ -3,8 +3,10 @@
 Each host ran its own vLLM servers on its slice of the prompts, so the run-wide figures are recomputed
 over all samples: the engine's per-sample counters and the offline ``vllm``-convention rounds both travel in
 samples.jsonl (``drafters[NAME].engine`` and ``drafters[NAME].conventions``), and the agreement is the
-payload's own comparison (``remote_payload.metrics.engine_agreement``) over the union. Per-host server facts
-(start seconds, logs, versions) are kept under ``engine.hosts``.
+payload's own comparison (``remote_payload.metrics.engine_agreement``) over the union: its bounds follow from
+the union's differing rounds, so they are not the hosts' bounds combined. Per-host server facts (start
+seconds, logs, versions) are kept under ``engine.hosts``. The figures came from the hosts: a drafter whose
+figures are missing or not numbers gets an ``error`` instead of a merged block (the run's other figures stand).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def merge_engine(host_results: dict[str, dict], samples: list[dict]) -> tuple[di
         return None, {}
     names = list(dict.fromkeys(n for r in host_results.values() for n, d in (r.get("drafters") or {}).items()
                                if d.get("engine")))
-    drafters = {name: _merge_drafter(name, host_results, samples) for name in names}
+    drafters = {name: _merged_or_error(name, host_results, samples) for name in names}
     plain = [b.get("plain") for b in blocks.values()]
     first = next(iter(blocks.values()))
     run = {"name": first.get("name"), "version": first.get("version"), "used_for": first.get("used_for"),
@@ -51,6 +53,15 @@ def _offline_accepted(entry: dict) -> tuple[list[int], bool]:
     if isinstance(conv, dict) and isinstance(conv.get("accepted"), list):
         return list(conv["accepted"]), True
     return list(entry.get("accepted") or []), False
+
+
+def _merged_or_error(name: str, host_results: dict[str, dict], samples: list[dict]) -> dict:
+    try:
+        return _merge_drafter(name, host_results, samples)
+    except KeyError as exc:
+        return {"engine": "vllm", "error": f"the hosts' engine figures of {name!r} cannot be merged: no {exc} field"}
+    except (TypeError, ValueError) as exc:
+        return {"engine": "vllm", "error": f"the hosts' engine figures of {name!r} cannot be merged: {exc}"}
 
 
 def _merge_drafter(name: str, host_results: dict[str, dict], samples: list[dict]) -> dict:

@@ -1,8 +1,10 @@
 """The engine block of a run's report (``--engine vllm`` / ``--reference vllm``), from results.json alone.
 
 Engine τ is shown next to the offline τ in the same convention (``vllm``: every accepted draft counted,
-τ = 1 + accepted / rounds), with the agreement verdict and its tolerance, the outputs against the reference
-continuations, tokens/s without and with the drafter, and the server start times and log names.
+τ = 1 + accepted / rounds), each figure with the bound the agreement rule allows it (``±``, computed from
+the rounds that differ: ``remote_payload.metrics.engine_agreement``), the verdict, the outputs against the
+reference continuations, tokens/s without and with the drafter, and the server start times and log names.
+Results written before the rule had bounds show the figures without ``±`` and the fixed tolerance of then.
 """
 
 from __future__ import annotations
@@ -20,6 +22,34 @@ def _first_line(text) -> str:
     return (str(text).splitlines() or [""])[0]
 
 
+def _pm(bound, digits: int = 2) -> str:
+    """`` ±b`` beside a figure; nothing where the results carry no bound (written before the rule had them)."""
+    return "" if bound is None else f" ±{_fmt(bound, digits)}"
+
+
+# The fixed tolerance that results.json files written before the bounds were judged by.
+FIXED_TOLERANCE = ("rounds within 5% + 1 per sample (summed; samples outside are listed), p_k within 0.08, "
+                   "τ micro within 0.15")
+NEAR_TIE = ("the engine runs its own implementation of the drafter, and near-tie drafter logits can flip a draft "
+            "there, which re-anchors the rest of that sample")
+
+
+def tolerance_text(agreement: dict) -> str:
+    """What the ± beside each figure means, from the agreement's own ``tolerance`` and ``samples`` blocks."""
+    tol = agreement.get("tolerance") or {}
+    if "alpha" not in tol:
+        return f"tolerance: {FIXED_TOLERANCE} — {NEAR_TIE}; aggregates agree closely"
+    samples = agreement.get("samples") or {}
+    if not samples.get("differing"):
+        return f"tolerance: every sample identical round by round, so every figure must be equal (±0) — {NEAR_TIE}"
+    n_e, n_o = (list(tol.get("differing_rounds") or []) + [None, None])[:2]
+    return (f"tolerance: each ± is a two-sample bound at a {fmt_number(tol['alpha'], '.0%')} overall false-alarm "
+            f"rate (z {_fmt(tol.get('z'))} for each of the {tol.get('figures_tested')} figures p_k and τ micro) on "
+            f"the {n_e}/{n_o} engine/offline rounds of the {samples['differing']} sample(s) that differ, scaled by "
+            f"their share of the run ({fmt_number(tol.get('share'), '.0%')}; identical samples add no difference); "
+            f"rounds through rounds = tokens / τ — {NEAR_TIE}")
+
+
 def engine_rows(results: dict) -> list[dict]:
     """One row per drafter that ran in the engine (or failed there: ``error``)."""
     rows = []
@@ -35,18 +65,22 @@ def engine_rows(results: dict) -> list[dict]:
         outputs, tps = e.get("outputs") or {}, e.get("tokens_per_s") or {}
         positions = ag.get("per_position") or []
         samples = ag.get("samples") or {}
+        bounds = [p.get("bound") for p in positions[:FIRST_POSITIONS]]
         rows.append({
             "drafter": name, "engine_tau_micro": eng.get("tau_micro"), "offline_tau_micro": off.get("tau_micro"),
             "engine_tau_macro": eng.get("tau_macro"), "offline_tau_macro": off.get("tau_macro"),
             "positions": ([(p.get("engine"), p.get("offline")) for p in positions[:FIRST_POSITIONS]]
                           + [(None, None)] * FIRST_POSITIONS)[:FIRST_POSITIONS],
+            "position_bounds": (bounds + [None] * FIRST_POSITIONS)[:FIRST_POSITIONS],
             "rounds": (eng.get("rounds"), off.get("rounds")),
+            "tau_micro_bound": (ag.get("tau_micro") or {}).get("bound"),
+            "rounds_bound": (ag.get("rounds") or {}).get("bound"),
             "identical": samples.get("identical"), "compared": samples.get("compared"),
             "outputs": (outputs.get("match_reference"), outputs.get("samples")),
             "plain_tps": tps.get("plain"), "dflash_tps": tps.get("dflash"), "speedup": tps.get("speedup"),
             "agrees": ag.get("within_tolerance"), "problems": ag.get("problems") or [], "notes": ag.get("notes") or [],
             "offline_source": ag.get("offline_source"), "exported": e.get("exported"),
-            "per_position": positions,
+            "per_position": positions, "tolerance": tolerance_text(ag) if ag else None,
         })
     return rows
 
@@ -78,10 +112,11 @@ def engine_markdown(results: dict) -> list[str]:
                 "|---|---|---|" + "---|" * FIRST_POSITIONS + "---|---|---|---|---|---|---|"]
         for r in ok_rows:
             out.append(
-                f"| {md_text(r['drafter'])} | {_fmt(r['engine_tau_micro'])} / {_fmt(r['offline_tau_micro'])} | "
-                f"{_fmt(r['engine_tau_macro'])} / {_fmt(r['offline_tau_macro'])} | "
-                + " | ".join(f"{_fmt(e)} / {_fmt(o)}" for e, o in r["positions"])
-                + f" | {md_text(r['rounds'][0])} / {md_text(r['rounds'][1])} | "
+                f"| {md_text(r['drafter'])} | {_fmt(r['engine_tau_micro'])} / {_fmt(r['offline_tau_micro'])}"
+                f"{_pm(r['tau_micro_bound'])} | {_fmt(r['engine_tau_macro'])} / {_fmt(r['offline_tau_macro'])} | "
+                + " | ".join(f"{_fmt(e)} / {_fmt(o)}{_pm(b)}"
+                             for (e, o), b in zip(r["positions"], r["position_bounds"], strict=True))
+                + f" | {md_text(r['rounds'][0])} / {md_text(r['rounds'][1])}{_pm(r['rounds_bound'], 1)} | "
                 f"{md_text(r['identical'])}/{md_text(r['compared'])} | {md_text(r['outputs'][0])}/"
                 f"{md_text(r['outputs'][1])} | {_fmt(r['plain_tps'], 1)} | {_fmt(r['dflash_tps'], 1)} | "
                 f"{_fmt(r['speedup'])}× | {_verdict(r)} |")
@@ -107,9 +142,8 @@ def notes(rows: list[dict]) -> list[str]:
             out.append(f"{r['drafter']}: exported to a z-lab folder for vLLM ({r['exported']})")
         if r["offline_source"] and r["offline_source"] != "vllm":
             out.append(f"{r['drafter']}: offline side from the {r['offline_source']}")
-    out.append("tolerance: rounds within 5% + 1 per sample (summed; samples outside are listed), p_k within 0.08, "
-               "τ micro within 0.15 — the engine runs its own implementation of the drafter, and near-tie drafter "
-               "logits can flip a draft there; aggregates agree closely")
+        if r["tolerance"]:
+            out.append(f"{r['drafter']}: {r['tolerance']}")
     return out
 
 
@@ -121,7 +155,7 @@ def engine_text(results: dict) -> list[str]:
             lines.append(f"engine {r['drafter']}: failed: {_first_line(r['error'])}")
             continue
         lines.append(f"engine {r['drafter']} (vllm convention): τ micro {_fmt(r['engine_tau_micro'])} vs offline "
-                     f"{_fmt(r['offline_tau_micro'])}, p1 {_fmt(r['positions'][0][0] if r['positions'] else None)} vs "
-                     f"{_fmt(r['positions'][0][1] if r['positions'] else None)}; {_fmt(r['dflash_tps'], 1)} vs "
+                     f"{_fmt(r['offline_tau_micro'])}{_pm(r['tau_micro_bound'])}, p1 {_fmt(r['positions'][0][0])} vs "
+                     f"{_fmt(r['positions'][0][1])}{_pm(r['position_bounds'][0])}; {_fmt(r['dflash_tps'], 1)} vs "
                      f"{_fmt(r['plain_tps'], 1)} tokens/s plain; {_verdict(r).strip('*')}")
     return lines

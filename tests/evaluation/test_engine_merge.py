@@ -36,6 +36,10 @@ def test_engine_figures_are_recomputed_over_every_host():
     ours = drafters["ours"]
     expected = compare(list("abcd"), [sample_counts(engine[s], B1) for s in "abcd"], [offline[s] for s in "abcd"], B1)
     assert ours["agreement"]["engine"] == expected["engine"] and ours["agreement"]["offline"] == expected["offline"]
+    # the bounds are the union's: from the differing rounds of all hosts together
+    assert ours["agreement"]["tau_micro"] == expected["tau_micro"] and ours["agreement"]["rounds"] == expected["rounds"]
+    assert ours["agreement"]["per_position"] == expected["per_position"]
+    assert ours["agreement"]["tolerance"]["differing_rounds"] == [3, 2] and ours["agreement"]["within_tolerance"]
     assert ours["agreement"]["samples"]["identical"] == 3 and ours["agreement"]["offline_source"] == "vllm"
     assert ours["tokens_per_s"] == {"plain": 15.0, "dflash": 20.0, "speedup": round(20 / 15, 3)}
     assert ours["outputs"]["samples"] == 4 and ours["outputs"]["equal_plain"] is True
@@ -56,3 +60,17 @@ def test_a_host_whose_engine_failed_makes_the_drafter_an_error():
     run, drafters = merge_engine({"h1": _host(5, 1.0, 1.0), "h2": bad}, [_line("a", [1], [1])])
     assert drafters["ours"] == {"engine": "vllm", "error": "h2: vLLM server exited with status 1"}
     assert merge_engine({"h1": {"drafters": {}}}, []) == (None, {})
+
+
+def test_engine_figures_that_are_not_numbers_make_the_drafter_an_error_not_a_traceback():
+    bad = _line("b", [1, 2], [1, 2])
+    bad["drafters"]["ours"]["engine"]["rounds"] = "2" * 500  # a host's samples.jsonl says so
+    run, drafters = merge_engine({"h1": _host(5, 1.0, 1.0), "h2": _host(5, 1.0, 1.0)}, [_line("a", [1], [1]), bad])
+    error = drafters["ours"]["error"]
+    assert error.startswith("the hosts' engine figures of 'ours' cannot be merged: ")
+    assert "engine counters of sample 'b' are not whole numbers" in error and len(error) < 400
+    assert run["plain"]["tokens"] == 10  # the run's other engine figures stand
+    missing = _line("c", [1], [1])
+    del missing["drafters"]["ours"]["engine"]["per_position_counts"]
+    _, drafters = merge_engine({"h1": _host(5, 1.0, 1.0)}, [missing])
+    assert drafters["ours"]["error"].startswith("the hosts' engine figures of 'ours' cannot be merged: ")
