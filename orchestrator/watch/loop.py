@@ -254,26 +254,24 @@ class Watcher:
             results, samples = run.results(), run.samples()
             name = next(iter(results.get("drafters") or {}), "?")
             measures = measure(results, samples, name)
+            taus = per_sample_tau(samples, name)
         except DfoError as exc:
             self._failed(e["name"], f"eval: {exc.message}")
             return
         best = sm.best_before(self.series, e["step"])
         best_taus = per_sample_tau(load_run(self.cfg.runs_dir / best["run"]).samples(), best["drafter"]) \
             if best else None
-        verdict = judge(per_sample_tau(samples, name), best_taus, best_name=best["name"] if best else None,
+        verdict = judge(taus, best_taus, best_name=best["name"] if best else None,
                         recent=sm.recent_verdicts(self.series, e["step"]))
         timings = dict(e.get("timings") or {}, total_s=round(time.monotonic() - started, 1))
-        reuse = {"features_cache_hits": (results.get("extraction") or {}).get("cache_hits"),
-                 "reference_cache_hits": (results.get("reference") or {}).get("cache_hits")}
-        source = results["drafters"][name].get("source") or {}
-        step = source.get("step", (source.get("stripped_from") or {}).get("step"))
         sm.mark(self.series, e["name"], "done", run=run.name, drafter=name, measures=measures, verdict=verdict,
-                timings=timings, reuse=reuse, metadata_step=step, notify_pending=bool(self.cfg.on_result))
+                timings=timings, reuse=_reuse(results), metadata_step=_metadata_step(results, name),
+                notify_pending=bool(self.cfg.on_result))
         removed = self._cleanup(e)
         self._publish()
         tree = measures["ddtree"]
-        self.events.success(f"{e['name']} step {e['step']}: τ macro {measures['tau_macro']['value']:.2f}, "
-                            f"DDTree-{tree.get('k')} {tree['value'] or 0:.2f} → {verdict_text(verdict)}"
+        self.events.success(f"{e['name']} step {e['step']}: τ macro {_fmt(measures['tau_macro']['value'])}, "
+                            f"DDTree-{tree.get('k')} {_fmt(tree['value'] or 0)} → {verdict_text(verdict)}"
                             + (f"; removed {removed}" if removed else ""))
         self._hook(e)
 
@@ -333,6 +331,28 @@ class Watcher:
         tmp.write_text(series_markdown(self.series), encoding="utf-8")
         tmp.replace(self.folder / "series.md")
         write_plot(self.folder, self.series)
+
+
+def _fmt(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
+
+
+def _field(obj: object, *keys: str) -> object:
+    """obj[k1][k2]… where each level is an object, else None: the run's files came from the eval host."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _reuse(results: dict) -> dict:
+    return {"features_cache_hits": _field(results, "extraction", "cache_hits"),
+            "reference_cache_hits": _field(results, "reference", "cache_hits")}
+
+
+def _metadata_step(results: dict, drafter: str) -> object:
+    """The step the checkpoint's own metadata records, as the eval read it (kept in the series as is)."""
+    step = _field(results, "drafters", drafter, "source", "step")
+    return step if step is not None else _field(results, "drafters", drafter, "source", "stripped_from", "step")
 
 
 def removable(path: str, root: str) -> bool:

@@ -9,6 +9,8 @@ prompt id: every checkpoint of a series is evaluated on the same prompts and ref
 
 from __future__ import annotations
 
+import math
+
 from orchestrator.core.errors import InputError
 from remote_payload.metrics.sample_rounds import rounds_from_entry
 from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci, mean
@@ -41,8 +43,26 @@ def _rows(samples: list[dict], drafter: str, positions: int) -> list[list[float]
     return rows
 
 
+def _number(value: object, what: str, drafter: str) -> float | None:
+    """A headline value as the series stores, compares and prints it: a finite number, or None."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        return value
+    raise InputError(f"results.json: {what} of drafter {drafter!r} is {value!r:.40}, not a number")
+
+
 def measure(results: dict, samples: list[dict], drafter: str) -> dict:
-    """τ macro, τ micro, DDTree-k and p1..p4 of ``drafter`` with their bootstrap CIs."""
+    """τ macro, τ micro, DDTree-k and p1..p4 of ``drafter`` with their bootstrap CIs.
+
+    The run's files came from the eval host: a shape this code does not read is an InputError (the
+    watcher records the checkpoint as failed), never a traceback that a restarted watcher would repeat."""
+    try:
+        return _measure(results, samples, drafter)
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+        raise InputError(f"results.json / samples.jsonl: unexpected content for drafter {drafter!r} "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def _measure(results: dict, samples: list[dict], drafter: str) -> dict:
     d = (results.get("drafters") or {}).get(drafter)
     if d is None:
         raise InputError(f"results.json has no drafter {drafter!r} (has: {', '.join(results.get('drafters') or {})})")
@@ -66,7 +86,7 @@ def measure(results: dict, samples: list[dict], drafter: str) -> dict:
 
     def value(v, name):
         ci = cis.get(name)
-        return {"value": v, "ci": [round(ci[0], 4), round(ci[1], 4)] if ci else None}
+        return {"value": _number(v, name, drafter), "ci": [round(ci[0], 4), round(ci[1], 4)] if ci else None}
 
     return {
         "samples": m.get("samples"), "rounds": m.get("rounds"),
@@ -80,7 +100,10 @@ def measure(results: dict, samples: list[dict], drafter: str) -> dict:
 def per_sample_tau(samples: list[dict], drafter: str) -> dict[str, float]:
     out = {}
     for line in samples:
-        tau = ((line.get("drafters") or {}).get(drafter) or {}).get("tau")
+        try:
+            tau = _number(((line.get("drafters") or {}).get(drafter) or {}).get("tau"), "a sample's tau", drafter)
+        except (AttributeError, TypeError) as exc:
+            raise InputError(f"samples.jsonl: unexpected content for drafter {drafter!r} ({exc})") from None
         if tau is not None:
             out[str(line.get("id", line.get("index")))] = float(tau)
     return out

@@ -44,6 +44,24 @@ def test_measure_rejects_a_truncated_record_naming_the_sample():
         measure(series_data.results("ck", series_data.samples("ck", 0.6, n=3)), lines, "ck")
 
 
+@pytest.mark.parametrize("tamper", [
+    lambda r, s: r["drafters"]["ck"]["metrics"].update(tau_macro="9.9"),   # a string printed with :.2f
+    lambda r, s: r["drafters"]["ck"].update(metrics=[1]),
+    lambda r, s: r["drafters"]["ck"]["metrics"].update(per_position=[{"p": 0.5}]),
+    lambda r, s: s[0]["drafters"]["ck"].update(tau="high"),
+    lambda r, s: s[0].update(drafters=["ck"]),
+])
+def test_measure_turns_results_it_cannot_read_into_an_input_error(tamper):
+    # The run's files come from the eval host: a traceback here crashed the watcher, and the restarted one
+    # reattached to the same run and crashed again.
+    lines = series_data.samples("ck", 0.6, n=3)
+    results = series_data.results("ck", lines)
+    tamper(results, lines)
+    with pytest.raises(InputError, match="drafter 'ck'"):
+        measure(results, lines, "ck")
+        per_sample_tau(lines, "ck")
+
+
 def test_verdicts_up_flat_down_and_plateau():
     weak, strong = series_data.samples("a", 0.3), series_data.samples("b", 0.8)
     tw, ts = per_sample_tau(weak, "a"), per_sample_tau(strong, "b")
