@@ -40,6 +40,10 @@ _HINT = ("dfo's host script does not answer like that: treat the host as comprom
 _MISSING = object()
 
 
+def _is(pattern: re.Pattern, value: Any) -> bool:
+    return isinstance(value, str) and pattern.fullmatch(value) is not None
+
+
 class _Fields:
     """One object of a reply; each read names the host, the reply and the field when the value is wrong."""
 
@@ -66,9 +70,13 @@ class _Fields:
         value = self._get(key, optional)
         if value is None and optional:
             return None
-        if not isinstance(value, str) or not pattern.match(value):
+        if not _is(pattern, value):
             raise self.bad(self.where + key, value, expected)
         return value
+
+    def texts(self, keys: tuple[str, ...]) -> dict[str, str]:
+        """{key: one line of text} for every one of KEYS (other keys are dropped)."""
+        return {key: self.text(key) for key in keys}
 
     def flag(self, key: str) -> bool:
         value = self._get(key, False)
@@ -92,7 +100,7 @@ class _Fields:
 
     def lines(self, key: str) -> tuple[str, ...]:
         value = self._get(key, False)
-        if not isinstance(value, list) or not all(isinstance(v, str) and _LINE_RE.match(v) for v in value):
+        if not isinstance(value, list) or not all(_is(_LINE_RE, v) for v in value):
             raise self.bad(self.where + key, value, "a list of lines")
         return tuple(value)
 
@@ -100,7 +108,7 @@ class _Fields:
         """{distribution: version or None}: what the host read from the venv's metadata."""
         value = self._get(key, False)
         if not isinstance(value, dict) or not all(
-                isinstance(k, str) and _DIST_RE.match(k) and (v is None or isinstance(v, str) and _VERSION_RE.match(v))
+                _is(_DIST_RE, k) and (v is None or _is(_VERSION_RE, v))
                 for k, v in value.items()):
             raise self.bad(self.where + key, value, "distribution names mapped to versions or null")
         return dict(value)
@@ -128,15 +136,14 @@ class PythonFacts:
         f = _Fields(host, reply, obj, where)
         if not f.flag("found"):
             return cls(False, error=f.text("error", _TEXT_RE, "text", optional=True) or "")
-        markers = f.sub("markers")
-        return cls(
+        return cls(  # read in this order: the first wrong field is the one named
             True, path=f.text("path", _PATH_RE, "an absolute path"),
             version=f.text("version", _PYTHON_VERSION_RE, "a Python version like 3.11.2"),
             implementation=f.text("implementation", _IMPLEMENTATION_RE, "lower-case letters, like cp"),
             abi=f.text("abi", _ABI_RE, "an ABI tag like cp311"),
             machine=f.text("machine", _MACHINE_RE, "letters, digits and '_', like x86_64"),
             glibc=f.text("glibc", _GLIBC_RE, "a glibc version like 2.36, or null", optional=True),
-            markers={key: markers.text(key, _LINE_RE, "one line of text") for key in MARKER_KEYS},
+            markers=f.sub("markers").texts(MARKER_KEYS),
         )
 
     @property

@@ -316,8 +316,9 @@ def _trusted_files(path: Path, manifest: object, lock: Lock, target: Target) -> 
     files: dict[str, dict] = {}
     for name, meta in manifest["files"].items():
         sha, size = (meta.get("sha256"), meta.get("size")) if isinstance(meta, dict) else (None, None)
-        if not (isinstance(name, str) and _WHEEL_RE.match(name) and isinstance(sha, str) and _SHA256_RE.match(sha)
-                and isinstance(size, int) and not isinstance(size, bool)):
+        wheel = isinstance(name, str) and _WHEEL_RE.fullmatch(name) is not None
+        if not (wheel and isinstance(sha, str) and _SHA256_RE.fullmatch(sha) and isinstance(size, int)
+                and not isinstance(size, bool)):
             return None, f"{MANIFEST} lists {name!r:.80} with {meta!r:.80}: not a wheel name, sha256 and size"
         if sha not in pinned:
             return None, f"{name} has a sha256 the lock does not pin"
