@@ -22,8 +22,9 @@ _CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069
 # Lone surrogates (JSON's "\ud800" decodes to one): no encoder writes them, printing one raises.
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _UNCLEAN_RE = re.compile(f"{_CONTROL_RE.pattern}|{_SURROGATE_RE.pattern}")
-# Characters that make Markdown syntax inline: escapes, code, links/images, table cells. HTML is done apart.
-_MD_PUNCT_RE = re.compile(r"([\\`\[\]|])")
+# Characters that start Markdown syntax inline: escapes, code spans, links/images/references (all open with
+# '['), table cells. HTML is written as entities instead.
+_MD_PUNCT_RE = re.compile(r"([\\`\[|])")
 _BACKTICKS_RE = re.compile("`+")
 
 
@@ -47,8 +48,8 @@ def one_line(text: object) -> str:
 def md_text(text: object) -> str:
     """TEXT as one line of inline Markdown that shows as itself, in a paragraph, a list item or a table cell.
 
-    HTML is written as entities; backslash, backticks, brackets and '|' are backslash-escaped, so no tag,
-    link, image, code span or extra cell can start. Emphasis characters are left: they change only the look.
+    HTML is written as entities; backslash, backticks, '[' and '|' are backslash-escaped, so no tag, link,
+    image, code span or extra cell can start. Emphasis characters are left: they change only the look.
     """
     s = one_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MD_PUNCT_RE.sub(r"\\\1", s)
