@@ -53,9 +53,10 @@ def tolerance_text(agreement: dict) -> str:
 def engine_rows(results: dict) -> list[dict]:
     """One row per drafter that ran in the engine (or failed there: ``error``)."""
     rows = []
-    for name, d in (results.get("drafters") or {}).items():
-        e = d.get("engine")
-        if not e:
+    drafters = results.get("drafters")
+    for name, d in (drafters if isinstance(drafters, dict) else {}).items():
+        e = d.get("engine") if isinstance(d, dict) else None
+        if not e or not isinstance(e, dict):  # the host wrote results.json: an engine block may be any JSON
             continue
         if e.get("error"):
             rows.append({"drafter": name, "error": e["error"]})
@@ -87,7 +88,7 @@ def engine_rows(results: dict) -> list[dict]:
 
 def engine_markdown(results: dict) -> list[str]:
     """``## Engine`` section lines for report.md (empty without an engine block)."""
-    run = results.get("engine")
+    run = results.get("engine") if isinstance(results.get("engine"), dict) else None
     rows = engine_rows(results)
     if not run and not rows:
         return []
