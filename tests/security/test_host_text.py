@@ -217,6 +217,8 @@ def test_malformed_figures_show_as_question_marks_not_tracebacks(tmp_path):
     m["conventions"]["zlab"] = {"available": False, "reason": ["not", "text"]}
     m["conventions"]["vllm"] = "not an object"
     results["drafters"]["d"]["timings"] = {"eval_s": 10**400}
+    results["drafters"]["d"]["engine"] = "not an object"
+    results["drafters"]["x"] = ["not", "an", "object"]
     results["comparison"] = {"confidence": "95%", "pairs": [{"a": 1, "samples": {}, "verdict": 3,
                                                              "tau_macro": {"delta": "big", "ci": "wide"}}, "junk"]}
     results["warnings"] = "one string, not a list"
