@@ -23,6 +23,7 @@ from cli_runner import dfo
 from hostile import HostileHost
 from markdown_it import MarkdownIt
 
+import orchestrator
 from orchestrator.core.host_text import clean, md_code, md_fence, md_text
 from orchestrator.core.inventory import load_inventory
 from orchestrator.evaluation.report import write_report
@@ -89,6 +90,14 @@ def test_markdown_helpers_keep_host_text_inert():
     html = md.render("\n".join(fence) + "\n\nafter\n")
     assert html.count("<pre>") == 1 and "<h1>" not in html and "still inside" in html.split("</pre>")[0]
     assert md.render(md_code("a `` b")) == "<p><code>a `` b</code></p>\n"
+
+
+def test_every_console_dfo_creates_is_the_one_that_strips_control_characters():
+    root = Path(orchestrator.__file__).parent
+    plain = [f"{path.relative_to(root)}:{number}" for path in sorted(root.rglob("*.py"))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bConsole\(", line)]
+    assert plain == [], "create consoles with orchestrator.ui.safe_console.SafeConsole"
 
 
 # ------------------------------------------------------------------------------------ run folders
