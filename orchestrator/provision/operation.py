@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.core.errors import HostError, InputError, OperationError
+from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.events import Events, QuietEvents
 from orchestrator.core.inventory import Host
 from orchestrator.core.units import human_bytes
@@ -164,8 +164,8 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
         return 0
     odd = [n for n in files if "/" in n or n in (".", "..") or not n or "\x00" in n]
     if odd or not all(os.path.isfile(p) for p, _sha in files.values()):
-        raise OperationError(f"{name}: refusing to upload {odd or sorted(files)!r:.200}: only regular files, "
-                             "each under a plain file name, are uploaded")
+        raise HostError(name, f"refusing to upload {odd or sorted(files)!r:.200}: only regular files, each under "
+                        "a plain file name, are uploaded")
     session = connector.session(name)
     staging = posixpath.join(remote_dir, f".incoming-{uuid.uuid4().hex[:10]}")
     total = sum(p.stat().st_size for p, _ in files.values())

@@ -26,7 +26,8 @@ _DIST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")          # a distri
 _STEP_RE = re.compile(r"^[a-z][a-z ]{0,63}$")                          # "uv pip sync", "engine import check"
 _LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4096}$")                   # one line, no control characters
 _PATH_RE = re.compile(r"^/[^\x00-\x1f\x7f]{0,4095}$")                   # an absolute path on the host
-_TEXT_RE = re.compile(r"^[^\x00-\x08\x0b-\x1f\x7f]{0,65536}$", re.S)  # lines (newlines and tabs kept)
+_NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}$")                    # a path or a command, one line
+_TEXT_RE = re.compile(r".{0,65536}", re.S)  # a tool's own words (shown as host text, not read by dfo)
 
 # The PEP 508 environment the host script reports (PYTHON_FACTS): all of it, as lock markers may use any.
 MARKER_KEYS = ("implementation_name", "implementation_version", "os_name", "platform_machine", "platform_release",
@@ -60,7 +61,7 @@ class _Fields:
 
     def _get(self, key: str, optional: bool) -> Any:
         value = self.obj.get(key, _MISSING)
-        return None if optional and value in (None, _MISSING) else value
+        return None if optional and (value is None or value is _MISSING) else value
 
     def sub(self, key: str) -> _Fields:
         return _Fields(self.host, self.reply, self._get(key, False), f"{self.where}{key}.")
@@ -98,18 +99,11 @@ class _Fields:
             raise self.bad(self.where + key, value, "a number of seconds")
         return float(value)
 
-    def lines(self, key: str) -> tuple[str, ...]:
-        value = self._get(key, False)
-        if not isinstance(value, list) or not all(_is(_LINE_RE, v) for v in value):
-            raise self.bad(self.where + key, value, "a list of lines")
-        return tuple(value)
-
     def packages(self, key: str) -> dict[str, str | None]:
         """{distribution: version or None}: what the host read from the venv's metadata."""
         value = self._get(key, False)
-        if not isinstance(value, dict) or not all(
-                _is(_DIST_RE, k) and (v is None or _is(_VERSION_RE, v))
-                for k, v in value.items()):
+        if not isinstance(value, dict) or not all(_is(_DIST_RE, k) and (v is None or _is(_VERSION_RE, v))
+                                                  for k, v in value.items()):
             raise self.bad(self.where + key, value, "distribution names mapped to versions or null")
         return dict(value)
 
@@ -123,7 +117,7 @@ class PythonFacts:
 
     found: bool
     error: str = ""
-    path: str = ""                   # the interpreter as the host resolved it (absolute)
+    path: str = ""                   # the interpreter as the host resolved it (the inventory's may be relative)
     version: str = ""                # "3.11.2"
     implementation: str = ""         # "cp"
     abi: str = ""                    # "cp311"
@@ -137,7 +131,7 @@ class PythonFacts:
         if not f.flag("found"):
             return cls(False, error=f.text("error", _TEXT_RE, "text", optional=True) or "")
         return cls(  # read in this order: the first wrong field is the one named
-            True, path=f.text("path", _PATH_RE, "an absolute path"),
+            True, path=f.text("path", _NAME_RE, "a path"),
             version=f.text("version", _PYTHON_VERSION_RE, "a Python version like 3.11.2"),
             implementation=f.text("implementation", _IMPLEMENTATION_RE, "lower-case letters, like cp"),
             abi=f.text("abi", _ABI_RE, "an ABI tag like cp311"),

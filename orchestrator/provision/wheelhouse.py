@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.core.confine import check_component, confine
-from orchestrator.core.errors import InputError, OperationError
+from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.hashing import sha256_file
 
 PAYLOAD_DIR = Path(__file__).resolve().parents[2] / "remote_payload"
@@ -236,13 +236,13 @@ class Wheelhouse:
         for name in names:
             meta = self.files.get(name)
             if meta is None:
-                raise OperationError(f"{host}: {name!r} is not a wheel of {self.path}")
+                raise HostError(host, f"refused to upload {name!r:.200}: not a wheel of {self.path}")
             path = confine(self.path, name, host=host, what="wheel name")
             st = os.lstat(path)
             if not stat.S_ISREG(st.st_mode) or st.st_size != meta["size"] or sha256_file(path) != meta["sha256"]:
-                raise OperationError(f"{host}: {path} is not the wheel the wheelhouse's manifest lists (changed "
-                                     "since it was built?); nothing was uploaded",
-                                     hint=f"remove {self.path} and run dfo provision again: it is rebuilt")
+                raise HostError(host, f"{path} is not the wheel the wheelhouse's manifest lists (changed since it "
+                                "was built?); nothing was uploaded",
+                                hint=f"remove {self.path} and run dfo provision again: it is rebuilt")
             out[name] = (path, meta["sha256"])
         return out
 
@@ -329,8 +329,9 @@ def _trusted_files(path: Path, manifest: object, lock: Lock, target: Target) -> 
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return None, f"{name} is not a regular file of {size} bytes"
         files[name] = {"sha256": sha, "size": size}
-    if _missing(selected, files):
-        return None, f"it lacks {', '.join(_missing(selected, files))}"
+    missing = _missing(selected, files)
+    if missing:
+        return None, f"it lacks {', '.join(missing)}"
     return files, ""
 
 

@@ -295,8 +295,8 @@ def test_cli_malformed_probe_replies_are_clear_errors(sandbox, tmp_path, stateme
     ("sync", "ok['packages'] = ['torch']", "malformed reply to sync: packages is ['torch']", {}),
     ("sync", "ok['seconds'] = 'fast'", "malformed reply to sync: seconds is 'fast'", {}),
     ("sync", "ok['ok'] = 'yes'", "malformed reply to sync: ok is 'yes'", {}),
-    ("interpreter_facts", "ok = {'found': True, 'path': 'python3.99'}",
-     "malformed reply to interpreter_facts: path is 'python3.99'", {"engine": "vllm"}),
+    ("interpreter_facts", "ok = {'found': True, 'path': '/usr/bin/python3.99', 'version': '3.99'}",
+     "malformed reply to interpreter_facts: version is '3.99'", {"engine": "vllm"}),
 ])
 def test_malformed_replies_after_the_probe_are_clear_errors(sandbox, tmp_path, wheels, func, statement, field,
                                                             options):
