@@ -383,10 +383,11 @@ def build_wheelhouse(lock: Lock, target: Target, *, root: Path | None = None, ho
             files = {}
             for wheel in sorted(wheels.iterdir()):
                 files[wheel.name] = {"sha256": sha256_file(wheel), "size": wheel.stat().st_size}
-            _check_complete(selected, files, lock)
-            (wheels / MANIFEST).write_text(json.dumps(
-                {"lock": lock.name, "lock_sha256": lock.sha256, "target": target.label, "files": files},
-                indent=1, sort_keys=True))
+            manifest = {"lock": lock.name, "lock_sha256": lock.sha256, "target": target.label, "files": files}
+            _, problem = _trusted_files(wheels, manifest, lock, target)  # what a later run would refuse to use
+            if problem:
+                raise OperationError(f"the wheelhouse pip downloaded for {lock.path} is not usable: {problem}")
+            (wheels / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
             publish_dir(wheels, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -421,12 +422,6 @@ def _missing(selected: list[LockedRequirement], files: dict[str, dict]) -> list[
     """The requirements none of FILES satisfies (by the lock's hashes)."""
     by_hash = {f"sha256:{meta['sha256']}" for meta in files.values()}
     return [r.name for r in selected if not any(h in by_hash for h in r.hashes)]
-
-
-def _check_complete(selected: list[LockedRequirement], files: dict[str, dict], lock: Lock) -> None:
-    missing = _missing(selected, files)
-    if missing:
-        raise OperationError(f"the wheelhouse for {lock.path} lacks {', '.join(missing)} after pip download")
 
 
 # --------------------------------------------------------------------------- lock generation
