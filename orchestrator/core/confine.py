@@ -16,7 +16,7 @@ from pathlib import Path
 from orchestrator.core.errors import HostError
 
 # A single file-name component that is also safe in a shell word, a lock name and a directory name.
-_COMPONENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_COMPONENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: "$" would let a trailing newline in
 
 
 def name_problem(rel: object) -> str | None:
@@ -62,11 +62,8 @@ def confine(root: str | os.PathLike, rel: object, *, host: str, what: str = "fil
 
 def check_component(value: object, *, host: str, what: str) -> str:
     """``value`` when it is one plain name component (letters, digits, '.', '_', '-'); a HostError otherwise."""
-    if not isinstance(value, str) or not _COMPONENT_RE.match(value) or value in (".", ".."):
+    if not isinstance(value, str) or not _COMPONENT_RE.fullmatch(value) or value in (".", ".."):
         raise HostError(host, f"refused {what} {value!r} from the host: expected letters, digits, '.', '_' or '-'",
                         hint="a host answered a malformed name; treat that host as compromised")
     return value
 
-
-def is_component(value: object) -> bool:
-    return isinstance(value, str) and bool(_COMPONENT_RE.match(value)) and value not in (".", "..")

@@ -24,12 +24,12 @@ from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 from orchestrator.core.errors import InputError
 
 DEFAULT_INVENTORY = "inventory.yaml"
-HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 # What may reach ssh as a destination, a HostName or a user: never a leading '-' (it would be read as an
 # option: `-oProxyCommand=…` runs a local command), no spaces, quotes or shell characters.
-ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\[?[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]?)$")
-USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\[?[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]?)\Z")
+USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _port(value: Any) -> Any:

@@ -19,7 +19,7 @@ from orchestrator.relay.plan import strip_dir_name
 
 TRAINING_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 ENGINES = ("vllm",)  # serving engines the payload can start on the eval host
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 RELAY_SUBDIR = "dfo-relayed"
 
 

@@ -125,7 +125,7 @@ def parse_job_ref(ref: str, host: str | None = None) -> tuple[str | None, str]:
     return host, ref
 
 
-LOCK_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LOCK_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 def check_lock_name(lock: str | None) -> None:

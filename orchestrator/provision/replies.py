@@ -16,17 +16,17 @@ from typing import Any
 from orchestrator.core.errors import HostError
 from orchestrator.provision.wheelhouse import Target
 
-_MACHINE_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")                    # x86_64, aarch64, ppc64le, s390x
-_IMPLEMENTATION_RE = re.compile(r"^[a-z]{1,16}$")                     # cp, pp, graalpy
-_ABI_RE = re.compile(r"^[a-z]{1,16}[0-9]{2,4}t?$")                    # cp311, cp313t
-_PYTHON_VERSION_RE = re.compile(r"^[0-9]{1,2}\.[0-9]{1,3}\.[0-9]{1,3}(?:(?:a|b|rc)[0-9]{1,3})?\+?$")
-_GLIBC_RE = re.compile(r"^[0-9]{1,2}\.[0-9]{1,3}$")                    # 2.36
-_VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]{0,63}$")            # uv 0.13.9, torch 2.13.0+cpu
-_DIST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")          # a distribution name
-_STEP_RE = re.compile(r"^[a-z][a-z ]{0,63}$")                          # "uv pip sync", "engine import check"
-_LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4096}$")                   # one line, no control characters
-_PATH_RE = re.compile(r"^/[^\x00-\x1f\x7f]{0,4095}$")                   # an absolute path on the host
-_NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}$")                    # a path or a command, one line
+_MACHINE_RE = re.compile(r"^[A-Za-z0-9_]{1,32}\Z")                    # x86_64, aarch64, ppc64le, s390x
+_IMPLEMENTATION_RE = re.compile(r"^[a-z]{1,16}\Z")                     # cp, pp, graalpy
+_ABI_RE = re.compile(r"^[a-z]{1,16}[0-9]{2,4}t?\Z")                    # cp311, cp313t
+_PYTHON_VERSION_RE = re.compile(r"^[0-9]{1,2}\.[0-9]{1,3}\.[0-9]{1,3}(?:(?:a|b|rc)[0-9]{1,3})?\+?\Z")
+_GLIBC_RE = re.compile(r"^[0-9]{1,2}\.[0-9]{1,3}\Z")                    # 2.36
+_VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]{0,63}\Z")            # uv 0.13.9, torch 2.13.0+cpu
+_DIST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")          # a distribution name
+_STEP_RE = re.compile(r"^[a-z][a-z ]{0,63}\Z")                          # "uv pip sync", "engine import check"
+_LINE_RE = re.compile(r"^[^\x00-\x1f\x7f]{0,4096}\Z")                   # one line, no control characters
+_PATH_RE = re.compile(r"^/[^\x00-\x1f\x7f]{0,4095}\Z")                   # an absolute path on the host
+_NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]{1,4096}\Z")                    # a path or a command, one line
 _TEXT_RE = re.compile(r".{0,65536}", re.S)  # a tool's own words (shown as host text, not read by dfo)
 
 # The PEP 508 environment the host script reports (PYTHON_FACTS): all of it, as lock markers may use any.
@@ -200,7 +200,7 @@ class ProbeFacts:
         found = []
         for i, entry in enumerate(uv):
             e = _Fields(host, "probe", entry, f"uv[{i}].")
-            found.append(UvFound(source=e.text("source", re.compile(r"^(dfo|host)$"), "'dfo' or 'host'"),
+            found.append(UvFound(source=e.text("source", re.compile(r"^(dfo|host)\Z"), "'dfo' or 'host'"),
                                  path=e.text("path", _PATH_RE, "an absolute path"),
                                  version=e.text("version", _VERSION_RE, "a version, or null", optional=True)))
         venv = f.sub("venv")

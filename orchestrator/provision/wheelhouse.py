@@ -42,8 +42,8 @@ from orchestrator.core.hashing import sha256_file
 
 PAYLOAD_DIR = Path(__file__).resolve().parents[2] / "remote_payload"
 MANIFEST = "MANIFEST.json"
-_WHEEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]{0,250}\.whl$")  # a wheel's file name, nothing else
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_WHEEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]{0,250}\.whl\Z")  # a wheel's file name, nothing else
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _BUILD_LOCK = threading.Lock()
 
 try:  # `packaging` comes with pip, which the wheelhouse needs anyway
@@ -109,8 +109,8 @@ class Lock:
 
 
 _REQ_RE = re.compile(
-    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>[^\s;]+)\s*(?:;(?P<marker>.*))?$")
-_HEADER_RE = re.compile(r"^#\s*dfo-(?P<key>[a-z0-9-]+):\s*(?P<value>.*?)\s*$")
+    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>[^\s;]+)\s*(?:;(?P<marker>.*))?\Z")
+_HEADER_RE = re.compile(r"^#\s*dfo-(?P<key>[a-z0-9-]+):\s*(?P<value>.*?)\s*\Z")
 
 
 def canonical_name(name: str) -> str:

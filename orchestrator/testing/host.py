@@ -14,7 +14,7 @@ from orchestrator.testing.errors import SandboxError
 DEFAULT_HOSTS: dict[str, list[str]] = {"kpro6": ["train"], "ct129": ["eval"]}
 # On top of the inventory's rule a sandbox host's name becomes its hostname (own UTS namespace), and
 # `hostname` refuses '_', a label that starts or ends with '-', and empty labels.
-_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
+_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\Z")
 HOST_NAME_MAX = 31  # keeps namespace names and log lines short; far below Linux's 64 for a hostname
 
 

@@ -53,7 +53,7 @@ def quote_conf(value: object) -> str:
     return f'"{s}"' if re.search(r'\s', s) else s
 
 
-_YAML_PLAIN = re.compile(r"^[A-Za-z0-9/_][A-Za-z0-9/_.+@-]*$")
+_YAML_PLAIN = re.compile(r"^[A-Za-z0-9/_][A-Za-z0-9/_.+@-]*\Z")
 _YAML_RESERVED = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
 
 

@@ -24,7 +24,7 @@ from orchestrator.evaluation.runs import write_json_atomic
 from orchestrator.watch.discovery import Checkpoint
 
 SCHEMA = "dfo.series/1"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 STATUSES = ("relaying", "evaluating", "done", "failed")
 
 

@@ -53,7 +53,7 @@ def test_sibling_prefix_is_not_inside(tmp_path):
         _host_confine()(str(tmp_path / "root"), "l/f")
 
 
-@pytest.mark.parametrize("value", ["../x", "/abs", "a/b", "", "-rf", ".", "..", "a b", "x\x00", 7])
+@pytest.mark.parametrize("value", ["../x", "/abs", "a/b", "", "-rf", ".", "..", "a b", "x\x00", 7, "abc\n"])
 def test_component_check(value):
     with pytest.raises(HostError, match="refused job id"):
         check_component(value, host="h", what="job id")
