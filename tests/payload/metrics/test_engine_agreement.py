@@ -1,8 +1,8 @@
 """Engine vs offline acceptance (metrics.engine_agreement) on hand-built rounds and counters.
 
 The rule's two sides: near-tie flips (the null model of the module docstring, simulated) are accepted at the
-stated false-alarm rate, and a real shift in acceptance is rejected, at the sizes the engine tests and the
-demo use (4 prompts x 64 tokens ~ 45 rounds, 12 prompts x 96 tokens ~ 200 rounds).
+stated false-alarm rate, and a real shift in acceptance is rejected, at issue 26's size (4 prompts x 64
+tokens, ~45 rounds) and the engine tests' (12 prompts x 96 tokens, ~200 rounds).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def _trial(rng: random.Random, samples: int, tokens: int, *, flip_at_start=False
     return compare([str(i) for i in range(samples)], [sample_counts(e, P) for e in engine], offline, P)
 
 
-SIZES = {"e2e (4 x 64)": (4, 62), "engine test (12 x 96)": (12, 90)}
+SIZES = {"4 x 64 (issue 26)": (4, 62), "12 x 96 (engine tests)": (12, 90)}  # prompts, tokens per prompt
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -223,8 +223,8 @@ def test_near_tie_flips_raise_false_alarms_at_most_at_the_stated_rate(size):
 
 
 @pytest.mark.parametrize(("size", "scale", "detected"), [
-    ("e2e (4 x 64)", 0.8, 0.9),  # τ ~2.3 lower: caught in 4 prompts
-    ("engine test (12 x 96)", 0.9, 0.95),  # τ ~1.35 lower: caught in 12
+    ("4 x 64 (issue 26)", 0.8, 0.9),  # τ ~2.3 lower: caught in 4 prompts
+    ("12 x 96 (engine tests)", 0.9, 0.95),  # τ ~1.35 lower: caught in 12
 ])
 def test_a_real_shift_in_acceptance_is_rejected(size, scale, detected):
     samples, tokens = SIZES[size]
