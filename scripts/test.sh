@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-# Caches kept between runs on one machine (CI included): the test wheelhouse, the fla and vLLM test venvs
-# and the tiny fixture models. Each is rebuilt when missing or when what built it changed.
+# Caches kept between runs on one machine: the test wheelhouse, the fla and vLLM test venvs and the tiny
+# fixture models. Each is rebuilt when missing or when what built it changed. Values set before are kept
+# (.ci/run sets empty ones for each CI run).
 export DFO_TEST_CACHE="${DFO_TEST_CACHE:-$HOME/.cache/dfo-test}"
 export DFO_FIXTURE_CACHE="${DFO_FIXTURE_CACHE:-$DFO_TEST_CACHE/fixtures}"
 if [ $# -eq 0 ]; then
