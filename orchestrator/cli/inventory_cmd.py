@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -47,19 +48,19 @@ def check(
             table.add_column(col)
         for name, f in facts.items():
             if not f.reachable:
-                table.add_row(name, "[red]no[/]", "", "", "", "", "")
+                table.add_row(name, Text("no", style="red"), "", "", "", "", "")
                 continue
             table.add_row(
-                name, "[green]yes[/]", f.auth, f.python or "[red]missing[/]",
-                escape("\n".join(f.gpus) if f.gpus else "none"), _disk_summary(inv.hosts[name], f.free_disk),
+                name, Text("yes", style="green"), Text(f.auth), Text(f.python) if f.python else Text("missing", style="red"),
+                Text("\n".join(f.gpus) if f.gpus else "none"), _disk_summary(inv.hosts[name], f.free_disk),
                 f"{f.latency_ms:.0f} ms",
             )
         app_ctx.out.print(table)
         for name, f in facts.items():
             if not f.reachable:
-                app_ctx.out.print(f"[red]{escape(name)}[/]: {escape(f.error or 'unreachable')}")
+                app_ctx.out.print(Text.assemble((name, "red"), f": {f.error or 'unreachable'}"))
                 if f.hint:
-                    app_ctx.out.print(f"  [dim]hint: {escape(f.hint)}[/]")
+                    app_ctx.out.print(Text(f"  hint: {f.hint}", style="dim"))
     if not all(f.reachable for f in facts.values()):
         raise typer.Exit(1)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
@@ -65,7 +65,7 @@ def provision_cmd(
         plans = []
         for n, o in outcomes.items():
             if not o.ok:
-                table.add_row(n, "[red]failed[/]", "", "", escape(o.error.message.removeprefix(f"{n}: ")))
+                table.add_row(n, Text("failed", style="red"), "", "", Text(o.error.message.removeprefix(f"{n}: ")))
                 continue
             r = o.value
             mode = "offline" if r.offline else "online" if r.offline is False else ""
@@ -82,18 +82,18 @@ def provision_cmd(
                 detail = f"{r.engine} {version}; {detail}"
             flavour = r.flavour + (f" ({r.torch_backend})" if r.torch_backend and r.torch_backend != r.flavour else "")
             style = {"up-to-date": "green", "installed": "green"}.get(r.status, "cyan")
-            table.add_row(n, f"[{style}]{r.status}[/]", flavour, r.packages.get("torch") or "", escape(detail))
+            table.add_row(n, Text(r.status, style=style), Text(flavour), Text(r.packages.get("torch") or ""), Text(detail))
         app_ctx.out.print(table)
         for n, r in plans:
-            app_ctx.out.print(f"{escape(n)}: would, in {escape(r.venv)} ({'offline' if r.offline else 'online'}):")
+            app_ctx.out.print(Text(f"{n}: would, in {r.venv} ({'offline' if r.offline else 'online'}):"))
             for step in r.steps:
-                app_ctx.out.print(f"  - {escape(step)}")
+                app_ctx.out.print(Text(f"  - {step}"))
         for n, o in outcomes.items():
             if o.ok and o.value.status != "would-install":
-                app_ctx.out.print(f"{escape(n)}: python {escape(o.value.python)}", highlight=False)
+                app_ctx.out.print(Text(f"{n}: python {o.value.python}"), highlight=False)
         for o in failed:
             if o.error.hint:
-                app_ctx.err.print(f"[dim]{escape(o.host)}: hint: {escape(o.error.hint)}[/]")
+                app_ctx.err.print(Text(f"{o.host}: hint: {o.error.hint}", style="dim"))
     if failed:
         raise typer.Exit(1)
 

@@ -6,7 +6,7 @@ the vllm τ (micro) of both runs ride along where the runs have them.
 
 from __future__ import annotations
 
-from orchestrator.evaluation.report import HEADLINE, SHOWN, convention_figure, digest_value
+from orchestrator.evaluation.report import HEADLINE, SHOWN, _obj, _real, convention_figure, digest_value
 from orchestrator.evaluation.runs import Run
 from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
 
@@ -17,15 +17,25 @@ _SETTINGS = ("enable_thinking", "max_new_tokens", "dtype", "prompts")
 def _per_sample_tau(samples: list[dict], drafter: str, convention: str = HEADLINE) -> dict[str, float]:
     out = {}
     for s in samples:
-        entry = (s.get("drafters") or {}).get(drafter, {})
+        entry = _obj(_obj(_obj(s).get("drafters")).get(drafter))
         if convention == HEADLINE:
-            tau = entry.get("tau")
+            tau = _real(entry.get("tau"))
         else:
-            produced = ((entry.get("conventions") or {}).get(convention) or {}).get("produced")
-            tau = sum(produced) / len(produced) if produced else None
+            produced = _obj(_obj(entry.get("conventions")).get(convention)).get("produced")
+            values = [_real(x) for x in produced] if isinstance(produced, list) else []
+            tau = sum(values) / len(values) if values and None not in values else None  # type: ignore[arg-type]
         if tau is not None:
             out[str(s.get("id"))] = tau
     return out
+
+
+def _drafters(results: dict) -> dict[str, dict]:
+    """A run's drafters whose entries are objects (results.json came from a host: any shape is possible)."""
+    return {str(n): d for n, d in _obj(results.get("drafters")).items() if isinstance(d, dict)}
+
+
+def _metrics(results: dict, name: str) -> dict:
+    return _obj(_drafters(results).get(name, {}).get("metrics"))
 
 
 def _paired(per_a: dict[str, float], per_b: dict[str, float]) -> dict:
@@ -40,8 +50,8 @@ def _conventions(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str) 
     """zlab and vllm figures of both runs ({"a", "b"}, each None when missing) and zlab's paired Δ."""
     out = {}
     for conv, key in SHOWN.items():
-        fa = convention_figure(ra["drafters"][name].get("metrics") or {}, conv)
-        fb = convention_figure(rb["drafters"][name].get("metrics") or {}, conv)
+        fa = convention_figure(_metrics(ra, name), conv)
+        fb = convention_figure(_metrics(rb, name), conv)
         out[conv] = {"figure": key, "a": fa["value"], "b": fb["value"], "exact": [fa["exact"], fb["exact"]],
                      "unavailable": [fa["reason"], fb["reason"]]}
         if key == "tau_macro" and fa["value"] is not None and fb["value"] is not None:
@@ -54,28 +64,28 @@ def compare_runs(a: Run, b: Run) -> dict:
     sa, sb = a.samples(), b.samples()
     notes = []
     for key in _SETTINGS:
-        va, vb = (ra.get("settings") or {}).get(key), (rb.get("settings") or {}).get(key)
+        va, vb = _obj(ra.get("settings")).get(key), _obj(rb.get("settings")).get(key)
         if va != vb:
             notes.append(f"settings differ: {key} = {va!r} in A, {vb!r} in B")
-    ta, tb = ra.get("target") or {}, rb.get("target") or {}
+    ta, tb = _obj(ra.get("target")), _obj(rb.get("target"))
     da, db = digest_value(ta.get("weights_digest")), digest_value(tb.get("weights_digest"))
     if da and db and da != db:
         notes.append("the targets differ (weights digests differ)")
-    ka, kb = (ra.get("extraction") or {}).get("kernel_path"), (rb.get("extraction") or {}).get("kernel_path")
+    ka, kb = _obj(ra.get("extraction")).get("kernel_path"), _obj(rb.get("extraction")).get("kernel_path")
     if ka != kb:
         notes.append(f"features came from different linear-attention kernels: {ka} in A, {kb} in B")
     rows = []
-    names_a, names_b = list(ra.get("drafters") or {}), list(rb.get("drafters") or {})
+    names_a, names_b = list(_drafters(ra)), list(_drafters(rb))
     for name in names_a + [n for n in names_b if n not in names_a]:
-        row = {"drafter": name}
+        row: dict = {"drafter": name}
         if name not in names_a or name not in names_b:
             row["note"] = f"only in {'A' if name in names_a else 'B'}"
-            row["tau_a" if name in names_a else "tau_b"] = (
-                (ra if name in names_a else rb)["drafters"][name]["metrics"].get("tau_macro"))
+            row["tau_a" if name in names_a else "tau_b"] = _real(_metrics(ra if name in names_a else rb, name)
+                                                                  .get("tau_macro"))
             rows.append(row)
             continue
-        row["tau_a"] = ra["drafters"][name]["metrics"].get("tau_macro")
-        row["tau_b"] = rb["drafters"][name]["metrics"].get("tau_macro")
+        row["tau_a"] = _real(_metrics(ra, name).get("tau_macro"))
+        row["tau_b"] = _real(_metrics(rb, name).get("tau_macro"))
         paired = _paired(_per_sample_tau(sa, name), _per_sample_tau(sb, name))
         row.update(paired_samples=paired["paired_samples"], delta=paired["delta"], ci=paired["ci"],
                    note=paired["verdict"], conventions=_conventions(ra, rb, sa, sb, name))

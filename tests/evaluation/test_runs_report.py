@@ -150,3 +150,28 @@ def test_compare_carries_the_other_conventions(tmp_path):
     assert (vllm["figure"], vllm["a"], vllm["b"]) == ("tau_micro", 3.25, 4.5) and "delta" not in vllm
     missing = compare_runs(a, b)["drafters"][0]["conventions"]["zlab"]
     assert missing["b"] is None and missing["unavailable"] == [None, "no tail"] and "delta" not in missing
+
+
+def test_compare_of_malformed_results_shows_what_it_can_without_a_traceback(tmp_path):
+    """results.json and samples.jsonl come from the eval host: a drafter entry, metrics or τ of any shape."""
+    a = make_run(tmp_path, {"ours": [2.0, 3.0], "odd": [1.0, 1.0]})
+    b = make_run(tmp_path, {"ours": [3.0, 4.0], "odd": [1.0, 1.0]})
+    results = json.loads(b.results_path.read_text())
+    results["drafters"]["odd"] = ["not", "an", "object"]
+    results["drafters"]["ours"]["metrics"]["tau_macro"] = "5.0"
+    results["drafters"]["ours"]["metrics"]["conventions"] = []
+    results["settings"] = "fast"
+    write_json_atomic(b.results_path, results)
+    samples = [json.loads(line) for line in (b.path / "samples.jsonl").read_text().splitlines()]
+    samples[0]["drafters"] = "none"
+    samples[1]["drafters"]["ours"]["tau"] = {"x": 1}
+    (b.path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    report = compare_runs(a, b)
+    rows = {r["drafter"]: r for r in report["drafters"]}
+    assert rows["odd"]["note"] == "only in A" and rows["ours"]["tau_b"] is None
+    assert rows["ours"]["paired_samples"] == 0 and rows["ours"]["note"] == "no prompt in common"
+    env = {**os.environ, "DFO_RUNS_DIR": str(tmp_path), "COLUMNS": "200"}
+    for extra in ([], ["--json"]):
+        proc = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "compare", a.name, b.name, *extra],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
