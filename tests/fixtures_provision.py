@@ -21,8 +21,8 @@ import pytest
 
 from orchestrator.core.errors import OperationError
 from orchestrator.core.inventory import load_inventory
+from orchestrator.provision.lock import PAYLOAD_DIR, load_lock
 from orchestrator.provision.operation import ProvisionResult, provision
-from orchestrator.provision.wheelhouse import PAYLOAD_DIR, load_lock
 from orchestrator.transport import Connector
 
 _RESULTS: dict[str, tuple[ProvisionResult, Path]] = {}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core.errors import InputError
-from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Lock
+from orchestrator.provision.lock import PAYLOAD_DIR, Lock
 
 ENGINES = ("vllm",)
 STUB = PAYLOAD_DIR / "engines" / "torchvision_stub.py"

@@ -58,6 +58,7 @@ from orchestrator.provision.engine import (
     engine_spec,
     required_python,
 )
+from orchestrator.provision.lock import Lock, load_lock
 from orchestrator.provision.plan import (
     FORBIDDEN,
     MIN_HOST_UV,
@@ -85,14 +86,7 @@ from orchestrator.provision.replies import (
     pool_listing,
     pool_need,
 )
-from orchestrator.provision.wheelhouse import (
-    Lock,
-    Target,
-    Wheelhouse,
-    build_wheelhouse,
-    cached_wheelhouse,
-    load_lock,
-)
+from orchestrator.provision.wheelhouse import Target, Wheelhouse, build_wheelhouse, cached_wheelhouse
 from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
 from orchestrator.transport.bulk import FAST_CIPHER, ssh_argv, ssh_binary
 from orchestrator.transport.hostlock import host_lock
@@ -142,8 +136,8 @@ def _failure(name: str, venv: str, res: StepFailure) -> HostError:
         hint = ("the engine venv is not marked as provisioned; check remote_payload/requirements-vllm-<flavour>.lock "
                 "(torchvision/torchaudio/torchcodec must stay excluded) and run dfo provision --engine again")
     elif res.step == "uv pip sync":
-        hint = ("fix remote_payload/requirements-<flavour>.in and regenerate the lock "
-                "(python -m orchestrator.provision.wheelhouse compile-lock ...); the venv is not marked as provisioned")
+        hint = ("fix remote_payload/requirements-<flavour>.in and regenerate the lock (python -m "
+                "orchestrator.provision.lock_compiler compile-lock ...); the venv is not marked as provisioned")
     else:
         hint = "the venv is not marked as provisioned; fix the cause and run dfo provision again"
     cmd = " ".join(shlex.quote(a) for a in res.command[:3])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,8 +21,8 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.hashing import sha256_file
 from orchestrator.core.inventory import Host
 from orchestrator.provision.engine import EngineSpec
+from orchestrator.provision.lock import PAYLOAD_DIR, Lock
 from orchestrator.provision.replies import ProbeFacts, UvFound
-from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Lock
 
 MIN_HOST_UV = (0, 8, 0)  # --torch-backend, --allow-existing, --no-config and --require-hashes all behave
 # Never installed next to a CPU build: triton beside fla breaks every Qwen3.5 forward on CPU (ml-stack.md).
@@ -59,14 +60,24 @@ def controller_uv() -> ControllerUv:
     """The uv binary that ships in the controller's `uv` wheel (pushed to hosts that have none)."""
     global _CONTROLLER_UV
     if _CONTROLLER_UV is None:
-        from orchestrator.provision.wheelhouse import _controller_uv
-
-        path = _controller_uv()
+        path = _uv_path()
         out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.split()
         if len(out) < 2 or out[0] != "uv":
             raise InputError(f"{path} does not look like uv (`uv --version` printed {' '.join(out)!r})")
         _CONTROLLER_UV = ControllerUv(path, out[1])
     return _CONTROLLER_UV
+
+
+def _uv_path() -> str:
+    try:
+        from uv import find_uv_bin  # the `uv` wheel installed next to dfo
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if not found:
+            raise InputError("uv not found on the controller", hint="pip install uv==0.13.9 (dfo[test])") from None
+        return found
 
 
 def _version_tuple(version: str | None) -> tuple[int, ...]:

@@ -1,24 +1,18 @@
-"""Payload requirement locks and controller-side wheelhouses for hosts without internet.
+"""Controller-side wheelhouses for hosts without internet: the wheels a lock needs on one target.
 
-A *lock* (``remote_payload/requirements-<flavour>.lock``) pins every package with its sha256 hashes; its
-header carries ``# dfo-<key>: value`` lines (flavour, torch backend, ...). A *wheelhouse* is the set of
-wheels a lock needs on one target (Python version, ABI, platform, environment markers), downloaded on the
-controller with pip (uv has no `pip download`) and cached under ``$DFO_CACHE/wheelhouse/`` (default
-``~/.cache/dfo``) so it is built once; it is complete only once its ``MANIFEST.json`` exists (built in a
-temporary directory, renamed at the end).
+A *wheelhouse* is the set of wheels a lock (``lock.py``) needs on one target (Python version, ABI, platform,
+environment markers), downloaded on the controller with pip (uv has no `pip download`) and cached under
+``$DFO_CACHE/wheelhouse/`` (default ``~/.cache/dfo``) so it is built once; it is complete only once its
+``MANIFEST.json`` exists (built in a temporary directory, published with one rename at the end).
 
 The target's facts come from the host, so its cache folder is confined under the cache, and a cached folder is
 used only when it holds exactly what the lock pins: every file a plain wheel name, a regular file of the listed
 size, with a sha256 the lock pins (and that sha256 is checked again before a file is uploaded). Whoever wrote a
 folder, nothing but the lock's own wheels can leave the controller from it.
-
-Also the lock generator: ``python -m orchestrator.provision.wheelhouse compile-lock cpu|cuda|vllm-cuda`` (see
-LOCK_SPECS).
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -33,161 +27,18 @@ import threading
 import time
 import uuid
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core.confine import check_component, confine
-from orchestrator.core.errors import HostError, InputError, OperationError
+from orchestrator.core.errors import HostError, OperationError
 from orchestrator.core.hashing import sha256_file
+from orchestrator.provision.lock import Lock, LockedRequirement
 
-PAYLOAD_DIR = Path(__file__).resolve().parents[2] / "remote_payload"
 MANIFEST = "MANIFEST.json"
 _WHEEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]{0,250}\.whl\Z")  # a wheel's file name, nothing else
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _BUILD_LOCK = threading.Lock()
-
-try:  # `packaging` comes with pip, which the wheelhouse needs anyway
-    from packaging.markers import InvalidMarker, Marker
-except ImportError:  # pragma: no cover - only without a standalone packaging
-    from pip._vendor.packaging.markers import InvalidMarker, Marker  # type: ignore
-
-
-# ------------------------------------------------------------------------------------ locks
-
-
-@dataclass(frozen=True)
-class LockedRequirement:
-    name: str
-    version: str
-    marker: str | None
-    hashes: tuple[str, ...]  # "sha256:<hex>"
-
-    def line(self, with_marker: bool = True) -> str:
-        spec = f"{self.name}=={self.version}"
-        if with_marker and self.marker:
-            spec += f" ; {self.marker}"
-        return " ".join([spec, *(f"--hash={h}" for h in self.hashes)])
-
-    def applies(self, environment: dict[str, str]) -> bool:
-        return not self.marker or Marker(self.marker).evaluate(environment)
-
-
-@dataclass(frozen=True)
-class Lock:
-    path: Path
-    text: str
-    requirements: tuple[LockedRequirement, ...]
-    header: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def flavour(self) -> str | None:
-        return self.header.get("flavour")
-
-    @property
-    def torch_backend(self) -> str | None:
-        return self.header.get("torch-backend")
-
-    @property
-    def online_torch_backend(self) -> str | None:
-        """`--torch-backend` for online installs (set when torch comes from the PyTorch index, not PyPI)."""
-        return self.header.get("online-torch-backend")
-
-    def names(self) -> set[str]:
-        return {r.name for r in self.requirements}
-
-    def select(self, environment: dict[str, str]) -> list[LockedRequirement]:
-        """The requirements whose markers hold in ``environment`` (a PEP 508 marker environment)."""
-        return [r for r in self.requirements if r.applies(environment)]
-
-
-_REQ_RE = re.compile(
-    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(?P<version>[^\s;]+)\s*(?:;(?P<marker>.*))?\Z")
-_HEADER_RE = re.compile(r"^#\s*dfo-(?P<key>[a-z0-9-]+):\s*(?P<value>.*?)\s*\Z")
-
-
-def canonical_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def parse_lock(text: str, path: Path) -> Lock:
-    """Parse a hash-pinned requirements file as `uv pip compile --generate-hashes` writes it.
-
-    Errors name the file and line: every requirement must be ``name==version`` with at least one hash.
-    """
-    header: dict[str, str] = {}
-    logical: list[tuple[int, str]] = []
-    pending, start = "", 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        m = _HEADER_RE.match(raw)
-        if m:
-            header[m["key"]] = m["value"]
-            continue
-        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
-        if not line and not pending:
-            continue
-        if not pending:
-            start = number
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        logical.append((start, pending + line))
-        pending = ""
-    if pending.strip():
-        logical.append((start, pending))
-
-    reqs = []
-    for number, line in logical:
-        tokens = line.split()
-        hashes = tuple(t.split("=", 1)[1] for t in tokens if t.startswith("--hash="))
-        others = [t for t in tokens if t.startswith("-") and not t.startswith("--hash=")]
-        if others:
-            raise InputError(f"{path}:{number}: unsupported option {others[0]!r} in a dfo lock",
-                             hint="a lock holds only `name==version ; marker --hash=sha256:...` lines")
-        spec = " ".join(t for t in tokens if not t.startswith("--hash="))
-        m = _REQ_RE.match(spec)
-        if not m:
-            raise InputError(f"{path}:{number}: expected `name==version` (pinned), got {spec!r}",
-                             hint="regenerate the lock with `uv pip compile --generate-hashes`")
-        if not hashes:
-            raise InputError(f"{path}:{number}: {m['name']}=={m['version']} has no --hash",
-                             hint="locks must carry hashes: regenerate with `uv pip compile --generate-hashes`")
-        bad = [h for h in hashes if not re.fullmatch(r"sha256:[0-9a-f]{64}", h)]
-        if bad:
-            raise InputError(f"{path}:{number}: malformed hash {bad[0]!r} (expected sha256:<64 hex digits>)")
-        marker = (m["marker"] or "").strip() or None
-        if marker:
-            try:
-                Marker(marker)
-            except InvalidMarker as exc:
-                raise InputError(f"{path}:{number}: invalid environment marker {marker!r}: {exc}") from None
-        reqs.append(LockedRequirement(canonical_name(m["name"]), m["version"], marker, hashes))
-    if not reqs:
-        raise InputError(f"{path}: the lock lists no requirements")
-    return Lock(path=path, text=text, requirements=tuple(reqs), header=header)
-
-
-def load_lock(path: str | os.PathLike) -> Lock:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"lock file not found: {path}",
-                         hint="generate it: python -m orchestrator.provision.wheelhouse compile-lock cpu|cuda",
-                         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read lock {path}: {exc}") from None
-    return parse_lock(text, path)
-
-
-# ------------------------------------------------------------------------------ wheelhouse
 
 
 @dataclass(frozen=True)
@@ -422,128 +273,3 @@ def _missing(selected: list[LockedRequirement], files: dict[str, dict]) -> list[
     """The requirements none of FILES satisfies (by the lock's hashes)."""
     by_hash = {f"sha256:{meta['sha256']}" for meta in files.values()}
     return [r.name for r in selected if not any(h in by_hash for h in r.hashes)]
-
-
-# --------------------------------------------------------------------------- lock generation
-
-# How each shipped lock is made. uv resolves against PyPI only (--no-config: no user/site uv.toml). The
-# CPU torch build is not on PyPI: it comes from a find-links directory holding torch-2.13.0+cpu (pip finds
-# it on this project's machines through its find-links config; uv needs --find-links). The cuda lock is
-# universal (markers kept) so it installs on any Linux Python >= 3.11 of a GPU host; its torch is PyPI's
-# default CUDA build (CUDA 13.0 runtime wheels as of torch 2.13.0).
-LOCK_SPECS: dict[str, dict] = {
-    "cpu": {
-        "summary": "torch 2.13.0 CPU build, transformers 5.24.0, safetensors, accelerate, tokenizers, numpy. "
-                   "NO flash-linear-attention, NO triton: with triton next to fla every Qwen3.5 forward on a "
-                   "CPU host fails ('0 active drivers'; see ml-stack.md).",
-        "header": {"flavour": "cpu", "torch-backend": "cpu", "online-torch-backend": "cpu",
-                   "python": "3.11 (x86_64 Linux, manylinux_2_28+: the +cpu torch wheel here is cp311 only)"},
-        "args": ["--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28"],
-        "find_links": True,
-    },
-    "cuda": {
-        "summary": "CUDA torch 2.13.0 (PyPI build, CUDA 13.0 runtime wheels), transformers 5.24.0, "
-                   "flash-linear-attention + triton, safetensors, accelerate, tokenizers, numpy. GPU hosts only.",
-        "header": {"flavour": "cuda", "torch-backend": "cu130",
-                   "python": ">=3.11 (universal: environment markers kept)"},
-        "args": ["--universal", "--python-version", "3.11"],
-        "find_links": False,
-    },
-    # The engine venv of GPU hosts (`dfo provision --engine vllm`; see orchestrator/provision/engine.py). The
-    # CPU engine's lock (requirements-vllm-cpu.lock) is made by the command in its own header.
-    "vllm-cuda": {
-        "summary": "vllm 0.32.0 (CUDA build from PyPI) with PyPI's default CUDA torch 2.13.0 and the "
-                   "torchvision/torchaudio it pins. GPU hosts only; never installed on the project's machines.",
-        "header": {"flavour": "vllm-cuda", "torch-backend": "cu130",
-                   "python": ">=3.11 (universal: environment markers kept)"},
-        "args": ["--universal", "--python-version", "3.11"],
-        "find_links": False,
-    },
-}
-
-
-def compile_argv(flavour: str, uv: str, find_links: str | None) -> list[str]:
-    spec = LOCK_SPECS[flavour]
-    argv = [uv, "pip", "compile", str(PAYLOAD_DIR / f"requirements-{flavour}.in"), "--generate-hashes",
-            "--no-header", "--no-config", "--index-url", "https://pypi.org/simple", *spec["args"]]
-    if spec["find_links"]:
-        if not find_links:
-            raise InputError(f"the {flavour} lock needs --find-links DIR holding torch-2.13.0+cpu (e.g. /opt/wheels)")
-        argv += ["--find-links", find_links]
-    return argv
-
-
-def lock_header(flavour: str, argv: list[str]) -> str:
-    spec = LOCK_SPECS[flavour]
-    shown = ["uv", *[a.replace(str(PAYLOAD_DIR.parent) + os.sep, "") for a in argv[1:]]]
-    lines = [
-        f"# dfo {'engine' if flavour.startswith('vllm') else 'payload'} lock, flavour {flavour}: {spec['summary']}",
-        *(f"# dfo-{k}: {v}" for k, v in spec["header"].items()),
-        f"# Source: remote_payload/requirements-{flavour}.in (edit that, not this file). Regenerate from the",
-        "# repository root with:",
-        f"#   .venv/bin/python -m orchestrator.provision.wheelhouse compile-lock {flavour}"
-        + (" [--find-links DIR]" if spec["find_links"] else ""),
-        "# which runs:",
-        "#   " + " ".join(shown) + " -o <tmp>",
-        "# and prepends this header. `dfo provision` re-syncs every host whose venv marker differs.",
-    ]
-    if spec["find_links"]:
-        lines.append("# Check afterwards: torch's --hash must equal "
-                     "`sha256sum <find-links dir>/torch-2.13.0+cpu-*.whl`.")
-    return "\n".join(lines) + "\n"
-
-
-def compile_lock(flavour: str, *, find_links: str | None = None, uv: str | None = None) -> Path:
-    """Regenerate remote_payload/requirements-<flavour>.lock with uv (needs the package index)."""
-    if flavour not in LOCK_SPECS:
-        raise InputError(f"unknown lock flavour {flavour!r}; expected one of {', '.join(LOCK_SPECS)}")
-    uv = uv or _controller_uv()
-    if LOCK_SPECS[flavour]["find_links"] and not find_links:
-        find_links = "/opt/wheels" if os.path.isdir("/opt/wheels") else None
-    argv = compile_argv(flavour, uv, find_links)
-    out = PAYLOAD_DIR / f"requirements-{flavour}.lock"
-    with tempfile.TemporaryDirectory() as tmp:
-        body = Path(tmp) / "lock.txt"
-        proc = subprocess.run([*argv, "-o", str(body)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise OperationError(f"uv pip compile for {flavour} failed:\n{proc.stderr.strip()[-3000:]}")
-        text = lock_header(flavour, argv) + body.read_text()
-    parse_lock(text, out)  # refuse to write something dfo cannot read back
-    tmp_out = out.with_name(f".{out.name}.tmp")
-    tmp_out.write_text(text)
-    os.replace(tmp_out, out)
-    return out
-
-
-def _controller_uv() -> str:
-    try:
-        from uv import find_uv_bin  # the `uv` wheel installed next to dfo
-
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        found = shutil.which("uv")
-        if not found:
-            raise InputError("uv not found on the controller", hint="pip install uv==0.13.9 (dfo[test])") from None
-        return found
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.provision.wheelhouse",
-                                     description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    comp = sub.add_parser("compile-lock", help="regenerate remote_payload/requirements-<flavour>.lock")
-    comp.add_argument("flavour", choices=sorted(LOCK_SPECS))
-    comp.add_argument("--find-links", help="directory holding torch-2.13.0+cpu (cpu lock; default /opt/wheels)")
-    args = parser.parse_args(argv)
-    try:
-        path = compile_lock(args.flavour, find_links=args.find_links)
-    except (InputError, OperationError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    lock = load_lock(path)
-    print(f"wrote {path}: {len(lock.requirements)} packages, sha256 {lock.sha256[:16]}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,6 +27,7 @@ from orchestrator.provision.engine import (
     engine_spec,
     required_python,
 )
+from orchestrator.provision.lock import PAYLOAD_DIR, load_lock, parse_lock
 from orchestrator.provision.operation import provision
 from orchestrator.provision.plan import (
     UvChoice,
@@ -37,7 +38,6 @@ from orchestrator.provision.plan import (
     plan_provision,
 )
 from orchestrator.provision.replies import ProbeFacts, PythonFacts, VenvFacts
-from orchestrator.provision.wheelhouse import PAYLOAD_DIR, load_lock, parse_lock
 from orchestrator.transport import Connector
 
 HASH = "sha256:" + "a" * 64

@@ -22,6 +22,7 @@ import pytest
 
 from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.inventory import Host, load_inventory
+from orchestrator.provision.lock import PAYLOAD_DIR, load_lock, parse_lock
 from orchestrator.provision.operation import provision
 from orchestrator.provision.plan import (
     ControllerUv,
@@ -36,7 +37,7 @@ from orchestrator.provision.plan import (
     resolve_flavour,
 )
 from orchestrator.provision.replies import ProbeFacts, PythonFacts, UvFound, VenvFacts
-from orchestrator.provision.wheelhouse import PAYLOAD_DIR, Target, load_lock, parse_lock
+from orchestrator.provision.wheelhouse import Target
 from orchestrator.transport import Connector
 
 ROOT = Path(__file__).resolve().parents[2]

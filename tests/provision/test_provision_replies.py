@@ -15,6 +15,7 @@ import pytest
 from test_provision import make_wheel, write_lock
 
 from orchestrator.core.errors import HostError
+from orchestrator.provision.lock import load_lock
 from orchestrator.provision.operation import HOST_SCRIPT
 from orchestrator.provision.replies import (
     Prepared,
@@ -27,7 +28,7 @@ from orchestrator.provision.replies import (
     pool_listing,
     pool_need,
 )
-from orchestrator.provision.wheelhouse import MANIFEST, Target, cached_wheelhouse, load_lock, wheelhouse_dir
+from orchestrator.provision.wheelhouse import MANIFEST, Target, cached_wheelhouse, wheelhouse_dir
 from orchestrator.transport.hostcall import program_source
 
 

@@ -21,9 +21,10 @@ from hostile import HostileHost, tree
 from orchestrator.core.errors import HostError
 from orchestrator.core.events import QuietEvents
 from orchestrator.core.inventory import load_inventory
+from orchestrator.provision.lock import PAYLOAD_DIR, load_lock
 from orchestrator.provision.operation import provision
 from orchestrator.provision.plan import controller_uv
-from orchestrator.provision.wheelhouse import MANIFEST, PAYLOAD_DIR, Target, load_lock, wheelhouse_key
+from orchestrator.provision.wheelhouse import MANIFEST, Target, wheelhouse_key
 from orchestrator.transport import Connector
 
 # The tiny-wheel helpers of the provision tests (their folder is not on the path when only this one runs).
