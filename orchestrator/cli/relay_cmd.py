@@ -49,7 +49,7 @@ def relay_checkpoint_cmd(
         streams=streams, cipher=cipher, strip_optimizer=strip_optimizer, dry_run=dry_run,
         wait_stable=wait_stable, data_plane=data_plane, bwlimit=parse_rate(bwlimit), stall_timeout=stall_timeout,
     )
-    result = relay(app_ctx.connector, source, destination, options, console=app_ctx.err)
+    result = relay(app_ctx.connector, source, destination, options, events=app_ctx.events)
     if json_out:
         app_ctx.print_json(result.as_dict())
     else:

@@ -27,7 +27,7 @@ from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.engine_merge import merge_engine
 from orchestrator.evaluation.merge import merge_host_results
 from orchestrator.evaluation.plan import EvalPlan
-from orchestrator.evaluation.report import write_report
+from orchestrator.evaluation.report import drafter_rows, write_report
 from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
 from orchestrator.jobs.operation import (
     DEFAULT_LOCK,
@@ -147,7 +147,7 @@ def _relay_drafters(connector: Connector, plan: EvalPlan, events: Events) -> lis
         events.step(f"relay drafter '{step.drafter}': {step.source} → {step.destination}"
               + (" (optimizer state stripped on the source)" if step.strip else ""))
         result = relay(connector, step.source, step.destination, RelayOptions(strip_optimizer=step.strip),
-                       console=getattr(events, "console", None))  # the relay renders its own bar
+                       events=events)
         summary = result.as_dict()
         events.info(f"  {summary['sent_bytes']:,} B sent, {summary['skipped_bytes']:,} B already there, "
                       f"{summary['seconds']:.1f}s")
@@ -373,7 +373,23 @@ def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None 
     write_report(run.path, results, samples)
     write_json_atomic(run.results_path, results)  # last: its presence means the run is complete
     run.set(status="succeeded", error=None)
+    events.success(result_line(results, run.path))
     return run
+
+
+def result_line(results: dict, run_path: Path) -> str:
+    """The run in one line for the progress output: each drafter's headline τ and the run folder."""
+    taus = [f"{r['drafter']} τ {_tau(r['tau_macro'])}" for r in drafter_rows(results)]
+    try:
+        shown = run_path.relative_to(Path.cwd())
+    except ValueError:
+        shown = run_path
+    return f"result: {', '.join(taus) or 'no drafter figures'} → {shown}"
+
+
+def _tau(value: Any) -> str:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # NaN: not a figure
+    return f"{value:.2f}" if ok else "?"
 
 
 def _merge_engine(results: dict, parts: dict[str, Path], samples: list[dict]) -> None:

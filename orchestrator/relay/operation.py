@@ -34,34 +34,47 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Callable
 
-from rich.console import Console
-
 from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
-from orchestrator.relay import cipher as cipher_mod
-from orchestrator.relay import plan as rp
-from orchestrator.relay import processes as ps
+from orchestrator.core.events import Events, QuietEvents, QuietRelayProgress
 from orchestrator.relay import pump
-from orchestrator.relay.flow import Flow, NoProgress, RelayProgress
+from orchestrator.relay.cipher import check_paramiko_cipher, cipher_reason, dry_run_cipher, plane_choice
+from orchestrator.relay.plan import (
+    Endpoint,
+    FilePlan,
+    check_space,
+    choose_streams,
+    destination_path,
+    human_bytes,
+    is_sequential,
+    journal_header,
+    manifest_path,
+    parse_endpoint,
+    plan_file,
+    resume_verdict,
+    space_needed,
+    to_send,
+)
 from orchestrator.relay.plane import DataPlane, Pair, StreamEnded, WriterFailed
+from orchestrator.relay.processes import HOST_PARTS, RemoteProcess, last_lines
 from orchestrator.relay.replies import DestFacts, Hashes, SourceFacts
 from orchestrator.relay.result import FileOutcome, RelayOptions, RelayResult
 from orchestrator.relay.strip import strip_on_source
+from orchestrator.relay.transfer_monitor import TransferMonitor
 from orchestrator.transport import Connector, hostcall
 
-HOST_SCRIPT = ps.HOST_PARTS[1:]  # protocol + one-shot functions + streams, behind hostcall's prelude
+HOST_SCRIPT = HOST_PARTS[1:]  # protocol + one-shot functions + streams, behind hostcall's prelude
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 __all__ = ["RelayOptions", "RelayResult", "FileOutcome", "relay"]
 
 
 class _Relay:
-    def __init__(self, connector: Connector, src: rp.Endpoint, dst: rp.Endpoint, options: RelayOptions,
-                 console: Console, progress: RelayProgress):
+    def __init__(self, connector: Connector, src: Endpoint, dst: Endpoint, options: RelayOptions,
+                 events: Events):
         self.connector = connector
         self.inv = connector.inventory
         self.src, self.dst = src, dst
         self.opts = options
-        self.console = console
-        self.progress = progress
+        self.events = events
         self.plane: DataPlane | None = None
         self.streams = 1
         self.root = dst.path  # where the relay lands (decided by _plan)
@@ -78,16 +91,15 @@ class _Relay:
         return hostcall.call(self.connector.session(host), HOST_SCRIPT, func, python=self.inv.hosts[host].python,
                              **kwargs)
 
-    def both(self, a: Callable[[], Any], b: Callable[[], Any]) -> tuple[Any, Any]:
+    def concurrently(self, a: Callable[[], Any], b: Callable[[], Any]) -> tuple[Any, Any]:
+        """Both results; the two calls (one per host, usually) run at the same time."""
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dfo-relay") as pool:
             fa, fb = pool.submit(a), pool.submit(b)
             return fa.result(), fb.result()
 
     def say(self, text: str) -> None:
-        if self.console.is_terminal:
-            from rich.text import Text
-
-            self.console.print(Text(text, style="dim"))  # it may quote a host: text, never markup
+        if self.events.is_terminal:  # a notice for a person watching; logs keep only the summary
+            self.events.info(text)
 
     # -- the whole operation
 
@@ -95,7 +107,7 @@ class _Relay:
         started = time.monotonic()
         o = self.opts
         result = RelayResult(source=str(self.src), destination=str(self.dst), kind="file", dry_run=o.dry_run)
-        kind, cipher, explicit = cipher_mod.plane_choice(self.opts)
+        kind, cipher, explicit = plane_choice(self.opts)
         result.data_plane = kind
         self.plane = DataPlane(self.connector, self.src.host, self.dst.host, kind, cipher, explicit)
         try:
@@ -117,9 +129,10 @@ class _Relay:
         if o.dry_run or o.strip_optimizer:
             # Both control sessions: a host that cannot be reached fails here, before any work. (A relay
             # that moves bytes asks its facts through the streams and opens these only when needed.)
-            self.both(lambda: self.connector.session(self.src.host), lambda: self.connector.session(self.dst.host))
+            self.concurrently(lambda: self.connector.session(self.src.host),
+                              lambda: self.connector.session(self.dst.host))
         if self.plane.kind == "paramiko":
-            cipher_mod.check_paramiko_cipher(self.connector.session(self.src.host).transport, o.cipher)
+            check_paramiko_cipher(self.connector.session(self.src.host).transport, o.cipher)
 
         source_path, strip_dir = self.src.path, None
         if o.strip_optimizer:
@@ -136,40 +149,40 @@ class _Relay:
             self.plane.start(1)
         plans, dest = self._plan(source_path, result)
         todo = [p for p in plans if p.action != "skip"]
-        self.streams = rp.choose_streams(max((p.size for p in todo), default=0), o.streams)
+        self.streams = choose_streams(max((p.size for p in todo), default=0), o.streams)
         result.streams = self.streams
         if o.check_space:
-            msg = rp.check_space(self.dst.host, self.root, result.space_needed, result.space_free)
+            msg = check_space(self.dst.host, self.root, result.space_needed, result.space_free)
             if msg:
                 raise OperationError(msg + f" (measured at {dest.free_measured_at})",
                                      hint="free some space there or relay to another path; nothing was written")
-        result.manifest = rp.manifest_path(self.root)
+        result.manifest = manifest_path(self.root)
         if todo and not o.dry_run:
             # More streams for the largest file come up while the destination prepares and verifies.
             self.plane.start(max(1, min(self.streams, max(len(p.chunks) for p in todo))))
         if o.dry_run:
-            result.cipher, result.cipher_reason = cipher_mod.dry_run_cipher(self.plane, self.connector, self.src.host,
+            result.cipher, result.cipher_reason = dry_run_cipher(self.plane, self.connector, self.src.host,
                                                                             self.dst.host, o.cipher)
-            result.files = [self._would(p) for p in plans]
+            result.files = [self._dry_run_outcome(p) for p in plans]
             result.seconds = time.monotonic() - started
             return result
         self._move(result, plans, todo)
         result.cipher = self.plane.cipher if todo else None
-        result.cipher_reason = cipher_mod.reason(self.plane, explicit) if todo else "nothing to send"
+        result.cipher_reason = cipher_reason(self.plane, explicit) if todo else "nothing to send"
         self.plane.close()
         if strip_dir:
             self.call(self.src.host, "remove_paths", paths=[], trees=[strip_dir])
         result.seconds = time.monotonic() - started
         return result
 
-    def _move(self, result: RelayResult, plans: list[rp.FilePlan], todo: list[rp.FilePlan]) -> None:
+    def _move(self, result: RelayResult, plans: list[FilePlan], todo: list[FilePlan]) -> None:
         """Every file in turn, then the manifest of a directory (a single file's is written on publish)."""
         assert self.plane is not None
         self._single = result.kind == "file"
         self._remove_manifest = bool(todo)  # a stale manifest must not vouch for new bytes
         label = posixpath.basename(self.root) or self.root
-        with Flow(self.progress if todo else NoProgress(), sum(p.size for p in todo),
-                  self.streams if todo else 0, label) as flow:
+        with TransferMonitor(self.events.relay_progress() if todo else QuietRelayProgress(),
+                             sum(p.size for p in todo), self.streams if todo else 0, label) as monitor:
             done_before = 0
             for p in plans:
                 if p.action == "skip":
@@ -177,14 +190,14 @@ class _Relay:
                                                     sha256=self._skip_digest.get(p.final), chunks=len(p.chunks),
                                                     chunk_size=p.chunk_size, reason=p.reason))
                     continue
-                result.files.append(self._relay_file(p, flow, done_before))
+                result.files.append(self._relay_file(p, monitor, done_before))
                 done_before += p.size
         if result.kind == "dir" or not todo:
             doc = self._manifest_doc(result.kind, result.files)
             if self.plane.pairs:
                 pump.publish(self.plane.pairs[0], {"root": self.root, "manifest": doc})
             else:
-                self.call(self.dst.host, "write_json", path=rp.manifest_path(self.root), obj=doc)
+                self.call(self.dst.host, "write_json", path=manifest_path(self.root), obj=doc)
 
     # -- planning
 
@@ -208,7 +221,7 @@ class _Relay:
                 proc = getattr(exc, "proc", None)
                 where = proc.host if proc else self.dst.host
                 raise HostError(where, "a relay stream stopped while gathering facts: "
-                                f"{ps.tail(proc.error_text()) if proc else exc}") from None
+                                f"{last_lines(proc.error_text()) if proc else exc}") from None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dfo-relay-facts") as pool:
             future = pool.submit(self.call, self.dst.host, "dest_facts", **dest_args)
             facts = self.call(self.src.host, "source_facts", path=source_path, **wait) if rels is None else None
@@ -227,14 +240,14 @@ class _Relay:
                 raise better from None
             raise
 
-    def _plan(self, source_path: str, result: RelayResult) -> tuple[list[rp.FilePlan], DestFacts]:
+    def _plan(self, source_path: str, result: RelayResult) -> tuple[list[FilePlan], DestFacts]:
         o = self.opts
         raw, raw_dest = self._facts(source_path, self.dst.path, None)
         facts = SourceFacts.parse(raw, self.src.host)  # names from the source are confined here
         dest = DestFacts.parse(raw_dest, self.dst.host)
         self._check_source(facts, source_path)
         rels = [f.rel for f in facts.files]
-        self.root = rp.destination_path(self.dst, self.src.path, facts.kind, dest.kind,
+        self.root = destination_path(self.dst, self.src.path, facts.kind, dest.kind,
                                         strip=o.strip_optimizer, source_slash=self.src.trailing_slash)
         if facts.kind == "dir" and dest.kind == "file" and self.root == self.dst.path:
             raise InputError(f"destination {self.dst.host}:{self.root} is a file, but the source is a directory")
@@ -252,7 +265,7 @@ class _Relay:
             raise HostError(self.dst.host, "malformed destination facts: one entry per file expected")
         plans = []
         for f, d in zip(facts.files, dest.files, strict=True):
-            p = rp.plan_file(f.rel, self.src.host, posixpath.join(source_path, f.rel) if f.rel else source_path,
+            p = plan_file(f.rel, self.src.host, posixpath.join(source_path, f.rel) if f.rel else source_path,
                              f.identity, posixpath.join(self.root, f.rel) if f.rel else self.root, d)
             p.source_root = source_path if f.rel else None
             plans.append(p)
@@ -260,7 +273,7 @@ class _Relay:
             result.notes.append(f"not relayed: {s.get('rel')} ({s.get('why')})")
         if not o.dry_run:
             self._compare(plans)
-        result.space_needed = rp.space_needed(plans)
+        result.space_needed = space_needed(plans)
         result.space_free = dest.free_bytes
         return plans, dest
 
@@ -274,13 +287,14 @@ class _Relay:
         if facts.kind == "dir" and not facts.files:
             raise InputError(f"source directory {where} holds no regular files")
 
-    def _compare(self, plans: list[rp.FilePlan]) -> None:
+    def _compare(self, plans: list[FilePlan]) -> None:
         """Same-size files already at the destination: identical ones (sha256 on both hosts) are skipped."""
         for p in plans:
             if p.action != "compare":
                 continue
-            raw_s, raw_d = self.both(partial(self.call, self.src.host, "hash_file", path=p.source, expect=p.identity),
-                                     partial(self.call, self.dst.host, "hash_file", path=p.final))
+            raw_s, raw_d = self.concurrently(
+                partial(self.call, self.src.host, "hash_file", path=p.source, expect=p.identity),
+                partial(self.call, self.dst.host, "hash_file", path=p.final))
             s = Hashes.parse(raw_s, self.src.host)
             if s.changed:
                 raise self._changed_error(p, s.changed)
@@ -295,7 +309,7 @@ class _Relay:
                 p.action = "resume" if p.claimed else "send"
                 p.reason = "a different file of the same size is present: it is replaced"
 
-    def _would(self, p: rp.FilePlan) -> FileOutcome:
+    def _dry_run_outcome(self, p: FilePlan) -> FileOutcome:
         status = {"send": "would-send", "resume": "would-resume", "compare": "would-compare",
                   "skip": "skipped"}[p.action]
         return FileOutcome(p.rel, p.final, p.size, status, chunks=len(p.chunks), chunk_size=p.chunk_size,
@@ -304,7 +318,7 @@ class _Relay:
 
     # -- one file
 
-    def _changed_error(self, p: rp.FilePlan, detail: str) -> OperationError:
+    def _changed_error(self, p: FilePlan, detail: str) -> OperationError:
         return OperationError(
             f"source {self.src.host}:{p.source} changed during the relay: {detail}. It is probably still being "
             "written (a trainer saving a checkpoint).",
@@ -312,16 +326,16 @@ class _Relay:
             "the next run starts this file over, since the source is a different file now",
         )
 
-    def _resume_hint(self, p: rp.FilePlan) -> str:
+    def _resume_hint(self, p: FilePlan) -> str:
         job = self._job if self._job is not None and self._job.plan is p else None
         done = job.done_bytes() if job else 0
-        return (f"the partial {self.dst.host}:{p.partial} is kept ({rp.human_bytes(done)} of "
-                f"{rp.human_bytes(p.size)} done); re-run the same command to resume")
+        return (f"the partial {self.dst.host}:{p.partial} is kept ({human_bytes(done)} of "
+                f"{human_bytes(p.size)} done); re-run the same command to resume")
 
-    def _relay_file(self, p: rp.FilePlan, flow: Flow, done_before: int) -> FileOutcome:
+    def _relay_file(self, p: FilePlan, monitor: TransferMonitor, done_before: int) -> FileOutcome:
         started = time.monotonic()
         try:
-            outcome, job = self._send_file(p, flow, done_before)
+            outcome, job = self._send_file(p, monitor, done_before)
         except pump.SourceChanged as exc:
             raise self._changed_error(p, str(exc)) from None
         except pump.Stalled as exc:
@@ -336,7 +350,7 @@ class _Relay:
                 raise HostError(exc.host, exc.message, hint="wait for the other relay to finish") from None
             raise HostError(exc.host, exc.message, hint=self._resume_hint(p)) from None
         except StreamEnded as exc:
-            detail = ps.tail(exc.proc.error_text()) or "the connection closed"
+            detail = last_lines(exc.proc.error_text()) or "the connection closed"
             raise HostError(exc.proc.host, f"the {exc.proc.what} stopped: {detail}",
                             hint=self._resume_hint(p)) from None
         except (EOFError, ValueError) as exc:
@@ -344,53 +358,53 @@ class _Relay:
         except pump.DigestMismatch as exc:
             raise OperationError(f"integrity check failed for {p.final}: {exc}", hint=self._resume_hint(p)) from None
         self._verify(p, outcome, job)
-        self._publish(p, outcome, flow)
+        self._publish(p, outcome, monitor)
         outcome.seconds = time.monotonic() - started
         return outcome
 
-    def _send_file(self, p: rp.FilePlan, flow: Flow, done_before: int) -> tuple[FileOutcome, pump.FileJob]:
+    def _send_file(self, p: FilePlan, monitor: TransferMonitor, done_before: int) -> tuple[FileOutcome, pump.FileJob]:
         assert self.plane is not None
         name = p.rel or posixpath.basename(p.final)
         wanted = max(1, min(self.streams, len(p.chunks)))
         resuming = bool(p.claimed) and not p.reset
-        sequential = not resuming and p.size > 0 and rp.is_sequential(p, list(range(len(p.chunks))), wanted)
+        sequential = not resuming and p.size > 0 and is_sequential(p, list(range(len(p.chunks))), wanted)
         pairs = self.plane.ensure(wanted)
         # The first writer creates/keeps the preallocated partial and its journal, then opens it.
         pump.open_writer(pairs[0], p, self.root, sequential, prepare={
-            "header": rp.journal_header(self.src.host, p.source, p.identity, p.chunk_size),
+            "header": journal_header(self.src.host, p.source, p.identity, p.chunk_size),
             "reset": p.reset, "preallocate": self.opts.preallocate, "remove_manifest": self._remove_manifest})
         # A fresh file over one stream: the answer is read by the pump, after it has sent the reader its
         # requests (one round trip fewer). Other writers must not open the partial before it exists, and
         # resuming hashes it first: those wait for the answer here.
-        self._open_pending = not resuming and wanted == 1 and bool(rp.to_send(p, []))
+        self._open_pending = not resuming and wanted == 1 and bool(to_send(p, []))
         if not self._open_pending:
             pairs[0].reply("opened")
         self._remove_manifest = False
         good: list[int] = []
         bad: list[int] = []
         if resuming:
-            flow.status(f"verifying {len(p.claimed)} resumed chunks of {name} on both hosts")
+            monitor.status(f"verifying {len(p.claimed)} resumed chunks of {name} on both hosts")
             ranges = [p.chunks[i] for i in p.claimed]
-            s, d = self._hash_both(p, ranges)
+            s, d = self._hash_on_both_hosts(p, ranges)
             if s.changed:
                 raise pump.SourceChanged(s.changed)
-            good, bad = rp.resume_verdict(p.claimed, s.digests, d.digests)
-        sending = rp.to_send(p, good)
+            good, bad = resume_verdict(p.claimed, s.digests, d.digests)
+        sending = to_send(p, good)
         resumed = sum(p.chunks[i][1] for i in good)
-        flow.set_done(done_before + resumed)
+        monitor.set_done(done_before + resumed)
         streams = max(1, min(wanted, len(sending)))
         outcome = FileOutcome(p.rel, p.final, p.size, "resumed" if good else "sent", chunks=len(p.chunks),
                               chunk_size=p.chunk_size, resumed_bytes=resumed, bad_chunks=len(bad),
                               mode="sequential" if sequential else "parallel", streams=streams if sending else 0,
                               reason=p.reason)
-        flow.status(name + (f" (resuming; {len(bad)} bad chunk(s) sent again)" if bad else
+        monitor.status(name + (f" (resuming; {len(bad)} bad chunk(s) sent again)" if bad else
                             " (resuming)" if good else ""))
-        job = self._transfer(p, pairs[:streams], sending, good, sequential, flow)
+        job = self._transfer(p, pairs[:streams], sending, good, sequential, monitor)
         outcome.sent_bytes = sum(p.chunks[i][1] for i in sending)
         return outcome, job
 
-    def _transfer(self, p: rp.FilePlan, pairs: list[Pair], sending: list[int], good: list[int],
-                  sequential: bool, flow: Flow) -> pump.FileJob:
+    def _transfer(self, p: FilePlan, pairs: list[Pair], sending: list[int], good: list[int],
+                  sequential: bool, monitor: TransferMonitor) -> pump.FileJob:
         assert self.plane is not None
         plane = self.plane
         follower = src_hash = None
@@ -406,7 +420,7 @@ class _Relay:
         try:
             if sending:
                 rate = self.opts.bwlimit / len(pairs) if self.opts.bwlimit else None
-                pump.move_chunks(job, pairs, flow, pump.Ends(self.src.host, self.dst.host),
+                pump.move_chunks(job, pairs, monitor, pump.Ends(self.src.host, self.dst.host),
                                  (self.opts.stall_timeout, rate, self.root))
             else:
                 pump.close_unsent(pairs[0])
@@ -417,7 +431,7 @@ class _Relay:
             if sequential:
                 job.source_digest, job.dest_digest = job.reader_digest[0], job.writer_digest[0]
             elif follower is not None and src_hash is not None:
-                flow.status(f"comparing whole-file sha256 of {p.rel or posixpath.basename(p.final)}")
+                monitor.status(f"comparing whole-file sha256 of {p.rel or posixpath.basename(p.final)}")
                 job.dest_digest = self._aux_digest(follower, p, b"end\n")
                 job.source_digest = self._aux_digest(src_hash, p, None)
             return job
@@ -426,7 +440,7 @@ class _Relay:
                 if proc is not None:
                     plane.release_aux(proc)
 
-    def _aux_digest(self, proc: ps.RemoteProcess, p: rp.FilePlan, send: bytes | None) -> str:
+    def _aux_digest(self, proc: RemoteProcess, p: FilePlan, send: bytes | None) -> str:
         if send:
             proc.write(send)
         line = proc.readline()
@@ -436,10 +450,10 @@ class _Relay:
                 raise pump.SourceChanged(reply["detail"])
             return str(reply["sha256"])
         except (ValueError, KeyError, AttributeError):
-            raise HostError(proc.host, f"the {proc.what} stopped: {ps.tail(proc.error_text()) or 'no answer'}",
+            raise HostError(proc.host, f"the {proc.what} stopped: {last_lines(proc.error_text()) or 'no answer'}",
                             hint=self._resume_hint(p)) from None
 
-    def _verify(self, p: rp.FilePlan, outcome: FileOutcome, job: pump.FileJob) -> None:
+    def _verify(self, p: FilePlan, outcome: FileOutcome, job: pump.FileJob) -> None:
         outcome.source_sha256, outcome.destination_sha256 = job.source_digest, job.dest_digest
         outcome.chunks_checked_in_flight = job.checked
         agree = job.source_digest is not None and job.source_digest == job.dest_digest
@@ -450,9 +464,9 @@ class _Relay:
             self._mismatch(p, outcome)
         outcome.sha256 = outcome.destination_sha256
 
-    def _publish(self, p: rp.FilePlan, outcome: FileOutcome, flow: Flow) -> None:
+    def _publish(self, p: FilePlan, outcome: FileOutcome, monitor: TransferMonitor) -> None:
         assert self.plane is not None
-        flow.status(f"publishing {p.rel or posixpath.basename(p.final)}")
+        monitor.status(f"publishing {p.rel or posixpath.basename(p.final)}")
         args = {"root": self.root, "rel": p.rel, "size": p.size, "mode": p.identity.get("mode")}
         if self._single:
             args["manifest"] = self._manifest_doc("file", [outcome])
@@ -464,16 +478,16 @@ class _Relay:
             raise HostError(exc.proc.host, f"the {exc.proc.what} stopped while publishing {p.final}",
                             hint=self._resume_hint(p)) from None
 
-    def _hash_both(self, p: rp.FilePlan, ranges: list[tuple[int, int]]) -> tuple[Hashes, Hashes]:
+    def _hash_on_both_hosts(self, p: FilePlan, ranges: list[tuple[int, int]]) -> tuple[Hashes, Hashes]:
         """sha256 of the same ranges of the source file and of the destination partial, on each host."""
-        s, d = self.both(
+        s, d = self.concurrently(
             partial(self.call, self.src.host, "hash_ranges", path=p.source, ranges=ranges, expect=p.identity),
             partial(self.call, self.dst.host, "hash_ranges", path=p.partial, ranges=ranges))
         return Hashes.parse(s, self.src.host), Hashes.parse(d, self.dst.host)
 
-    def _mismatch(self, p: rp.FilePlan, outcome: FileOutcome) -> None:
+    def _mismatch(self, p: FilePlan, outcome: FileOutcome) -> None:
         """Whole-file digests disagree: find the chunks that differ, forget them, and fail loudly."""
-        s, d = self._hash_both(p, p.chunks)
+        s, d = self._hash_on_both_hosts(p, p.chunks)
         bad = [i for i, (a, b) in enumerate(zip(s.digests, d.digests, strict=False)) if a != b]
         if bad:
             self.call(self.dst.host, "journal_drop", final=p.final, indices=bad)
@@ -514,32 +528,21 @@ def _freeze_heap() -> None:
 
 
 def relay(connector: Connector, source: str, destination: str, options: RelayOptions | None = None,
-          console: Console | None = None, progress: RelayProgress | None = None) -> RelayResult:
+          events: Events | None = None) -> RelayResult:
     """Relay SOURCE (``HOST:PATH``) to DESTINATION (``HOST:PATH``) through this machine.
 
-    Progress goes to ``progress`` (default: a rich bar on ``console`` when it is a terminal).
+    Progress and notices go to ``events`` (``relay_progress`` for the bytes; default: nothing).
     Raises InputError for bad arguments, OperationError/HostError when the relay fails (the partial is
     kept for resume). Returns a RelayResult (``as_dict()`` is the --json summary).
     """
     options = options or RelayOptions()
-    if console is None:
-        from orchestrator.ui.safe_console import SafeConsole  # hosts' notes and paths: no control characters
-
-        console = SafeConsole(stderr=True)
-    if progress is None:
-        if console.is_terminal:
-            from orchestrator.ui.relay_progress import RichRelayProgress
-
-            progress = RichRelayProgress(console)
-        else:
-            progress = NoProgress()
     inv = connector.inventory
-    src = rp.parse_endpoint(source, inv, "source")
-    dst = rp.parse_endpoint(destination, inv, "destination")
+    src = parse_endpoint(source, inv, "source")
+    dst = parse_endpoint(destination, inv, "destination")
     if options.bwlimit is not None and options.bwlimit <= 0:
         raise InputError("--bwlimit must be positive")
     if options.stall_timeout <= 0:
         raise InputError("--stall-timeout must be positive")
     if options.wait_stable < 0:
         raise InputError("--wait-stable must be zero or more seconds")
-    return _Relay(connector, src, dst, options, console, progress).run()
+    return _Relay(connector, src, dst, options, events or QuietEvents()).run()

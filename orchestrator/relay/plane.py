@@ -25,9 +25,9 @@ from orchestrator.relay.processes import (
     ParamikoProcess,
     RemoteProcess,
     SshProcess,
+    last_lines,
     open_paramiko_session,
     stream_prelude,
-    tail,
     write_all,
 )
 from orchestrator.transport import Connector
@@ -221,7 +221,7 @@ class DataPlane:
                 elif fallback and "unknown cipher type" in text:
                     self.cipher_note = f"ssh default ({self.cipher} not supported by the local ssh)"
                 else:
-                    detail = tail(exc.proc.error_text()) or "the stream closed before it started"
+                    detail = last_lines(exc.proc.error_text()) or "the stream closed before it started"
                     raise HostError(exc.proc.host, f"cannot start a relay stream ({exc.proc.what}): {detail}",
                                     hint="check that the host runs sshd and that 'python:' in the inventory names "
                                     "an interpreter present there") from None

@@ -1,4 +1,4 @@
-"""Host-side relay processes reached over bulk SSH streams, and the cipher probing that picks their cipher.
+"""Host-side relay processes reached over bulk SSH streams (which cipher they use: ``cipher.py``).
 
 Each process is ``python3 -c BOOT`` on a host; BOOT reads a 10-digit length and that much Python source
 from stdin (the host program plus the call to make), so nothing is installed on the host and no path
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import HostError
 from orchestrator.core.inventory import ResolvedHost
-from orchestrator.transport.bulk import ssh_argv, ssh_binary
+from orchestrator.transport.bulk import ssh_argv
 
 if TYPE_CHECKING:
     from orchestrator.transport.control import HostSession
@@ -304,44 +303,6 @@ class Bridge(threading.Thread):
             self.sending = False
 
 
-# ----------------------------------------------------------------------------------- cipher and plane choice
-
-
-_CLIENT_CIPHERS: list[str] | None = None
-
-
-def client_ciphers() -> list[str]:
-    global _CLIENT_CIPHERS
-    if _CLIENT_CIPHERS is None:
-        exe = ssh_binary()
-        if exe is None:
-            _CLIENT_CIPHERS = []
-        else:
-            proc = subprocess.run([exe, "-Q", "cipher"], capture_output=True, text=True, timeout=10)
-            _CLIENT_CIPHERS = proc.stdout.split() if proc.returncode == 0 else []
-    return _CLIENT_CIPHERS
-
-
-def probe_cipher(host: ResolvedHost, cipher: str, timeout: float) -> bool:
-    """Does `host` accept `cipher`? Also proves the bulk ssh settings work before any byte moves."""
-    argv = bulk_argv(host, "true", cipher)
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise HostError(host.name, f"bulk ssh connection did not answer within {timeout:.0f}s") from None
-    if proc.returncode == 0:
-        return True
-    err = proc.stderr.strip()
-    if "no matching cipher" in err.lower():
-        return False
-    raise HostError(host.name, f"bulk ssh connection failed: {err or f'exit {proc.returncode}'}",
-                    hint=f"the command was: {shlex.join(argv[:1] + ['...', host.hostname, 'true'])}")
-
-
-def paramiko_ciphers(transport: Any) -> list[str]:
-    return list(transport.get_security_options().ciphers)
-
-
 def open_paramiko_session(resolved: ResolvedHost, trust_new: bool, cipher: str | None) -> tuple[HostSession, str]:
     """A new control-plane connection re-keyed so `cipher` is first choice; returns it and the cipher in use."""
     import paramiko
@@ -363,9 +324,5 @@ def open_paramiko_session(resolved: ResolvedHost, trust_new: bool, cipher: str |
     return session, t.remote_cipher
 
 
-def have_ssh() -> bool:
-    return shutil.which("ssh") is not None
-
-
-def tail(text: str, lines: int = 6) -> str:
+def last_lines(text: str, lines: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])

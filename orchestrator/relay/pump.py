@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from orchestrator.core.errors import HostError
-from orchestrator.relay import plan as rp
 from orchestrator.relay import protocol as wire
-from orchestrator.relay.flow import Flow
+from orchestrator.relay.plan import FilePlan, first_gap
 from orchestrator.relay.plane import Pair, StreamEnded
 from orchestrator.relay.processes import RemoteProcess
+from orchestrator.relay.transfer_monitor import TransferMonitor
 
 
 class SourceChanged(Exception):
@@ -50,7 +50,7 @@ class Ends:
 class FileJob:
     """Shared state of one file's transfer across its stream threads."""
 
-    def __init__(self, plan: rp.FilePlan, sending: list[int], good: list[int], sequential: bool,
+    def __init__(self, plan: FilePlan, sending: list[int], good: list[int], sequential: bool,
                  follower: RemoteProcess | None, streams: int):
         chunks = plan.chunks
         self.plan = plan
@@ -60,7 +60,7 @@ class FileJob:
         self.read: dict[int, str] = {}      # parallel mode: chunk -> sha256 the reader read
         self.written: dict[int, str] = {}   # parallel mode: chunk -> sha256 the writer wrote
         self.done: set[int] = set(good)
-        self.frontier = rp.first_gap(self.done, 0)
+        self.frontier = first_gap(self.done, 0)
         self.follower = follower
         self.checked = 0
         self.reader_digest: list[str | None] = [None] * streams
@@ -96,7 +96,7 @@ class FileJob:
                 self.checked += 1
                 self.done.add(idx)
                 if idx == self.frontier:
-                    self.frontier = rp.first_gap(self.done, idx)
+                    self.frontier = first_gap(self.done, idx)
                     self._tell_follower()
 
     def _tell_follower(self) -> None:
@@ -138,7 +138,7 @@ def reader_reply(pair: Pair) -> dict:
     return reply
 
 
-def open_writer(pair: Pair, plan: rp.FilePlan, root: str, sequential: bool, prepare: dict | None = None) -> None:
+def open_writer(pair: Pair, plan: FilePlan, root: str, sequential: bool, prepare: dict | None = None) -> None:
     args = {"root": root, "rel": plan.rel, "size": plan.size, "chunk_size": plan.chunk_size,
             "hash": "file" if sequential else "chunk"}
     if prepare is not None:
@@ -168,7 +168,8 @@ def _check_reader(pair: Pair, reply: dict) -> None:
         raise HostError(pair.reader.host, str(reply.get("detail") or reply["error"]))
 
 
-def pump(job: FileJob, k: int, pair: Pair, flow: Flow, open_it: bool, rate: float | None, root: str) -> None:
+def pump(job: FileJob, k: int, pair: Pair, monitor: TransferMonitor, open_it: bool, rate: float | None,
+         root: str) -> None:
     """Move chunks from the job's queue through one pair until the queue is empty, then close the file.
     (Seven parameters: the job, this stream and its pair, and the settings it runs under.)"""
     plan = job.plan
@@ -198,12 +199,12 @@ def pump(job: FileJob, k: int, pair: Pair, flow: Flow, open_it: bool, rate: floa
     if open_it:
         pair.reply("opened")
     while inflight and job.error is None:
-        flow.busy(k, "moving bytes")
+        monitor.busy(k, "moving bytes")
         word, rest = pair.line()
         if word == "at":
             idx, n = (int(x) for x in rest.split())
             if idx == inflight[0][0] and n > moved:
-                flow.moved(k, n - moved)
+                monitor.moved(k, n - moved)
                 moved = n
         elif word == "ack":
             fields = rest.split()
@@ -212,7 +213,7 @@ def pump(job: FileJob, k: int, pair: Pair, flow: Flow, open_it: bool, rate: floa
                 raise HostError(pair.writer.host, f"the {pair.writer.what} acknowledged {rest[:80]!r}, but chunk "
                                 f"{inflight[0][0]} at offset {inflight[0][1]} was requested")
             inflight.popleft()
-            flow.moved(k, acked[2] - moved)
+            monitor.moved(k, acked[2] - moved)
             moved = 0
             job.record(acked[0], written=fields[3])  # "-" in sequential mode: the writer hashes the whole file
             request()
@@ -225,7 +226,7 @@ def pump(job: FileJob, k: int, pair: Pair, flow: Flow, open_it: bool, rate: floa
             raise StreamEnded(pair.writer)
     if job.error is not None:
         return
-    flow.idle(k)
+    monitor.idle(k)
     _finish(job, k, pair)
 
 
@@ -249,8 +250,8 @@ def _finish(job: FileJob, k: int, pair: Pair) -> None:
             raise StreamEnded(pair.writer)
 
 
-def move_chunks(job: FileJob, pairs: list[Pair], flow: Flow, ends: Ends, settings: tuple[float, float | None, str]
-                ) -> None:
+def move_chunks(job: FileJob, pairs: list[Pair], monitor: TransferMonitor, ends: Ends,
+                settings: tuple[float, float | None, str]) -> None:
     """Run one pump per pair until the job's queue is drained and every writer has closed the file; a
     stall (no byte moved for stall_timeout while a stream waits) fails the job. Pair 0's writer is already
     open (it prepared the partial). settings: (stall timeout, bytes/s per stream or None, destination root).
@@ -260,7 +261,7 @@ def move_chunks(job: FileJob, pairs: list[Pair], flow: Flow, ends: Ends, setting
     def guarded(k: int, pair: Pair) -> Callable[[], None]:
         def body() -> None:
             try:
-                pump(job, k, pair, flow, k != 0, rate, root)
+                pump(job, k, pair, monitor, k != 0, rate, root)
             except BaseException as exc:  # noqa: BLE001 - every failure ends the file's transfer
                 job.fail(exc)
         return body
@@ -273,7 +274,7 @@ def move_chunks(job: FileJob, pairs: list[Pair], flow: Flow, ends: Ends, setting
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(0.2)
-            stall = flow.stalled(stall_timeout)
+            stall = monitor.stalled(stall_timeout)
             if stall and job.error is None:
                 k, seconds, _ = stall
                 side = pairs[k].stuck()
@@ -284,6 +285,6 @@ def move_chunks(job: FileJob, pairs: list[Pair], flow: Flow, ends: Ends, setting
         job.fail(exc)
         raise
     finally:
-        flow.flush()
+        monitor.flush()
     if job.error is not None:
         raise job.error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from orchestrator.relay import plan as rp
+from orchestrator.relay.plan import MiB
 
 
 @dataclass
@@ -83,7 +83,7 @@ class RelayResult:
 
     @property
     def mib_per_s(self) -> float:
-        return self.sent_bytes / rp.MiB / self.seconds if self.seconds > 0 else 0.0
+        return self.sent_bytes / MiB / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict:
         single = self.files[0] if self.kind == "file" and self.files else None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from orchestrator.core.errors import HostError, InputError
-from orchestrator.relay.processes import tail
+from orchestrator.relay.processes import last_lines
 from orchestrator.transport import Connector
 
 STRIP_DIR = "relay-strip"
@@ -50,7 +50,7 @@ def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable
     res = connector.session(host_name).run(cmd, check=False, env=dict(host.env) if host.env else None)
     if not res.ok:
         errs = [ln for ln in res.err_text.splitlines() if ln.startswith("dfo-payload error:")]
-        detail = errs[-1].removeprefix("dfo-payload error:").strip() if errs else tail(res.err_text or res.text)
+        detail = errs[-1].removeprefix("dfo-payload error:").strip() if errs else last_lines(res.err_text or res.text)
         raise HostError(host_name, f"strip-checkpoint of {path} failed: {detail}")
     record = call(host_name, "_read_json", path=posixpath.join(out_dir, "dfo-source.json"))
     record = record if isinstance(record, dict) else {}

@@ -14,7 +14,9 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.text import Text
 
+from orchestrator.core.events import QuietRelayProgress, RelayProgress
 from orchestrator.ui.progress_view import ProgressView
+from orchestrator.ui.relay_progress import RichRelayProgress
 
 _STEP_STYLE = {None: ("▸", "bold cyan"), "demo": ("demo ▸", "bold magenta")}
 
@@ -67,3 +69,7 @@ class ConsoleEvents:
 
     def job_output(self, prefix: str = "", live: bool | None = None) -> ProgressView:
         return ProgressView(self.console, live=live, prefix=prefix)
+
+    def relay_progress(self) -> RelayProgress:
+        # A live bar only for a person watching: logs and pipes get the relay's summary alone.
+        return RichRelayProgress(self.console) if self.console.is_terminal else QuietRelayProgress()

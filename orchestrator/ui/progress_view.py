@@ -2,7 +2,8 @@
 
 The payload (remote_payload/progress.py) writes one JSON object per line with ``"dfo": KIND``:
 ``progress`` (stage, done, total, unit, tokens_per_s, message), ``stage`` (stage, status start|done,
-elapsed_s, message), ``warning`` (message, stage) and ``result`` (free fields). Any other line — plain
+elapsed_s, message), ``warning`` (message, stage) and ``result`` (free fields, shown as one readable line:
+``result_summary``). Any other line — plain
 text, JSON without a known ``dfo`` kind, half a line — passes through as log text, unchanged.
 
 On a terminal the bars are live; otherwise (CI logs, pipes) progress is printed as text lines, at most
@@ -18,6 +19,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import posixpath
 import time
 from dataclasses import dataclass, field
 
@@ -154,8 +156,7 @@ class ProgressView:
     def _on_result(self, rec: dict) -> None:
         fields = {k: v for k, v in rec.items() if k != "dfo"}
         self.results.append(fields)
-        shown = ", ".join(f"{k}={_short(v)}" for k, v in fields.items())
-        self._print(Text.assemble(("result:", "bold green"), f" {shown}"))
+        self._print(Text.assemble(("result:", "bold green"), f" {result_summary(fields)}"))
 
     # -- output
 
@@ -216,6 +217,41 @@ def _fmt_progress(st: StageState) -> str:
     return text
 
 
+def result_summary(fields: dict) -> str:
+    """A result record for a person: each drafter's τ (``drafters``: name -> τ, what the eval reports), the
+    other fields as ``key=value`` with numbers rounded, and ``→ FOLDER`` of the ``results`` file last."""
+    parts = []
+    drafters = fields.get("drafters")
+    if isinstance(drafters, dict):
+        parts += [f"{name} τ {_rounded(tau, '.2f')}" for name, tau in drafters.items()]
+    results = fields.get("results")
+    folder = posixpath.dirname(results) if isinstance(results, str) else None
+    for key, value in fields.items():
+        if (key == "drafters" and isinstance(drafters, dict)) or (key == "results" and folder is not None):
+            continue
+        if key == "samples" and isinstance(value, str) and folder is not None and posixpath.dirname(value) == folder:
+            continue  # beside results.json: the folder says where both are
+        parts.append(f"{key}={_short(value)}")
+    text = ", ".join(parts)
+    if folder is not None:
+        text += f" → {folder or results}"
+    return text
+
+
+def _rounded(value, spec: str = ".4g") -> str:
+    number = _number(value, None)
+    return "?" if number is None else format(number, spec) if isinstance(number, float) else str(number)
+
+
 def _short(value, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = _rounded(value)
+    elif isinstance(value, list):
+        text = ", ".join(_short(v, limit) for v in value)
+    elif isinstance(value, dict):
+        text = ", ".join(f"{k} {_short(v, limit)}" for k, v in value.items())
+    else:
+        text = json.dumps(value, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"

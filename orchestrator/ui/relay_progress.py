@@ -1,4 +1,4 @@
-"""The relay's progress bar: rich rendering of ``orchestrator.relay.flow.RelayProgress`` events."""
+"""The relay's progress bar: rich rendering of ``core.events.RelayProgress`` (``ConsoleEvents.relay_progress``)."""
 
 from __future__ import annotations
 

@@ -518,3 +518,42 @@ def test_api_errors_are_dfo_errors(sandbox, paths):
         result = relay(conn, f"kpro6:{src}/x.bin", f"ct129:{dst}/x.bin")
     assert result.as_dict()["sha256"] == sha(src / "x.bin")
     assert isinstance(OperationError("x"), DfoError)
+
+
+class RecordingEvents:
+    """An Events whose relay progress records what the relay reported (no terminal involved)."""
+
+    is_terminal = False
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def info(self, text):
+        self.calls.append(("info", text))
+
+    def relay_progress(self):
+        events = self
+
+        class Progress:
+            def __getattr__(self, name):
+                return lambda *args: events.calls.append((name, *args))
+
+        return Progress()
+
+
+def test_the_relay_reports_its_bytes_as_events(sandbox, paths):
+    """The relay builds no bar: it reports to the Events it is given, and the bytes it reports add up."""
+    src, dst = paths
+    size = 3 * CHUNK + 12345
+    random_file(src / "ev.bin", size)
+    events = RecordingEvents()
+    with Connector(load_inventory(sandbox.inventory_path)) as conn:
+        relay(conn, f"kpro6:{src}/ev.bin", f"ct129:{dst}/ev.bin", RelayOptions(streams=2), events=events)
+    names = [c[0] for c in events.calls]
+    assert names[0] == "start" and names[-1] == "stop"
+    start = events.calls[0]
+    assert start[1] == "ev.bin" and start[2] == size and start[3] == 2
+    advanced = [c for c in events.calls if c[0] == "advance"]
+    assert sum(n for _, _stream, n in advanced) == size
+    assert {stream for _, stream, _n in advanced} <= {0, 1}
+    assert sha(dst / "ev.bin") == sha(src / "ev.bin")

@@ -8,9 +8,33 @@ import pytest
 
 from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import parse_inventory
-from orchestrator.relay import plan as rp
-
-MiB, GiB = rp.MiB, rp.GiB
+from orchestrator.relay.plan import (
+    FAST_CIPHER,
+    MAX_CHUNK,
+    MAX_STREAMS,
+    MIN_CHUNK,
+    Endpoint,
+    FilePlan,
+    GiB,
+    MiB,
+    check_space,
+    choose_chunk_size,
+    choose_streams,
+    chunk_ranges,
+    cipher_choice,
+    destination_path,
+    first_gap,
+    human_bytes,
+    is_sequential,
+    journal_header,
+    manifest_path,
+    parse_endpoint,
+    parse_rate,
+    plan_file,
+    resume_verdict,
+    space_needed,
+    to_send,
+)
 
 INVENTORY = """
 hosts:
@@ -33,7 +57,7 @@ IDENT = {"size": 10 * MiB, "mtime_ns": 1_700_000_000_000_000_000, "ino": 42, "mo
 
 
 def journal(done: list[int], ident=IDENT, chunk=4 * MiB, host="kpro6", path="/data/ckpt/a.pt") -> dict:
-    header = rp.journal_header(host, path, ident, chunk)
+    header = journal_header(host, path, ident, chunk)
     return {"header": header, "done": {str(i): None for i in done}}
 
 
@@ -41,12 +65,12 @@ def journal(done: list[int], ident=IDENT, chunk=4 * MiB, host="kpro6", path="/da
 
 
 def test_parse_endpoint_absolute_relative_and_trailing_slash(inv):
-    assert rp.parse_endpoint("kpro6:/data/x.pt", inv, "source") == rp.Endpoint("kpro6", "/data/x.pt")
-    assert rp.parse_endpoint("kpro6:step 1.pt", inv, "source").path == "/data/ckpt/step 1.pt"
-    dst = rp.parse_endpoint("ct129:/models/", inv, "destination")
+    assert parse_endpoint("kpro6:/data/x.pt", inv, "source") == Endpoint("kpro6", "/data/x.pt")
+    assert parse_endpoint("kpro6:step 1.pt", inv, "source").path == "/data/ckpt/step 1.pt"
+    dst = parse_endpoint("ct129:/models/", inv, "destination")
     assert dst.path == "/models" and dst.trailing_slash
     # Everything after the first ':' is the path, colons included.
-    assert rp.parse_endpoint("ct129:/a:b/c", inv, "destination").path == "/a:b/c"
+    assert parse_endpoint("ct129:/a:b/c", inv, "destination").path == "/a:b/c"
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -60,66 +84,66 @@ def test_parse_endpoint_absolute_relative_and_trailing_slash(inv):
 ])
 def test_parse_endpoint_rejects_bad_input(inv, text, needle):
     with pytest.raises(InputError) as err:
-        rp.parse_endpoint(text, inv, "source")
+        parse_endpoint(text, inv, "source")
     assert needle in str(err.value)
 
 
 def test_destination_path_follows_cp_rules():
-    plain = rp.Endpoint("ct129", "/models/x.pt")
-    slash = rp.Endpoint("ct129", "/models", trailing_slash=True)
-    assert rp.destination_path(plain, "/data/a.pt", "file", "missing") == "/models/x.pt"
-    assert rp.destination_path(slash, "/data/a.pt", "file", "missing") == "/models/a.pt"
+    plain = Endpoint("ct129", "/models/x.pt")
+    slash = Endpoint("ct129", "/models", trailing_slash=True)
+    assert destination_path(plain, "/data/a.pt", "file", "missing") == "/models/x.pt"
+    assert destination_path(slash, "/data/a.pt", "file", "missing") == "/models/a.pt"
     # An existing directory as the target of a file: the file goes inside it.
-    assert rp.destination_path(rp.Endpoint("ct129", "/models"), "/data/a.pt", "file", "dir") == "/models/a.pt"
+    assert destination_path(Endpoint("ct129", "/models"), "/data/a.pt", "file", "dir") == "/models/a.pt"
     # A directory source names the destination directory itself unless a '/' asks for "inside".
-    assert rp.destination_path(rp.Endpoint("ct129", "/m/run1"), "/data/run1", "dir", "dir") == "/m/run1"
-    assert rp.destination_path(slash, "/data/run1", "dir", "dir") == "/models/run1"
+    assert destination_path(Endpoint("ct129", "/m/run1"), "/data/run1", "dir", "dir") == "/m/run1"
+    assert destination_path(slash, "/data/run1", "dir", "dir") == "/models/run1"
     # rsync's convention: a source directory with a trailing '/' means its contents, which land in DST.
-    run7 = rp.Endpoint("ct129", "/ckpt/run7", trailing_slash=True)
-    assert rp.destination_path(run7, "/data/run7", "dir", "missing", source_slash=True) == "/ckpt/run7"
-    assert rp.destination_path(run7, "/data/run7", "dir", "missing") == "/ckpt/run7/run7"
+    run7 = Endpoint("ct129", "/ckpt/run7", trailing_slash=True)
+    assert destination_path(run7, "/data/run7", "dir", "missing", source_slash=True) == "/ckpt/run7"
+    assert destination_path(run7, "/data/run7", "dir", "missing") == "/ckpt/run7/run7"
     # Stripped checkpoints become a folder named after the checkpoint.
-    assert rp.destination_path(slash, "/data/step_9.pt", "dir", "dir", strip=True) == "/models/step_9-weights"
-    assert rp.manifest_path("/models/a.pt") == "/models/a.pt.dfo-manifest.json"
+    assert destination_path(slash, "/data/step_9.pt", "dir", "dir", strip=True) == "/models/step_9-weights"
+    assert manifest_path("/models/a.pt") == "/models/a.pt.dfo-manifest.json"
 
 
 # ----------------------------------------------------------------------------------- sizing
 
 
 def test_chunk_size_is_a_power_of_two_between_bounds():
-    assert rp.choose_chunk_size(0) == rp.MIN_CHUNK
-    assert rp.choose_chunk_size(10 * MiB) == 4 * MiB
-    assert rp.choose_chunk_size(GiB) == 16 * MiB
-    assert rp.choose_chunk_size(17 * 10**9) == rp.MAX_CHUNK
+    assert choose_chunk_size(0) == MIN_CHUNK
+    assert choose_chunk_size(10 * MiB) == 4 * MiB
+    assert choose_chunk_size(GiB) == 16 * MiB
+    assert choose_chunk_size(17 * 10**9) == MAX_CHUNK
     for size in (1, 5 * MiB, 3 * GiB, 100 * GiB):
-        c = rp.choose_chunk_size(size)
-        assert c & (c - 1) == 0 and rp.MIN_CHUNK <= c <= rp.MAX_CHUNK
+        c = choose_chunk_size(size)
+        assert c & (c - 1) == 0 and MIN_CHUNK <= c <= MAX_CHUNK
 
 
 def test_chunk_ranges_cover_the_file_exactly():
-    ranges = rp.chunk_ranges(10 * MiB + 3, 4 * MiB)
+    ranges = chunk_ranges(10 * MiB + 3, 4 * MiB)
     assert ranges == [(0, 4 * MiB), (4 * MiB, 4 * MiB), (8 * MiB, 2 * MiB + 3)]
-    assert rp.chunk_ranges(0, 4 * MiB) == []
-    assert sum(n for _, n in rp.chunk_ranges(12345678, 4 * MiB)) == 12345678
+    assert chunk_ranges(0, 4 * MiB) == []
+    assert sum(n for _, n in chunk_ranges(12345678, 4 * MiB)) == 12345678
 
 
 def test_streams_by_size_cores_and_request():
-    assert rp.choose_streams(10 * MiB, None, cpu_count=16) == 1
-    assert rp.choose_streams(512 * MiB, None, cpu_count=16) == 2
-    assert rp.choose_streams(17 * GiB, None, cpu_count=16) == 4
-    assert rp.choose_streams(17 * GiB, None, cpu_count=4) == 2    # two ssh processes per stream here
-    assert rp.choose_streams(17 * GiB, None, cpu_count=2) == 1
-    assert rp.choose_streams(1, 3, cpu_count=2) == 3               # an explicit request wins
-    assert rp.choose_streams(1, 99, cpu_count=2) == rp.MAX_STREAMS
+    assert choose_streams(10 * MiB, None, cpu_count=16) == 1
+    assert choose_streams(512 * MiB, None, cpu_count=16) == 2
+    assert choose_streams(17 * GiB, None, cpu_count=16) == 4
+    assert choose_streams(17 * GiB, None, cpu_count=4) == 2    # two ssh processes per stream here
+    assert choose_streams(17 * GiB, None, cpu_count=2) == 1
+    assert choose_streams(1, 3, cpu_count=2) == 3               # an explicit request wins
+    assert choose_streams(1, 99, cpu_count=2) == MAX_STREAMS
     with pytest.raises(InputError):
-        rp.choose_streams(1, 0)
+        choose_streams(1, 0)
 
 
 # ----------------------------------------------------------------------------------- per file
 
 
-def plan(dest_entry: dict, ident=IDENT) -> rp.FilePlan:
-    return rp.plan_file("", "kpro6", "/data/ckpt/a.pt", ident, "/models/a.pt", dest_entry)
+def plan(dest_entry: dict, ident=IDENT) -> FilePlan:
+    return plan_file("", "kpro6", "/data/ckpt/a.pt", ident, "/models/a.pt", dest_entry)
 
 
 def test_plan_fresh_file_sends_everything():
@@ -133,7 +157,7 @@ def test_plan_resumes_from_a_matching_journal():
     p = plan({"final": None, "partial": {"size": 10 * MiB, "allocated": 10 * MiB}, "journal": journal([0, 2])})
     assert p.action == "resume" and p.claimed == [0, 2] and not p.reset
     assert p.claimed_bytes == 4 * MiB + 2 * MiB
-    assert rp.space_needed([p]) == 0  # the partial is already allocated
+    assert space_needed([p]) == 0  # the partial is already allocated
 
 
 def test_plan_restarts_when_the_source_changed_since_the_partial():
@@ -141,7 +165,7 @@ def test_plan_restarts_when_the_source_changed_since_the_partial():
     p = plan({"final": None, "partial": {"size": 10 * MiB, "allocated": 10 * MiB}, "journal": journal([0, 1])},
              ident=newer)
     assert p.action == "send" and p.reset and p.claimed == []
-    assert rp.space_needed([p]) == 10 * MiB
+    assert space_needed([p]) == 10 * MiB
 
 
 def test_plan_restarts_on_a_partial_without_journal_or_of_the_wrong_size():
@@ -159,64 +183,64 @@ def test_plan_same_size_final_is_compared_and_different_size_replaced():
 
 
 def test_resume_verdict_keeps_only_agreeing_chunks():
-    good, bad = rp.resume_verdict([0, 3, 5], ["a", "b", "c"], ["a", "X", "c"])
+    good, bad = resume_verdict([0, 3, 5], ["a", "b", "c"], ["a", "X", "c"])
     assert good == [0, 5] and bad == [3]
     with pytest.raises(ValueError):
-        rp.resume_verdict([0], ["a"], [])
+        resume_verdict([0], ["a"], [])
 
 
 def test_to_send_and_sequential_mode():
     p = plan({"final": None, "partial": None, "journal": None})
-    assert rp.to_send(p, [1]) == [0, 2]
-    assert rp.is_sequential(p, [0, 1, 2], streams=1)
-    assert not rp.is_sequential(p, [0, 1, 2], streams=2)   # chunks interleave across streams
-    assert not rp.is_sequential(p, [0, 2], streams=1)      # a resume: not the whole file in order
-    small = rp.plan_file("", "kpro6", "/x", dict(IDENT, size=100), "/y", {})
-    assert rp.is_sequential(small, [0], streams=4)         # one chunk is always in order
+    assert to_send(p, [1]) == [0, 2]
+    assert is_sequential(p, [0, 1, 2], streams=1)
+    assert not is_sequential(p, [0, 1, 2], streams=2)   # chunks interleave across streams
+    assert not is_sequential(p, [0, 2], streams=1)      # a resume: not the whole file in order
+    small = plan_file("", "kpro6", "/x", dict(IDENT, size=100), "/y", {})
+    assert is_sequential(small, [0], streams=4)         # one chunk is always in order
 
 
 def test_first_gap():
-    assert rp.first_gap({0, 1, 2, 5}, 0) == 3
-    assert rp.first_gap(set(), 0) == 0
-    assert rp.first_gap({4}, 4) == 5
+    assert first_gap({0, 1, 2, 5}, 0) == 3
+    assert first_gap(set(), 0) == 0
+    assert first_gap({4}, 4) == 5
 
 
 # ----------------------------------------------------------------------------------- space, cipher, rates
 
 
 def test_space_check_message_names_host_path_and_sizes():
-    assert rp.check_space("ct129", "/models/a.pt", 100, 100) is None
-    msg = rp.check_space("ct129", "/models/a.pt", 40 * MiB, 8 * MiB)
+    assert check_space("ct129", "/models/a.pt", 100, 100) is None
+    msg = check_space("ct129", "/models/a.pt", 40 * MiB, 8 * MiB)
     assert msg and "ct129" in msg and "/models/a.pt" in msg and "40.0 MiB" in msg and "8.0 MiB" in msg
 
 
 def test_cipher_choice():
-    clients = ["aes128-ctr", rp.FAST_CIPHER, "chacha20-poly1305@openssh.com"]
-    assert rp.cipher_choice(None, clients, {"kpro6": True, "ct129": True})[0] == rp.FAST_CIPHER
-    cipher, why = rp.cipher_choice(None, clients, {"kpro6": True, "ct129": False})
+    clients = ["aes128-ctr", FAST_CIPHER, "chacha20-poly1305@openssh.com"]
+    assert cipher_choice(None, clients, {"kpro6": True, "ct129": True})[0] == FAST_CIPHER
+    cipher, why = cipher_choice(None, clients, {"kpro6": True, "ct129": False})
     assert cipher is None and "ct129" in why
-    assert rp.cipher_choice(None, ["aes128-ctr"], {})[0] is None
-    assert rp.cipher_choice("aes128-ctr", clients, {}) == ("aes128-ctr", "as requested with --cipher")
+    assert cipher_choice(None, ["aes128-ctr"], {})[0] is None
+    assert cipher_choice("aes128-ctr", clients, {}) == ("aes128-ctr", "as requested with --cipher")
     with pytest.raises(InputError):
-        rp.cipher_choice("rot13", clients, {})
+        cipher_choice("rot13", clients, {})
 
 
 @pytest.mark.parametrize("text, value", [("50M", 50 * MiB), ("1G", GiB), ("800K", 800 * 1024), ("1000", 1000),
                                          ("1.5M", 1.5 * MiB), ("20MiB/s", 20 * MiB), (None, None)])
 def test_parse_rate(text, value):
-    assert rp.parse_rate(text) == value
+    assert parse_rate(text) == value
 
 
 @pytest.mark.parametrize("text", ["fast", "-1M", "0"])
 def test_parse_rate_rejects(text):
     with pytest.raises(InputError):
-        rp.parse_rate(text)
+        parse_rate(text)
 
 
 def test_human_bytes():
-    assert rp.human_bytes(512) == "512 B"
-    assert rp.human_bytes(40 * MiB) == "40.0 MiB"
-    assert rp.human_bytes(17 * GiB) == "17.0 GiB"
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(40 * MiB) == "40.0 MiB"
+    assert human_bytes(17 * GiB) == "17.0 GiB"
 
 
 # ----------------------------------------------------------------------------------- host-side code

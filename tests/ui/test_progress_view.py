@@ -156,3 +156,21 @@ def test_malformed_progress_fields_are_ignored_not_raised(live):
     assert st.total == 3 and st.done == 10**300 and st.tokens_per_s is None and st.finished
     assert view.warnings == [""]
     assert "prompts" in buf.getvalue()
+
+
+def test_the_eval_result_record_is_a_readable_line():
+    con, buf = console()
+    record = {"dfo": "result", "results": "/w/jobs/7/out/results.json", "samples": "/w/jobs/7/out/samples.jsonl",
+              "drafters": {"ours": 3.7109301139473554, "zlab": 5.1234, "broken": "x"}}
+    with ProgressView(con) as view:
+        view.feed(json.dumps(record) + "\n")
+    assert buf.getvalue().strip() == "result: ours τ 3.71, zlab τ 5.12, broken τ ? → /w/jobs/7/out"
+    assert view.results == [{k: v for k, v in record.items() if k != "dfo"}]
+
+
+def test_other_result_records_round_numbers_and_show_no_json():
+    con, buf = console()
+    with ProgressView(con) as view:
+        view.feed(json.dumps({"dfo": "result", "out": "/f", "built": ["target", "drafter"], "loss": 0.123456789,
+                              "sizes": {"a": 1, "b": 2.5}}) + "\n")
+    assert buf.getvalue().strip() == "result: out=/f, built=target, drafter, loss=0.1235, sizes=a 1, b 2.5"

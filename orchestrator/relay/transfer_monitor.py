@@ -1,47 +1,23 @@
 """What the relay reports while bytes move, and the stall watchdog's clock.
 
 The controller never sees file bytes: the writers report them ("at" lines inside a chunk, "ack" at its
-end) and the pumps turn those into ``moved`` calls here. ``Flow`` keeps, per stream, since when it has
-waited for bytes (the stall watchdog reads it) and passes progress on as events to a ``RelayProgress``
-(``orchestrator.ui.relay_progress`` renders them with rich; ``NoProgress`` drops them).
+end) and the pumps turn those into ``moved`` calls here. ``TransferMonitor`` keeps, per stream, since when
+it has waited for bytes (the stall watchdog reads it) and passes progress on, in batches, as
+``core.events.RelayProgress`` events (``orchestrator/ui/relay_progress.py`` renders them with rich).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Protocol
+
+from orchestrator.core.events import RelayProgress
 
 PROGRESS_STEP = 2 << 20  # batch progress events: one per this many bytes and stream
 
 
-class RelayProgress(Protocol):
-    def start(self, label: str, total: int, streams: int) -> None: ...
-    def status(self, text: str) -> None: ...
-    def set_done(self, total: int, done: int) -> None: ...
-    def advance(self, stream: int, n: int) -> None: ...
-    def stop(self) -> None: ...
-
-
-class NoProgress:
-    def start(self, label: str, total: int, streams: int) -> None:
-        pass
-
-    def status(self, text: str) -> None:
-        pass
-
-    def set_done(self, total: int, done: int) -> None:
-        pass
-
-    def advance(self, stream: int, n: int) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-class Flow:
-    """Shared by the pump threads of one relay."""
+class TransferMonitor:
+    """One relay's progress and stall clock, shared by its pump threads."""
 
     def __init__(self, progress: RelayProgress, total: int, streams: int, label: str):
         self.progress = progress
@@ -52,7 +28,7 @@ class Flow:
         self._lock = threading.Lock()
         self.activity: dict[int, list] = {}  # stream -> [what, since]: waiting for bytes since then
 
-    def __enter__(self) -> "Flow":
+    def __enter__(self) -> "TransferMonitor":
         self.progress.start(self.label, self.total, self.streams)
         return self
 
