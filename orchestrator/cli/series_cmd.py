@@ -13,7 +13,7 @@ from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import fmt_number
 from orchestrator.evaluation.runs import runs_root
-from orchestrator.watch import series as sm
+from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
 from orchestrator.watch.measures import verdict_text
 from orchestrator.watch.plot import write_plot
@@ -27,10 +27,10 @@ RunsDir = typer.Option(None, "--runs-dir", help="Where run folders are (default 
 
 
 def _load(runs_dir: Optional[str], name: str) -> tuple:
-    folder = sm.series_dir(runs_root(runs_dir), name)
-    found = sm.load_series(folder)
+    folder = series_state.series_dir(runs_root(runs_dir), name)
+    found = series_state.load_series(folder)
     if found is None:
-        known = [p.name for p in sorted(sm.series_root(runs_root(runs_dir)).glob("*")) if (p / "series.json").is_file()]
+        known = [p.name for p in sorted(series_state.series_root(runs_root(runs_dir)).glob("*")) if (p / "series.json").is_file()]
         raise InputError(f"no series {name!r} in {folder.parent}/",
                          hint=("known series: " + ", ".join(known)) if known else "start one with `dfo watch`")
     return folder, found
@@ -42,13 +42,13 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
     """Every series with its source, checkpoints evaluated/failed and the latest τ."""
     app_ctx: AppContext = ctx.obj
     rows = []
-    for folder in sorted(sm.series_root(runs_root(runs_dir)).glob("*")):
-        doc = sm.load_series(folder) if (folder / "series.json").is_file() else None
+    for folder in sorted(series_state.series_root(runs_root(runs_dir)).glob("*")):
+        doc = series_state.load_series(folder) if (folder / "series.json").is_file() else None
         if doc is None:
             continue
-        pts = sm.points(doc)
+        pts = series_state.points(doc)
         rows.append({"series": doc["name"], "source": doc["source"], "eval_host": doc["eval_host"],
-                     "evaluated": len(pts), "failed": len(sm.failures(doc)),
+                     "evaluated": len(pts), "failed": len(series_state.failures(doc)),
                      "last_step": pts[-1]["step"] if pts else None,
                      "last_tau_macro": pts[-1]["tau_macro"]["value"] if pts else None,
                      "watcher": supervisor.running_pid(folder), "updated_utc": doc["updated_utc"]})

@@ -17,9 +17,9 @@ from orchestrator.core.errors import InputError
 from orchestrator.evaluation.plan import EvalRequest, parse_drafter
 from orchestrator.evaluation.runs import runs_root
 from orchestrator.relay.plan import parse_endpoint
-from orchestrator.watch import series as sm
+from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
-from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, drafter_name, look
+from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, drafter_name, scan_folder
 from orchestrator.watch.selection import Options
 
 
@@ -94,7 +94,7 @@ def watch_cmd(
                       options=Options(settle=settle, every=every, newest=newest), pattern=pattern,
                       step_from=step_from, prompts_file=prompts_file, prompts_digest=digest, keep=keep, once=once,
                       interval=interval, on_result=on_result)
-    sm.series_dir(cfg.runs_dir, cfg.series)  # validates the name before anything runs
+    series_state.series_dir(cfg.runs_dir, cfg.series)  # validates the name before anything runs
     if dry_run:
         _dry_run(app_ctx, cfg, json_out)
     elif detach:
@@ -116,12 +116,12 @@ def _foreground(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
 
     watcher = Watcher(app_ctx.connector, cfg, app_ctx.events, idle=idle)
     result = watcher.run()
-    done, failed = sm.done_entries(result), sm.failures(result)
+    done, failed = series_state.done_entries(result), series_state.failures(result)
     err.print(Text(f"series {cfg.series}: {len(done)} evaluated, {len(failed)} failed → "
                    f"{watcher.folder} (series.json, series.md, tau_vs_step.png)"))
     if json_out:
         failed_rows = [{"name": e["name"], "step": e["step"], "error": e.get("error")} for e in failed]
-        app_ctx.print_json({"series": cfg.series, "path": str(watcher.folder), "steps": sm.points(result),
+        app_ctx.print_json({"series": cfg.series, "path": str(watcher.folder), "steps": series_state.points(result),
                             "failed": failed_rows})
 
 
@@ -135,12 +135,12 @@ class _Nothing:
 
 def _dry_run(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
     """Reads the folder listing and the local series; changes nothing anywhere."""
-    folder = sm.series_dir(cfg.runs_dir, cfg.series)
-    found = sm.load_series(folder)
+    folder = series_state.series_dir(cfg.runs_dir, cfg.series)
+    found = series_state.load_series(folder)
     if found is not None:
-        sm.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
-    plan, ignored = look(app_ctx.connector, cfg, (found or {}).get("checkpoints", {}))
-    cached = (sm.series_root(cfg.runs_dir) / ".baselines" / f"{baselines_key(cfg)}.json").is_file()
+        series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
+    plan, ignored = scan_folder(app_ctx.connector, cfg, (found or {}).get("checkpoints", {}))
+    cached = (series_state.series_root(cfg.runs_dir) / ".baselines" / f"{baselines_key(cfg)}.json").is_file()
     baselines = [d.label() for d in cfg.request.drafters]
     if json_out:
         app_ctx.print_json({"dry_run": True, "series": cfg.series, "source": cfg.source, **plan.as_dict(),
@@ -171,7 +171,7 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
 
 
 def _detach(app_ctx: AppContext, cfg: WatchConfig) -> None:
-    folder = sm.series_dir(cfg.runs_dir, cfg.series)
+    folder = series_state.series_dir(cfg.runs_dir, cfg.series)
     pid = supervisor.running_pid(folder)
     if pid is not None:
         raise InputError(f"series {cfg.series} is already watched by supervisor pid {pid}",

@@ -25,7 +25,7 @@ from orchestrator.jobs.operation import cancel_job, launch_job
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
-from orchestrator.watch import series as sm
+from orchestrator.watch import series as series_state
 from orchestrator.watch.loop import WatchConfig, Watcher
 from orchestrator.watch.selection import Options
 
@@ -87,7 +87,7 @@ def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, 
             try:
                 while True:  # --once rounds, as cron would run them, until the trainer is through
                     series = watcher.run()
-                    if len(sm.done_entries(series)) + len(sm.failures(series)) >= len(STEPS):
+                    if len(series_state.done_entries(series)) + len(series_state.failures(series)) >= len(STEPS):
                         break
                     time.sleep(2)
             finally:

@@ -33,7 +33,7 @@ from orchestrator.evaluation.plan import DrafterRef, EvalRequest, plan_eval, rel
 from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_atomic
 from orchestrator.jobs.operation import JobRefused
 from orchestrator.transport import Connector
-from orchestrator.watch import series as sm
+from orchestrator.watch import series as series_state
 from orchestrator.watch.discovery import Checkpoint, is_entry_name, parse_listing
 from orchestrator.watch.hooks import run_hook
 from orchestrator.watch.measures import judge, measure, per_sample_tau, verdict_text
@@ -84,7 +84,7 @@ def drafter_name(ckpt: Checkpoint) -> str:
     return name if name[:1].isalnum() else f"c{name}"[:64]
 
 
-def look(connector: Connector, cfg: WatchConfig, entries: dict[str, dict]) -> tuple[RoundPlan, list]:
+def scan_folder(connector: Connector, cfg: WatchConfig, entries: dict[str, dict]) -> tuple[RoundPlan, list]:
     """One look at the folder: the round plan and the names ignored (with why)."""
     listing = parse_listing(list_folder(connector, cfg.source_host, cfg.folder), host=cfg.source_host,
                             folder=cfg.folder, pattern=cfg.pattern, step_from=cfg.step_from)
@@ -127,7 +127,7 @@ class Watcher:
         """``idle(status_text, seconds)`` waits between looks (the CLI shows the text as a status line)."""
         self.connector, self.cfg, self.events = connector, cfg, events
         self.idle = idle or (lambda text, seconds: time.sleep(seconds))
-        self.folder = sm.series_dir(cfg.runs_dir, cfg.series)
+        self.folder = series_state.series_dir(cfg.runs_dir, cfg.series)
         self.series: dict = {}
 
     # -- the loop
@@ -137,7 +137,7 @@ class Watcher:
         try:
             self._open()
             while True:
-                plan, ignored = look(self.connector, self.cfg, self.series["checkpoints"])
+                plan, ignored = scan_folder(self.connector, self.cfg, self.series["checkpoints"])
                 self._round(plan, ignored)
                 if self.cfg.once:
                     return self.series
@@ -147,12 +147,12 @@ class Watcher:
 
     def _open(self) -> None:
         cfg = self.cfg
-        found = sm.load_series(self.folder)
+        found = series_state.load_series(self.folder)
         if found is None:
-            self.series = sm.new_series(cfg.series, source=cfg.source, eval_host=cfg.eval_host,
-                                        settings=cfg.settings())
+            self.series = series_state.new_series(cfg.series, source=cfg.source, eval_host=cfg.eval_host,
+                                                  settings=cfg.settings())
         else:
-            sm.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
+            series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
             self.series = found
         self._publish()
         for e in list(self.series["checkpoints"].values()):
@@ -172,7 +172,7 @@ class Watcher:
             self._evaluate(c)
 
     def _idle(self, plan: RoundPlan) -> None:
-        done, failed = len(sm.done_entries(self.series)), len(sm.failures(self.series))
+        done, failed = len(series_state.done_entries(self.series)), len(series_state.failures(self.series))
         self.idle(f"watching {self.cfg.source}: {done} evaluated, {failed} failed, {len(plan.waiting)} settling; "
                   f"next look in {self.cfg.interval:g}s", self.cfg.interval)
 
@@ -186,7 +186,7 @@ class Watcher:
         key = baselines_key(cfg)
         if (self.series.get("baselines") or {}).get("key") == key:
             return
-        cache = sm.series_root(cfg.runs_dir) / ".baselines" / f"{key}.json"
+        cache = series_state.series_root(cfg.runs_dir) / ".baselines" / f"{key}.json"
         if cache.is_file():
             cached = json.loads(cache.read_text(encoding="utf-8"))
             self._say(f"baselines {', '.join(cached['drafters'])}: reusing run {cached['run']}")
@@ -209,10 +209,10 @@ class Watcher:
         cfg = self.cfg
         orphan = self._orphan_run(ckpt)
         if orphan is not None:  # killed between the job's launch and the series' record of it
-            self._reattach(sm.mark(self.series, ckpt.name, "evaluating", run=orphan.name))
+            self._reattach(series_state.mark(self.series, ckpt.name, "evaluating", run=orphan.name))
             return
         previous = self.series["checkpoints"].get(ckpt.name)
-        e = sm.begin_attempt(self.series, ckpt)
+        e = series_state.begin_attempt(self.series, ckpt)
         self._publish()
         self._say(f"{ckpt.name} (step {ckpt.step}, from the {ckpt.step_source}; attempt {e['attempts']})")
         request = replace(cfg.request, drafters=[DrafterRef(drafter_name(ckpt), cfg.source_host, ckpt.path)])
@@ -232,9 +232,9 @@ class Watcher:
         except DfoError as exc:
             self._failed(ckpt.name, f"relay/launch: {exc.message}")
             return
-        sm.mark(self.series, ckpt.name, "evaluating", run=run.name, digests=_digests(run.record),
-                relayed_to=plan.relays[0].lands_at if plan.relays else None,
-                timings={"relay_launch_s": round(time.monotonic() - started, 1)})
+        series_state.mark(self.series, ckpt.name, "evaluating", run=run.name, digests=_digests(run.record),
+                          relayed_to=plan.relays[0].lands_at if plan.relays else None,
+                          timings={"relay_launch_s": round(time.monotonic() - started, 1)})
         self._publish()
         self._collect(e, lambda: follow_and_collect(self.connector, run, events=self.events), started)
 
@@ -243,7 +243,7 @@ class Watcher:
         try:
             run = load_run(self.cfg.runs_dir / e["run"])
         except InputError:
-            sm.mark(self.series, e["name"], "relaying")  # its run folder is gone: the attempt is redone
+            series_state.mark(self.series, e["name"], "relaying")  # its run folder is gone: the attempt is redone
             self._publish()
             return
         self._collect(e, lambda: wait_and_collect(self.connector, run, events=self.events), time.monotonic())
@@ -258,15 +258,15 @@ class Watcher:
         except DfoError as exc:
             self._failed(e["name"], f"eval: {exc.message}")
             return
-        best = sm.best_before(self.series, e["step"])
+        best = series_state.best_before(self.series, e["step"])
         best_taus = per_sample_tau(load_run(self.cfg.runs_dir / best["run"]).samples(), best["drafter"]) \
             if best else None
         verdict = judge(taus, best_taus, best_name=best["name"] if best else None,
-                        recent=sm.recent_verdicts(self.series, e["step"]))
+                        recent=series_state.recent_verdicts(self.series, e["step"]))
         timings = dict(e.get("timings") or {}, total_s=round(time.monotonic() - started, 1))
-        sm.mark(self.series, e["name"], "done", run=run.name, drafter=name, measures=measures, verdict=verdict,
-                timings=timings, reuse=_reuse(results), metadata_step=_metadata_step(results, name),
-                notify_pending=bool(self.cfg.on_result))
+        series_state.mark(self.series, e["name"], "done", run=run.name, drafter=name, measures=measures,
+                          verdict=verdict, timings=timings, reuse=_reuse(results),
+                          metadata_step=_metadata_step(results, name), notify_pending=bool(self.cfg.on_result))
         removed = self._cleanup(e)
         self._publish()
         tree = measures["ddtree"]
@@ -276,7 +276,7 @@ class Watcher:
         self._hook(e)
 
     def _failed(self, name: str, reason: str) -> None:
-        e = sm.mark(self.series, name, "failed", error=reason, notify_pending=bool(self.cfg.on_result))
+        e = series_state.mark(self.series, name, "failed", error=reason, notify_pending=bool(self.cfg.on_result))
         self._publish()
         self.events.warn(f"{name} failed: {reason} (recorded; the watcher goes on)")
         self._hook(e)
@@ -326,7 +326,7 @@ class Watcher:
         self._publish()
 
     def _publish(self) -> None:
-        sm.save(self.folder, self.series)
+        series_state.save(self.folder, self.series)
         tmp = self.folder / ".series.md.tmp"
         tmp.write_text(series_markdown(self.series), encoding="utf-8")
         tmp.replace(self.folder / "series.md")

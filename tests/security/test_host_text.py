@@ -30,7 +30,7 @@ from orchestrator.evaluation.report import write_report
 from orchestrator.evaluation.runs import new_run, write_json_atomic
 from orchestrator.jobs.operation import job_status, launch_job
 from orchestrator.transport import Connector
-from orchestrator.watch import series as sm
+from orchestrator.watch import series as series_state
 
 HOST = "ct129"
 # Sequences rich itself never writes, so any of them in the output came from the host.
@@ -263,9 +263,9 @@ def test_a_damaged_results_file_is_a_clear_error(tmp_path, broken, says):
 def hostile_series(runs: Path) -> str:
     """A series whose checkpoint names (the training host's) and errors (the eval host's) lie."""
     name = "s1"
-    doc = sm.new_series(name, source="kpro6:/ckpts", eval_host=HOST,
-                        settings={"target": "/m/t`x`", "samples": 8, "prompts": "builtin", "max_new_tokens": 64,
-                                  "dtype": "float32"})
+    doc = series_state.new_series(name, source="kpro6:/ckpts", eval_host=HOST,
+                                  settings={"target": "/m/t`x`", "samples": 8, "prompts": "builtin",
+                                            "max_new_tokens": 64, "dtype": "float32"})
     stat = {"value": 3.0, "ci": [2.5, 3.5]}
     measures = {"tau_macro": stat, "tau_micro": stat, "ddtree": {**stat, "k": 8},
                 "p": [{"k": k, "value": 0.5, "ci": [0.4, 0.6]} for k in range(1, 5)]}
@@ -277,7 +277,7 @@ def hostile_series(runs: Path) -> str:
         f"step_3{EVIL}": {"name": f"step_3{EVIL}", "step": 3, "status": "evaluating", "run": "r3"},
     }
     doc["baselines"] = {"key": "k", "run": "rb", "drafters": {f"base$\\nosuchcmd${EVIL}{MARKUP}{HTML}": measures}}
-    sm.save(sm.series_dir(runs, name), doc)
+    series_state.save(series_state.series_dir(runs, name), doc)
     return name
 
 
@@ -290,7 +290,7 @@ def test_series_show_list_and_plot_keep_host_text_inert(tmp_path, terminal):
         assert_terminal_safe(proc)
     shown = cli("series", "show", name, runs=tmp_path, terminal=terminal).stdout
     assert all(s in shown for s in SHOWN_MARKUP) and "failed ]52;c;ZXZpbA==" in shown
-    md = (sm.series_dir(tmp_path, name) / "series.md").read_text(encoding="utf-8")
+    md = (series_state.series_dir(tmp_path, name) / "series.md").read_text(encoding="utf-8")
     assert_markdown_inert(md, {"tau_vs_step.png"})
     checkpoints = next(b for b in table_blocks(md) if "| step | checkpoint |" in b[0])
     assert [md_cells(r)[0] for r in checkpoints[2:]] == ["1", "2", "3"] and len(checkpoints) == 5

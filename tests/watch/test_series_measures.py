@@ -11,7 +11,7 @@ import series_data
 from cli_runner import dfo
 
 from orchestrator.core.errors import InputError
-from orchestrator.watch import series as sm
+from orchestrator.watch import series as series_state
 from orchestrator.watch.discovery import Checkpoint
 from orchestrator.watch.hooks import run_hook
 from orchestrator.watch.loop import removable
@@ -85,24 +85,24 @@ def ckpt(name, step, size=100, mtime=1.0):
 
 def done(series, name, step, accept, run):
     lines = series_data.samples(name, accept)
-    sm.begin_attempt(series, ckpt(name, step))
+    series_state.begin_attempt(series, ckpt(name, step))
     m = measure(series_data.results(name, lines), lines, name)
-    best = sm.best_before(series, step)
+    best = series_state.best_before(series, step)
     v = judge(per_sample_tau(lines, name), None if best is None else {k: best["measures"]["tau_macro"]["value"]
                                                                       for k in per_sample_tau(lines, name)},
-              best_name=best and best["name"], recent=sm.recent_verdicts(series, step))
-    sm.mark(series, name, "done", run=run, drafter=name, measures=m, verdict=v)
+              best_name=best and best["name"], recent=series_state.recent_verdicts(series, step))
+    series_state.mark(series, name, "done", run=run, drafter=name, measures=m, verdict=v)
 
 
 def make_series():
-    s = sm.new_series("run7", source="kpro6:/d", eval_host="ct129",
-                      settings={"target": "/m/t", "samples": 8, "prompts": "builtin", "max_new_tokens": 64,
+    s = series_state.new_series("run7", source="kpro6:/d", eval_host="ct129",
+                                settings={"target": "/m/t", "samples": 8, "prompts": "builtin", "max_new_tokens": 64,
                                 "dtype": "float32"})
     done(s, "step_100.pt", 100, 0.3, "r100")
     done(s, "step_200.pt", 200, 0.6, "r200")
-    sm.begin_attempt(s, ckpt("step_250.pt", 250))
-    sm.mark(s, "step_250.pt", "failed", error="relay/launch: kpro6: strip-checkpoint of /d/step_250.pt failed: "
-                                               "not a torch checkpoint")
+    series_state.begin_attempt(s, ckpt("step_250.pt", 250))
+    series_state.mark(s, "step_250.pt", "failed",
+                      error="relay/launch: kpro6: strip-checkpoint of /d/step_250.pt failed: not a torch checkpoint")
     done(s, "step_300.pt", 300, 0.8, "r300")
     s["baselines"] = {"key": "k", "run": "rb", "drafters": {"zlab": s["checkpoints"]["step_300.pt"]["measures"]}}
     return s
@@ -110,13 +110,13 @@ def make_series():
 
 def test_series_entries_count_a_checkpoint_once_and_keep_failures_with_their_reason():
     s = make_series()
-    assert [p["step"] for p in sm.points(s)] == [100, 200, 300]
-    assert [p["run"] for p in sm.points(s)] == ["r100", "r200", "r300"]
-    assert [e["name"] for e in sm.failures(s)] == ["step_250.pt"]
-    assert sm.best_before(s, 300)["name"] == "step_200.pt"
+    assert [p["step"] for p in series_state.points(s)] == [100, 200, 300]
+    assert [p["run"] for p in series_state.points(s)] == ["r100", "r200", "r300"]
+    assert [e["name"] for e in series_state.failures(s)] == ["step_250.pt"]
+    assert series_state.best_before(s, 300)["name"] == "step_200.pt"
     # A redo of an attempt counts attempts and keeps the abandoned run folder's name.
-    sm.mark(s, "step_250.pt", "evaluating", run="r250a")
-    again = sm.begin_attempt(s, ckpt("step_250.pt", 250, size=5))
+    series_state.mark(s, "step_250.pt", "evaluating", run="r250a")
+    again = series_state.begin_attempt(s, ckpt("step_250.pt", 250, size=5))
     assert again["attempts"] == 2 and again["superseded_runs"] == ["r250a"] and again["status"] == "relaying"
     assert "strip-checkpoint" in again["previous_error"]
 
@@ -124,12 +124,12 @@ def test_series_entries_count_a_checkpoint_once_and_keep_failures_with_their_rea
 def test_settings_must_stay_the_same_and_a_corrupt_state_file_is_a_clear_error(tmp_path):
     s = make_series()
     with pytest.raises(InputError, match=r"eval host ct129 → ct200; samples 8 → 16"):
-        sm.check_same_settings(s, "kpro6:/d", "ct200", {**s["settings"], "samples": 16})
-    sm.save(tmp_path, s)
-    assert sm.load_series(tmp_path)["steps"][0]["step"] == 100
+        series_state.check_same_settings(s, "kpro6:/d", "ct200", {**s["settings"], "samples": 16})
+    series_state.save(tmp_path, s)
+    assert series_state.load_series(tmp_path)["steps"][0]["step"] == 100
     (tmp_path / "series.json").write_text("{not json")
     with pytest.raises(InputError, match="series.json: not readable JSON"):
-        sm.load_series(tmp_path)
+        series_state.load_series(tmp_path)
 
 
 def test_series_markdown_and_plot(tmp_path):
@@ -181,7 +181,7 @@ def test_the_clean_up_removes_only_one_checkpoint_inside_the_relay_folder(path, 
 def test_series_cli_list_show_plot(tmp_path):
     runs = tmp_path / "runs"
     folder = runs / "series" / "run7"
-    sm.save(folder, make_series())
+    series_state.save(folder, make_series())
     listed = dfo("series", "list", "--json", runs=runs)
     assert listed.returncode == 0, listed.stderr
     (row,) = json.loads(listed.stdout)["series"]

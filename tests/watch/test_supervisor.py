@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cli_runner import dfo
 
-from orchestrator.watch import series as sm
+from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
 
 INVENTORY = """hosts:
@@ -22,8 +22,8 @@ def test_detach_starts_a_supervisor_that_stops_on_bad_input(tmp_path):
     inv.write_text(INVENTORY)
     runs = tmp_path / "runs"
     folder = runs / "series" / "run7"
-    sm.save(folder, sm.new_series("run7", source="kpro6:/tmp/ck/run7", eval_host="ct129",
-                                  settings={"target": "/other/target"}))
+    series_state.save(folder, series_state.new_series("run7", source="kpro6:/tmp/ck/run7", eval_host="ct129",
+                                                      settings={"target": "/other/target"}))
     proc = dfo("watch", "kpro6:run7/", "--host", "ct129", "--target", "/m/t", "--detach", inventory=inv, runs=runs)
     assert proc.returncode == 0, proc.stderr
     assert "detached" in proc.stderr and "supervisor pid" in proc.stderr
