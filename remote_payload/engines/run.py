@@ -31,13 +31,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import PayloadError
+from ..inputs.openai_client import parse_completion, request_body  # the --reference client's request
 from .spec_metrics import SpecCounters, read_counters
 from .vllm_server import EngineError, ServerConfig, VllmServer, log_tail
-
-try:  # the --reference client's request and response handling (moving to remote_payload/inputs/)
-    from ..inputs.server_reference import parse_completion, request_body
-except ImportError:  # pragma: no cover - the layout before the move
-    from ..server_reference import parse_completion, request_body  # type: ignore[no-redef]
 
 SCHEMA = "dfo.engine-run/1"
 COUNTER_SETTLE_S = 10.0  # how long to wait for the last engine step of a finished request to be counted

@@ -3,8 +3,19 @@ rounds), then the run's ``diagnostics`` block. The checks themselves live in ``r
 
 from __future__ import annotations
 
-from remote_payload.diagnose import findings as dfind
 from remote_payload.diagnose import probes, report, tensors
+from remote_payload.diagnose.findings import (
+    AGREE_OK,
+    BETTER_ABS,
+    BETTER_REL,
+    FINDING_CODES,
+    MIN_POSITIONS,
+    P1_FAR_BELOW,
+    PROBE_ANCHORS_PER_SAMPLE,
+    Finding,
+    layer_id_heuristic,
+    mask_facts,
+)
 from remote_payload.eval.context import EvalContext
 
 
@@ -14,19 +25,19 @@ def diagnose_drafter(ctx: EvalContext, name: str, runtime, as_run: dict) -> None
     refs, dd, n_diag = ctx.references.refs, ctx.results[name].diagnostics, ctx.diagnosed_samples
     new = []
     if not dd.metadata:
-        new.append(dfind.Finding("info", "no-training-metadata", "no 'training' block in the drafter's config/spec: "
+        new.append(Finding("info", "no-training-metadata", "no 'training' block in the drafter's config/spec: "
                                  "add feature_kernel_path, enable_thinking, chat_template_sha256, expected_p1 so "
                                  "each run is checked against the training setup", name))
     embed_rows = int(runtime.embed.weight.shape[0])
-    dd.mask, more = dfind.mask_facts(name, ld.spec, tok, embed_rows, [r.tokens for r in refs])
+    dd.mask, more = mask_facts(name, ld.spec, tok, embed_rows, [r.tokens for r in refs])
     new += more
     dd.embeddings, more = tensors.embedding_comparison(name, ld, target)
     new += more
-    h = dfind.layer_id_heuristic(name, ld.spec, target.config.num_layers)
+    h = layer_id_heuristic(name, ld.spec, target.config.num_layers)
     if h is not None:
         new.append(h)
     if dd.fc_output.nonfinite or dd.fc_pre_norm.nonfinite:
-        new.append(dfind.Finding("warning", "nonfinite-fc", f"the fc projection holds {dd.fc_pre_norm.nan} NaN and "
+        new.append(Finding("warning", "nonfinite-fc", f"the fc projection holds {dd.fc_pre_norm.nan} NaN and "
                                  f"{dd.fc_pre_norm.inf} inf (after hidden_norm: {dd.fc_output.nan} NaN, "
                                  f"{dd.fc_output.inf} inf): overflow in {ctx.settings.dtype} or broken weights", name))
     samples = [probes.ProbeSample(ctx.prompts[i].id, refs[i].tokens, len(refs[i].prompt_ids),
@@ -40,7 +51,7 @@ def diagnose_drafter(ctx: EvalContext, name: str, runtime, as_run: dict) -> None
     expected, expected_from = run.expected_p1
     pos = run.summary["metrics"].get("per_position") or []
     dd.p1 = {"measured": pos[0].get("p") if pos else None, "expected": expected, "expected_source": expected_from,
-             "far_below_ratio": dfind.P1_FAR_BELOW}
+             "far_below_ratio": P1_FAR_BELOW}
     ctx.add_findings(new)
 
 
@@ -52,12 +63,12 @@ def diagnostics_block(ctx: EvalContext) -> dict:
     diag = {
         "samples": [ctx.prompts[i].id for i in range(n_diag)],
         "settings": {"samples": n_diag, "rounds": s.diagnose_rounds,
-                     "probe_anchors_per_sample": dfind.PROBE_ANCHORS_PER_SAMPLE,
-                     "rules": {"better_abs": dfind.BETTER_ABS, "better_rel": dfind.BETTER_REL,
-                               "min_positions": dfind.MIN_POSITIONS, "agree_ok": dfind.AGREE_OK,
-                               "p1_far_below": dfind.P1_FAR_BELOW}},
+                     "probe_anchors_per_sample": PROBE_ANCHORS_PER_SAMPLE,
+                     "rules": {"better_abs": BETTER_ABS, "better_rel": BETTER_REL,
+                               "min_positions": MIN_POSITIONS, "agree_ok": AGREE_OK,
+                               "p1_far_below": P1_FAR_BELOW}},
         "findings": [f.to_json() for f in sorted(ctx.findings, key=lambda f: order.get(f.severity, 2))],
-        "codes": dfind.FINDING_CODES,
+        "codes": FINDING_CODES,
         "hidden_states": {"samples": len(refs), "positions": sum(len(r.tokens) for r in refs),
                           "dtype": s.dtype, "kernel_path": ctx.target.kernel_path,
                           "layers": {str(lid): st.to_json() for lid, st in ctx.extraction.hidden_stats.items()}},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from remote_payload.diagnose import findings as dfind
+from remote_payload.diagnose.findings import p1_check
 from remote_payload.diagnose.report import DrafterDiagnostics
 from remote_payload.errors import PayloadError
 from remote_payload.eval.context import DrafterRun, EvalContext
@@ -51,7 +51,7 @@ def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
     run, as_run = _draft_all(ctx, name, runtime, source)
     ctx.results[name] = run
     run.expected_p1 = expected_p1(ctx, name)
-    finding = dfind.p1_check(name, run.summary["metrics"], *run.expected_p1)
+    finding = p1_check(name, run.summary["metrics"], *run.expected_p1)
     if finding is not None:
         ctx.add_findings([finding], warn_all=True)
     if run.diagnostics is not None:

@@ -35,7 +35,7 @@ from remote_payload.errors import PayloadError
 from remote_payload.eval import stages
 from remote_payload.eval.context import EvalContext
 from remote_payload.metrics import engine_agreement
-from remote_payload.models import spec as specmod
+from remote_payload.models.spec import SLIDING
 
 ENGINE_DIR = "engine"  # under the run's output folder: pulled with the results
 EXPORT_DIR = "engine-drafters"  # under the cache dir: weights, never pulled
@@ -243,7 +243,7 @@ def not_loadable(ld, path: Path, vocab_size: int) -> str | None:
     if cfg.get("vocab_size") != vocab_size:
         return f"config.json vocab_size {cfg.get('vocab_size')} is not the target's {vocab_size}"
     dcfg = cfg.get("dflash_config") or {}
-    if any(a.kind == specmod.SLIDING for a in ld.spec.attn) and not (dcfg.get("swa_window_size")
+    if any(a.kind == SLIDING for a in ld.spec.attn) and not (dcfg.get("swa_window_size")
                                                                       or cfg.get("sliding_window")):
         return "sliding-window layers without a window in config.json"
     return None

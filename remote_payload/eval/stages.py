@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from remote_payload.diagnose import findings as dfind
+from remote_payload.diagnose.findings import RunFacts, drafter_checks, run_level_checks, template_sha256
 from remote_payload.diagnose.probes import probe_layer_ids
 from remote_payload.diagnose.tensors import TensorStats
 from remote_payload.errors import PayloadError
@@ -111,7 +111,8 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
     ``$DFO_REFERENCE_API_KEY`` goes only to the server the user named, never to an engine started here.
     """
     from remote_payload.inputs.openai_client import Endpoint  # stdlib only, loaded for --reference runs only
-    from remote_payload.inputs.server_reference import fetch_references, fetch_tails
+    from remote_payload.inputs.server_reference import fetch_references
+    from remote_payload.inputs.server_tails import fetch_tails
 
     s, progress = ctx.settings, ctx.progress
     progress.stage_start("reference")
@@ -142,11 +143,11 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
 
 def run_checks(ctx: EvalContext) -> None:
     """Always on: the run against the drafters' training metadata, fp16 (each finding is a warning)."""
-    ctx.run_facts = dfind.RunFacts(kernel_path=ctx.target.kernel_path, enable_thinking=ctx.settings.enable_thinking,
-                                   dtype=ctx.settings.dtype, chat_template_sha256=dfind.template_sha256(ctx.tokenizer))
-    found = dfind.run_level_checks(ctx.run_facts)
+    ctx.run_facts = RunFacts(kernel_path=ctx.target.kernel_path, enable_thinking=ctx.settings.enable_thinking,
+                             dtype=ctx.settings.dtype, chat_template_sha256=template_sha256(ctx.tokenizer))
+    found = run_level_checks(ctx.run_facts)
     for name, ld in ctx.drafters.items():
-        found += dfind.drafter_checks(name, ld.spec, ld.source.get("training_metadata"), ctx.run_facts)
+        found += drafter_checks(name, ld.spec, ld.source.get("training_metadata"), ctx.run_facts)
     ctx.add_findings(found, warn_all=True)
 
 

@@ -16,12 +16,7 @@ Resumable: each finished sample is written to its own cache file (atomic rename)
 prompt digest, settings); the endpoint URL is not in the key, so a server restarted on another port still
 hits the cache. Stdlib only; the tokenizer is passed in.
 
-Tails (``fetch_tails``): the ``zlab``/``vllm`` τ conventions need the target's greedy tokens a block past each
-reference's stop. A second request per sample sends prompt + continuation as token ids with
-``max_tokens`` = B-1, no stop ids and ``ignore_eos: true`` (vLLM and SGLang both accept it). A server that
-cannot answer it (refuses the field or id prompts, returns no token ids, dies) does not fail the run: the
-tails are then unavailable, with the reason, and those two conventions are reported as such. Cached like
-the references, in their own files (``tail-*.json``), keyed by model and tokens.
+The tokens past each reference's stop (for the ``zlab``/``vllm`` τ conventions): ``server_tails.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from remote_payload.errors import PayloadError
-from remote_payload.inputs import cache as cachemod
+from remote_payload.inputs.cache import atomic_write_json, mismatches, safe_name, tokens_digest
 from remote_payload.inputs.openai_client import (
     REQUEST_FIELDS,
     Endpoint,
@@ -211,7 +206,7 @@ def settings_for(max_tokens: int, stop_ids: Sequence[int], prompt_format: str, e
 
 
 def prompt_digest(prompt_ids: Sequence[int], prompt_text: str | None) -> str:
-    h = hashlib.sha256(cachemod.tokens_digest(prompt_ids).encode())
+    h = hashlib.sha256(tokens_digest(prompt_ids).encode())
     if prompt_text is not None:
         h.update(b"\0" + prompt_text.encode())
     return h.hexdigest()
@@ -219,7 +214,7 @@ def prompt_digest(prompt_ids: Sequence[int], prompt_text: str | None) -> str:
 
 def cache_file(cache_dir: Path, model: str, prompt_sha: str, settings: dict) -> Path:
     key = hashlib.sha256(json.dumps([model, prompt_sha, settings], sort_keys=True).encode()).hexdigest()[:32]
-    return cache_dir / CACHE_SUBDIR / f"{cachemod.safe_name(model)[-40:]}-{key}.json"
+    return cache_dir / CACHE_SUBDIR / f"{safe_name(model)[-40:]}-{key}.json"
 
 
 # ----------------------------------------------------------------------------------------------- the run
@@ -260,7 +255,7 @@ def _load_cached(job: _Job, model: str, settings: dict) -> dict | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     expected = {"schema": SCHEMA, "model": model, "prompt_sha256": job.prompt_sha, "settings": settings}
-    if cachemod.mismatches(expected, found, CACHE_FIELDS) or found.get("prompt_ids") != job.prompt_ids:
+    if mismatches(expected, found, CACHE_FIELDS) or found.get("prompt_ids") != job.prompt_ids:
         return None
     try:
         return {"raw": parse_completion(found.get("response")), "seconds": float(found.get("seconds", 0.0))}
@@ -403,7 +398,7 @@ class _Fetch:
         except ValueError as exc:
             return self.fail(job, f"malformed response from POST /completions: {exc}")
         if job.path is not None:
-            cachemod.atomic_write_json(job.path, {
+            atomic_write_json(job.path, {
                 "schema": SCHEMA, "model": self.model, "prompt_sha256": job.prompt_sha, "settings": self.settings,
                 "sample_id": job.sample_id, "url": self.base, "prompt_ids": job.prompt_ids,
                 "response": obj,  # as received; parsed again (and re-checked) on reuse
@@ -432,113 +427,3 @@ def _report(batch: ReferenceBatch, strict_roundtrip: bool, say: Callable[[str], 
     for ref in batch.samples:
         for note in ref.notes:
             say(f"reference {ref.sample_id}: {note}")
-
-
-# ----------------------------------------------------------------------------------------------- tails
-
-TAIL_SCHEMA = "dfo.server-tail/1"
-
-
-@dataclass
-class Tails:
-    """The tokens past each sample's stop, in sample order; ``tails`` None with ``reason`` when not to be had."""
-    tails: list[list[int]] | None
-    reason: str | None = None
-    requested: int = 0
-    cache_hits: int = 0
-    notes: list[str] = field(default_factory=list)
-
-
-def tail_body(model: str, tokens: Sequence[int], n: int) -> dict:
-    """The tail request: greedy like the reference request, but no stop ids and the end token not stopped on."""
-    return {**request_body(model, list(tokens), n, []), "ignore_eos": True}
-
-
-def _tail_file(cache_root: Path, model: str, tokens: Sequence[int]) -> Path:
-    key = hashlib.sha256(json.dumps([TAIL_SCHEMA, model, cachemod.tokens_digest(tokens),
-                                     REQUEST_FIELDS]).encode()).hexdigest()[:32]
-    return cache_root / CACHE_SUBDIR / f"tail-{cachemod.safe_name(model)[-40:]}-{key}.json"
-
-
-def _cached_tail(path: Path | None, tokens: list[int], n: int) -> list[int] | None:
-    if path is None or not path.exists():
-        return None
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    tail = found.get("tail") if isinstance(found, dict) else None
-    complete = isinstance(tail, list) and (found.get("max_tokens", 0) >= n or found.get("finish_reason") == "stop")
-    if found.get("schema") != TAIL_SCHEMA or found.get("tokens") != tokens or not complete \
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tail):
-        return None
-    return list(tail[:n])
-
-
-def parse_tail(obj: Any, tokens: Sequence[int], n: int) -> tuple[list[int], str | None]:
-    """The tail ids from a tail response, and a note when the server stopped early; ValueError when unusable."""
-    raw = parse_completion(obj)
-    if raw["token_ids"] is None:
-        raise ValueError("the server returned no token ids (return_token_ids), so the tokens past the stop are "
-                         "not known exactly")
-    if raw["prompt_token_ids"] is not None and raw["prompt_token_ids"] != list(tokens):
-        raise ValueError("the server continued other prompt ids than prompt + continuation")
-    ids = list(raw["token_ids"])
-    if len(ids) > n:
-        raise ValueError(f"the server returned {len(ids)} tokens for max_tokens {n}")
-    note = None
-    if len(ids) < n:
-        note = (f"the server gave {len(ids)} of {n} tokens past the stop (finish_reason {raw['finish_reason']}; "
-                "does it honour ignore_eos?): the last round's zlab/vllm counts are a lower bound")
-    return ids, note
-
-
-def fetch_tails(endpoint: Endpoint, batch: ReferenceBatch, n: int, cache_dir: str | Path | None = None) -> Tails:
-    """``n`` greedy tokens past each reference of ``batch`` (prompt + continuation), from the same server.
-
-    Never raises for what the server does: the first failure stops further requests and is the reason the
-    tails are unavailable. Finished tails are cached as they arrive.
-    """
-    if n <= 0:
-        return Tails(tails=[[] for _ in batch.samples])
-    cache_root = Path(cache_dir) if cache_dir is not None else None
-    seqs = [list(s.prompt_ids) + list(s.continuation) for s in batch.samples]
-    paths = [_tail_file(cache_root, batch.model, t) if cache_root is not None else None for t in seqs]
-    out: list[list[int] | None] = [_cached_tail(p, t, n) for p, t in zip(paths, seqs, strict=True)]
-    result = Tails(tails=None, cache_hits=sum(1 for t in out if t is not None))
-    pending = [i for i, t in enumerate(out) if t is None]
-    failed: list[str] = []
-    base = base_url(endpoint.url)
-
-    def one(i: int) -> tuple[list[int], str | None] | None:
-        if failed:  # after the first failure, the rest are not asked for
-            return None
-        try:
-            body = tail_body(batch.model, seqs[i], n)
-            obj = with_retries(endpoint, lambda: http_json("POST", base + "/completions", body, endpoint.timeout_s,
-                                                            endpoint.api_key))
-            ids, note = parse_tail(obj, seqs[i], n)
-        except (RequestFailed, ValueError) as exc:
-            failed.append(f"sample {batch.samples[i].sample_id!r}: {exc}")
-            return None
-        if paths[i] is not None:
-            cachemod.atomic_write_json(paths[i], {"schema": TAIL_SCHEMA, "model": batch.model, "tokens": seqs[i],
-                                                  "max_tokens": n, "tail": ids,
-                                                  "finish_reason": parse_completion(obj)["finish_reason"]})
-        return ids, note
-
-    if pending:
-        with ThreadPoolExecutor(max_workers=min(endpoint.concurrency, len(pending)),
-                                thread_name_prefix="dfo-tail") as pool:
-            for i, got in zip(pending, list(pool.map(one, pending)), strict=True):
-                if got is not None:
-                    out[i], note = got
-                    result.requested += 1
-                    if note:
-                        result.notes.append(f"{batch.samples[i].sample_id}: {note}")
-    if failed:
-        result.reason = (f"the reference server {base} did not continue past the stop (POST /completions with "
-                         f"prompt + continuation as ids, max_tokens {n}, ignore_eos): {failed[0]}")
-    else:
-        result.tails = [t if t is not None else [] for t in out]
-    return result

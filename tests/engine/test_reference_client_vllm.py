@@ -15,12 +15,8 @@ import pytest
 from conftest import MAX_NEW
 
 from remote_payload.errors import PayloadError
+from remote_payload.inputs import server_reference as sr
 from remote_payload.models.target import render_prompt
-
-try:  # moving to remote_payload/inputs/ (issue 11)
-    from remote_payload.inputs import server_reference as sr
-except ImportError:  # pragma: no cover
-    from remote_payload import server_reference as sr  # type: ignore[no-redef]
 
 # A test that starts a server (setup counts) may wait minutes for it on a busy 2-core box.
 pytestmark = pytest.mark.timeout(1800)

@@ -1,4 +1,5 @@
-"""Reference completions from an OpenAI-compatible endpoint (remote_payload/server_reference.py).
+"""Reference completions from an OpenAI-compatible endpoint (remote_payload/inputs/server_reference.py, its
+tails: remote_payload/inputs/server_tails.py).
 
 Against openai_server.OpenAIServer, a loopback stand-in for SGLang that serves the tiny fixture target
 with transformers' own generate(): its continuations must equal the payload's greedy references token
@@ -21,6 +22,7 @@ from payload_helpers import MAX_NEW, REPO
 from remote_payload.errors import PayloadError
 from remote_payload.inputs import openai_client as oc
 from remote_payload.inputs import server_reference as sr
+from remote_payload.inputs import server_tails
 from remote_payload.inputs.prompts import load_prompts
 
 
@@ -89,7 +91,7 @@ def test_tails_equal_the_payloads_own_and_are_cached(samples, target, start_serv
     srv = start_server()
     chosen = samples[:3]
     batch = fetch(srv.url, [p for p, _, _ in chosen], MAX_NEW)
-    tails = sr.fetch_tails(oc.Endpoint(url=srv.url, concurrency=2, retry_backoff_s=0.01), batch, TAIL,
+    tails = server_tails.fetch_tails(oc.Endpoint(url=srv.url, concurrency=2, retry_backoff_s=0.01), batch, TAIL,
                            tmp_path / "cache")
     assert tails.reason is None and tails.requested == 3 and tails.cache_hits == 0 and tails.notes == []
     for (p, ref, _), got in zip(chosen, tails.tails, strict=True):
@@ -99,7 +101,7 @@ def test_tails_equal_the_payloads_own_and_are_cached(samples, target, start_serv
     assert body["prompt"] in [ref.tokens for _, ref, _ in chosen] and body["max_tokens"] == TAIL
     assert body["ignore_eos"] is True and body["stop_token_ids"] == [] and body["return_token_ids"] is True
     requests = srv.completion_requests
-    again = sr.fetch_tails(oc.Endpoint(url=srv.url), batch, TAIL - 2, tmp_path / "cache")  # shorter: a prefix
+    again = server_tails.fetch_tails(oc.Endpoint(url=srv.url), batch, TAIL - 2, tmp_path / "cache")  # shorter: a prefix
     assert again.tails == [t[:TAIL - 2] for t in tails.tails] and again.cache_hits == 3
     assert srv.completion_requests == requests
 
@@ -116,7 +118,8 @@ def test_tails_unavailable_when_the_server_cannot_continue(samples, start_server
     srv = start_server()
     batch = fetch(srv.url, [p for p, _, _ in samples[:3]], 24)
     refusing = start_server(**faults)
-    tails = sr.fetch_tails(oc.Endpoint(url=refusing.url, concurrency=1, retries=0), batch, TAIL, tmp_path / "c2")
+    tails = server_tails.fetch_tails(oc.Endpoint(url=refusing.url, concurrency=1, retries=0), batch, TAIL,
+                                     tmp_path / "c2")
     assert tails.tails is None and tails.requested == failing
     assert re.search(expected, tails.reason) and f"sample {samples[failing][0].id!r}" in tails.reason, tails.reason
     assert "ignore_eos" in tails.reason and refusing.completion_requests == failing + 1  # the rest not asked for
@@ -356,7 +359,7 @@ def test_parse_completion_errors(choice, expected):
 
 
 def test_module_is_stdlib_only_at_import():
-    code = ("import sys, remote_payload.inputs.server_reference; "
+    code = ("import sys, remote_payload.inputs.server_reference, remote_payload.inputs.server_tails; "
             "heavy = [m for m in ('torch', 'transformers', 'requests') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
