@@ -1,6 +1,6 @@
 """Hidden-state extraction: one forward over prompt + continuation, forward hooks on decoder layers.
 
-Layer id l means "output of decoder layer l" (design note section 2): a forward hook on
+Layer id l means "output of decoder layer l" (README's Troubleshooting, pitfall 1): a forward hook on
 ``get_decoder().layers[l]``. This equals HF ``hidden_states[l + 1]`` for every layer but the last,
 which HF replaces with the post-final-norm state; hooks avoid that trap. Features are cached per sample
 as safetensors with metadata; a cache entry is reused only when the metadata matches.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from remote_payload.errors import PayloadError
-from remote_payload.inputs import cache as cachemod
+from remote_payload.inputs.cache import mismatches, safe_name, temp_path_for, tokens_digest, with_suppress_unlink
 from remote_payload.inputs.reference import forward, numerics
 from remote_payload.models.target import Target
 
@@ -87,13 +87,13 @@ def extract(target: Target, tokens: list[int], layer_ids: list[int], prompt_len:
 
 
 def _expected_meta(target: Target, tokens: list[int], prompt_len: int) -> dict:
-    return {"schema": "dfo.features/1", "target": target.config.name, "tokens_sha256": cachemod.tokens_digest(tokens),
+    return {"schema": "dfo.features/1", "target": target.config.name, "tokens_sha256": tokens_digest(tokens),
             "prompt_len": prompt_len, **numerics(target)}
 
 
 def cache_path(cache_dir: Path, target: Target, tokens: list[int]) -> Path:
     return (cache_dir / "features" /
-            f"{cachemod.safe_name(target.config.name)}-{cachemod.tokens_digest(tokens)[:32]}.safetensors")
+            f"{safe_name(target.config.name)}-{tokens_digest(tokens)[:32]}.safetensors")
 
 
 def load_cached(path: Path, expected: dict, layer_ids: list[int]) -> tuple[Features | None, list[str]]:
@@ -105,7 +105,7 @@ def load_cached(path: Path, expected: dict, layer_ids: list[int]) -> tuple[Featu
         with safe_open(str(path), framework="pt") as fh:
             meta_text = (fh.metadata() or {}).get("dfo")
             found = json.loads(meta_text) if meta_text else None
-            reasons = cachemod.mismatches(expected, found, FEATURE_FIELDS)
+            reasons = mismatches(expected, found, FEATURE_FIELDS)
             if reasons:
                 return None, reasons
             have = set(found.get("layer_ids", []))
@@ -130,12 +130,12 @@ def save(path: Path, feats: Features, meta: dict) -> None:
     if feats.argmax is not None:
         tensors["argmax"] = feats.argmax.to(torch.int64).contiguous()
     full_meta = {**meta, "layer_ids": sorted(feats.layers)}
-    tmp = cachemod.temp_path_for(path)
+    tmp = temp_path_for(path)
     try:
         save_file(tensors, str(tmp), metadata={"dfo": json.dumps(full_meta)})
         tmp.replace(path)
     finally:
-        cachemod.with_suppress_unlink(tmp)
+        with_suppress_unlink(tmp)
 
 
 def cached_features(target: Target, tokens: list[int], prompt_len: int, layer_ids: list[int],

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from remote_payload.inputs import cache as cachemod
+from remote_payload.inputs.cache import atomic_write_json, mismatches, safe_name, tokens_digest
 from remote_payload.models.target import Target, cache_kwarg
 
 # Fields of a cached reference that must match the current run for reuse.
@@ -108,14 +108,14 @@ def cached_reference(target: Target, prompt_ids: list[int], max_new_tokens: int,
                 "stop_ids": list(target.stop_ids), **numerics(target)}
     path = None
     if cache_dir is not None:
-        key = cachemod.tokens_digest(list(prompt_ids) + [max_new_tokens])[:32]
-        path = cache_dir / "references" / f"{cachemod.safe_name(target.config.name)}-{key}.json"
+        key = tokens_digest(list(prompt_ids) + [max_new_tokens])[:32]
+        path = cache_dir / "references" / f"{safe_name(target.config.name)}-{key}.json"
         if path.exists():
             try:
                 found = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError):
                 found = None
-            reasons = cachemod.mismatches(expected, found, REFERENCE_FIELDS)
+            reasons = mismatches(expected, found, REFERENCE_FIELDS)
             if not reasons:
                 ref = Reference(list(prompt_ids), list(found["continuation"]), found["stop_reason"], 0.0, True)
                 _with_tail(target, ref, tail, path, found)
@@ -126,7 +126,7 @@ def cached_reference(target: Target, prompt_ids: list[int], max_new_tokens: int,
     found = {**expected, "continuation": ref.continuation, "stop_reason": ref.stop_reason,
              "seconds": round(ref.seconds, 3)}
     if path is not None:
-        cachemod.atomic_write_json(path, found)
+        atomic_write_json(path, found)
     _with_tail(target, ref, tail, path, found)
     return ref
 
@@ -141,4 +141,4 @@ def _with_tail(target: Target, ref: Reference, n: int, path: Path | None, entry:
         return
     ref.tail = greedy_tail(target, ref.tokens, n)
     if path is not None:
-        cachemod.atomic_write_json(path, {**entry, "tail": ref.tail})
+        atomic_write_json(path, {**entry, "tail": ref.tail})

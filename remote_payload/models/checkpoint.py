@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.errors import PayloadError
-from remote_payload.models import spec as specmod
-from remote_payload.models.spec import DrafterSpec
+from remote_payload.models.spec import DrafterSpec, from_speculators, from_training, from_zlab
 from remote_payload.models.validation import validate_weights
 
 MODEL_KEYS = ("model", "model_state_dict", "state_dict")
@@ -303,7 +302,7 @@ def _read_training(p: Path, spec_file) -> tuple:
     spec_dict, where, used = training_spec(spec_file, ck["config"], p)
     if spec_dict is None:
         raise PayloadError(f"training checkpoint {p} {NO_SPEC}")
-    spec = specmod.from_training(spec_dict, weight_shapes(weights), where)
+    spec = from_training(spec_dict, weight_shapes(weights), where)
     meta = training_metadata(spec_dict, where)
     digest = {"algorithm": "sha256", "value": file_sha256(p)} if p.stat().st_size <= 2 * 2**30 else \
         weights_digest_file(p)
@@ -326,11 +325,11 @@ def _read_folder(p: Path, fmt: str, spec_file) -> tuple:
         source["stripped_from"] = read_json(folder / "dfo-source.json", f"drafter {folder}")
         if spec_file:
             spec_dict = read_spec_file(spec_file)
-            spec = specmod.from_training(spec_dict, weight_shapes(weights), f"drafter spec {spec_file}")
+            spec = from_training(spec_dict, weight_shapes(weights), f"drafter spec {spec_file}")
             meta = training_metadata(spec_dict, f"drafter spec {spec_file}")
             source["spec_file"] = str(spec_file)
         elif "dflash_config" in cfg:
-            spec = specmod.from_zlab(cfg, weight_shapes(weights), where, fmt="training")
+            spec = from_zlab(cfg, weight_shapes(weights), where, fmt="training")
             meta = training_metadata(cfg, where)
         else:
             raise PayloadError(f"stripped training checkpoint {folder} {NO_SPEC}")
@@ -340,13 +339,13 @@ def _read_folder(p: Path, fmt: str, spec_file) -> tuple:
             cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
         extras = {k: weights.pop(k) for k in ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d",
                                               "verifier_norm.weight", "verifier_lm_head.weight") if k in weights}
-        spec = specmod.from_speculators(cfg, {**weight_shapes(weights), **weight_shapes(extras)}, where)
+        spec = from_speculators(cfg, {**weight_shapes(weights), **weight_shapes(extras)}, where)
         meta = training_metadata(cfg, where)
     else:
         if spec_file:
             cfg = _apply_overrides(cfg, read_spec_file(spec_file), fmt, spec_file)
         weights, extras = set_aside_copies(weights)
-        spec = specmod.from_zlab(cfg, weight_shapes(weights), where)
+        spec = from_zlab(cfg, weight_shapes(weights), where)
         meta = training_metadata(cfg, where)
     if spec_file and fmt != "training-stripped":
         spec.notes.append(f"fields overridden by {spec_file}")

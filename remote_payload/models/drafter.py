@@ -1,6 +1,6 @@
 """The DFlash drafter forward, batched over many draft blocks with explicit boolean masks (SDPA).
 
-One draft block at anchor position a (design note section 3):
+One draft block at anchor position a:
 - context rows c = hidden_norm(fc(features[p])) for committed positions p < a, shared by every layer
   (projected to K/V per layer, never run through the decoder stack);
 - block = [token at a, mask × (B-1)] embedded with the target's (or the checkpoint's) embedding table;

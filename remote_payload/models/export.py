@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from remote_payload.errors import PayloadError
-from remote_payload.models import spec as specmod
 from remote_payload.models.checkpoint import (
     IGNORED_BUFFERS,
     TRAINING_BLOCK,
@@ -24,7 +23,7 @@ from remote_payload.models.checkpoint import (
     training_spec,
     weight_shapes,
 )
-from remote_payload.models.spec import DrafterSpec
+from remote_payload.models.spec import SLIDING, DrafterSpec, _arch, from_training
 from remote_payload.models.validation import validate_weights
 
 
@@ -36,7 +35,7 @@ def spec_to_zlab_config(spec: DrafterSpec, vocab_size: int | None = None) -> dic
     ``dflash_config.use_swa`` and ``swa_window_size``, the keys vLLM's DFlash model reads the window from.
     """
     types = [a.kind for a in spec.attn]
-    default_rule = all(a.causal == (a.kind == specmod.SLIDING) for a in spec.attn)
+    default_rule = all(a.causal == (a.kind == SLIDING) for a in spec.attn)
     window = next((a.window for a in spec.attn if a.window), None)
     cfg: dict[str, Any] = {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
@@ -51,7 +50,7 @@ def spec_to_zlab_config(spec: DrafterSpec, vocab_size: int | None = None) -> dic
     }
     if vocab_size is not None:
         cfg["vocab_size"] = int(vocab_size)
-    if specmod.SLIDING in types and window:
+    if SLIDING in types and window:
         cfg["dflash_config"].update(use_swa=True, swa_window_size=window)
     if spec.reserved_layer_ids:
         cfg["dflash_config"]["reserved_target_layer_ids"] = list(spec.reserved_layer_ids)
@@ -138,7 +137,7 @@ def _incomplete_config(weights: dict) -> dict:
                              "--drafter-spec NAME=SPECFILE"}
     shapes = weight_shapes(weights)
     try:
-        arch = specmod._arch({}, shapes, "weights")
+        arch = _arch({}, shapes, "weights")
         cfg.update({k: arch[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                           "num_key_value_heads", "head_dim", "intermediate_size")})
         cfg["fc_in_features"] = shapes.get("fc.weight", [None, None])[1]
@@ -174,7 +173,7 @@ def strip_checkpoint(src: str | os.PathLike, out_dir: str | os.PathLike, spec_fi
         weights.pop(k, None)
     spec_dict, where, used = training_spec(spec_file, ck["config"], src)
     if spec_dict is not None:
-        spec = specmod.from_training(spec_dict, weight_shapes(weights), where)
+        spec = from_training(spec_dict, weight_shapes(weights), where)
         validate_weights(spec, weights, extras, str(src))
         config = spec_to_zlab_config(spec, _vocab_size(spec_dict, {**weights, **extras}))
         meta = training_metadata(spec_dict, where)

@@ -42,7 +42,7 @@ def resolve_dtype(name: str, allow_fp16: bool = False):
         if not allow_fp16:
             raise PayloadError(
                 "dtype float16 refused: DFlash drafters and Qwen3.x targets are trained in bfloat16; fp16's narrow "
-                "range gives near-0% acceptance (design note pitfall 5). Use bfloat16, or pass --allow-fp16 to "
+                "range gives near-0% acceptance (pitfall 5). Use bfloat16, or pass --allow-fp16 to "
                 "force it")
         return torch.float16
     if name not in DTYPES:
