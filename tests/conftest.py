@@ -1,4 +1,4 @@
-"""Shared fixtures: real OpenSSH test hosts (see orchestrator/testing/ and ssh-testbed.md).
+"""Shared fixtures: real OpenSSH test hosts (see orchestrator/testing/ and docs/architecture.md, Tests).
 
 - ``sandbox``: one kpro6 + ct129 pair for the whole session. Do not break it (no stopped hosts,
   regenerated keys or downed links): use ``fresh_sandbox`` for that.

@@ -1,6 +1,6 @@
 """What `dfo eval` will do, decided from the request and the inventory alone (pure: no I/O).
 
-The plan is what `--dry-run` prints and what `evaluate.py` executes: which hosts get the payload and a
+The plan is what `--dry-run` prints and what `operation.py` executes: which hosts get the payload and a
 venv, which drafters are relayed (and stripped of optimizer state) to which eval host, and the exact
 payload command each eval host runs on its shard of the prompts.
 """

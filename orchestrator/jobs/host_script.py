@@ -1,4 +1,4 @@
-# Host side of dfo's detached jobs (orchestrator/jobs.py). Stdlib only, Python >= 3.8.
+# Host side of dfo's detached jobs (orchestrator/jobs/operation.py). Stdlib only, Python >= 3.8.
 #
 # Layout under WORKDIR:
 #   jobs/<job id>/job.json        what runs: argv, cwd, name, env keys (values live in env.json, mode 600)

@@ -13,7 +13,7 @@ Public API (used by `dfo eval` and the CLI):
         (uv's message, the host, the step) or InputError (bad inventory/lock).
     provision_hosts(connector, hosts, **same options) -> {host: HostOutcome[ProvisionResult]}
 
-How (facts in, plan out, then execute; see architecture.md "uv on the hosts"):
+How (facts in, plan out, then execute; which uv a host uses: plan.py ``choose_uv``):
 - every reply of the host script is typed and checked where it arrives (replies.py): the host's Python
   facts name a cache folder on the controller, and the wheels it asks for become files read and uploaded;
 - one probe round trip gathers the host's Python, uv binaries, GPU (when the inventory does not say),

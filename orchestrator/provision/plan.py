@@ -25,7 +25,8 @@ from orchestrator.provision.lock import PAYLOAD_DIR, Lock
 from orchestrator.provision.replies import ProbeFacts, UvFound
 
 MIN_HOST_UV = (0, 8, 0)  # --torch-backend, --allow-existing, --no-config and --require-hashes all behave
-# Never installed next to a CPU build: triton beside fla breaks every Qwen3.5 forward on CPU (ml-stack.md).
+# Never installed next to a CPU build: triton beside fla breaks every Qwen3.5 forward on CPU
+# ("0 active drivers": fla binds triton's kernels, and triton finds no GPU).
 FORBIDDEN = {"cpu": ["triton", "flash-linear-attention", "fla-core"]}
 # Space a sync needs beyond the pushed wheels: uv unpacks into its cache, the venv hardlinks from there.
 UNPACK_FACTOR = 2.5

@@ -43,7 +43,7 @@ _BUILD_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class Target:
-    """Where wheels must install: facts reported by the host's interpreter (see provision_host.python_facts)."""
+    """Where wheels must install: facts reported by the host's interpreter (host_script.py ``python_facts``)."""
 
     python_version: str           # "3.11.2"
     implementation: str           # "cp"

@@ -9,7 +9,7 @@ from orchestrator.relay.plan import MiB
 
 @dataclass
 class RelayOptions:
-    streams: int | None = None          # None: chosen by size (relay_plan.choose_streams)
+    streams: int | None = None          # None: chosen by size (plan.choose_streams)
     cipher: str | None = None           # None: aes128-gcm when both ends offer it
     strip_optimizer: bool = False
     dry_run: bool = False

@@ -1,6 +1,6 @@
 """The SSH control plane: verified Fabric/paramiko sessions that run commands and move small files.
 
-Fabric's defaults are overridden where they are unsafe or slow (see architecture.md): host keys are
+Fabric's defaults are overridden where they are unsafe or slow: host keys are
 checked against the inventory's known_hosts (unknown keys refused unless trust-on-first-use is asked
 for, and then recorded), keepalive is on, every phase of the connect has a timeout, and commands are run
 on raw paramiko channels (Fabric's ``run(in_stream=...)`` feeds stdin at ~100 B/s).

@@ -1,4 +1,5 @@
-"""Why does a drafter accept less than it should? Checks for the pitfalls of design note section 6.
+"""Why does a drafter accept less than it should? Checks for the pitfalls of README's Troubleshooting table
+(numbered there: "pitfall N" below is its row N).
 
 Two layers (README "Diagnostics"):
 
@@ -64,7 +65,8 @@ FINDING_CODES = {
     "drafts-inconsistent": "the eval's drafts differ from a re-draft of the same blocks",
     "layer-shift": "target layer ids shifted by one give clearly better drafts (pitfall 1)",
     "layer-ids-look-shifted": "target layer ids equal z-lab's default spread shifted by one (pitfall 1)",
-    "last-layer-post-norm": "the last layer's post-norm state gives clearly better drafts (design note section 2)",
+    "last-layer-post-norm": "the last layer's post-norm state (HF's last hidden_states entry) gives clearly better "
+                            "drafts (pitfall 1)",
 }
 
 

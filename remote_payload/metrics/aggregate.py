@@ -1,11 +1,11 @@
 """Merge the results of several eval hosts that each evaluated a slice of the prompts. Pure stdlib.
 
-The controller (orchestrator/run_merge.py) calls ``merge_shards`` with each host's (results.json,
+The controller (orchestrator/evaluation/merge.py) calls ``merge_shards`` with each host's (results.json,
 samples.jsonl lines). Parts must come from the same evaluation: same target weights, same drafters
 (normalised spec and checkpoint digest) and the same settings except those that name the slice
 (``SHARD_KEYS``); anything else is refused with a message naming the part and the field. Every metric is
 recomputed from the per-sample records (averaging per-host averages would weight hosts, not samples):
-chain metrics via ``metrics.summarize``, tree metrics via ``tree.tree_summary``, the τ conventions via
+chain metrics via ``chain.summarize``, tree metrics via ``tree.tree_summary``, the τ conventions via
 ``conventions.summaries`` (from each sample's zlab/vllm records and ``tail_tokens``), the online-check summary
 and the drafter comparison. Per-shard provenance (shard, sample ids, timings, versions, kernel path,
 device, target path, drafter sources and timings) is kept under ``results["shards"]``.

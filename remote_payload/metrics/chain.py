@@ -1,4 +1,4 @@
-"""Acceptance-length metrics (design note section 4). Pure Python: no torch, easy to test by hand.
+"""Acceptance-length metrics (README, Metrics). Pure Python: no torch, easy to test by hand.
 
 A round drafts B-1 tokens from an anchor (the last committed token). Against the target's own
 continuation, ``accepted`` = leading drafts equal to the continuation (capped at the tokens left after

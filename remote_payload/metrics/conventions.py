@@ -1,4 +1,4 @@
-"""Three counting conventions for τ at the end of an output: committed, zlab, vllm (design note §4).
+"""Three counting conventions for τ at the end of an output: committed, zlab, vllm (README, Metrics).
 
 They differ only in a sample's last round(s). The drafter's drafts and the target's tokens are the same;
 what each convention counts is:

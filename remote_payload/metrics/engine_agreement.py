@@ -2,7 +2,7 @@
 
 vLLM counts per engine step: rounds, accepted drafts (every accepted draft, also past the end token), and
 per position k the rounds accepting >= k drafts. The offline replay's ``vllm`` convention counts the same
-quantities over the same rounds (interfaces §1), so on identical numerics they are equal round by round.
+quantities over the same rounds (``conventions.py``), so on identical numerics they are equal round by round.
 
 Why a tolerance and not equality: the engine runs its own implementation of the drafter (fused attention,
 another summation order). Where the drafter's top-2 logits nearly tie, that flips a draft: the round

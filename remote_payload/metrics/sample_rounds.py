@@ -1,4 +1,4 @@
-"""Round lists as stored per sample in samples.jsonl, and read back into ``metrics.Round``. Pure stdlib.
+"""Round lists as stored per sample in samples.jsonl, and read back into ``chain.Round``. Pure stdlib.
 
 Every per-sample acceptance record (the chain one at ``line["drafters"][name]`` and the tree ones at
 ``line["drafters"][name]["tree"]["topk" | "budgeted"]``) stores its rounds as three parallel lists:

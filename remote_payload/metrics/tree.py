@@ -1,9 +1,9 @@
-"""Tree acceptance (design note section 5), offline, from the same draft pass as the chain τ. Pure stdlib.
+"""Tree acceptance (README, Metrics), offline, from the same draft pass as the chain τ. Pure stdlib.
 
 The offline eval drafts at *every* continuation position and keeps, per anchor and per draft depth, the
 drafter's top-k token ids and log-probs (``offline.SampleDrafts.topk_ids / topk_logprobs``; ``.tolist()``
 gives the nested lists ``[A][B-1][k]`` read here). Both tree figures replay rounds over the target's own
-continuation exactly like the chain (``metrics.chain_rounds``): a round at anchor a accepts some drafts,
+continuation exactly like the chain (``chain.chain_rounds``): a round at anchor a accepts some drafts,
 τ_round = accepted + 1 (capped by the tokens left), and the next round is anchored at a + τ_round. No
 target forward is needed: the target's "next token" at every tree node on the path is the reference
 continuation itself, and nodes off that path are never accepted.
@@ -19,7 +19,7 @@ Two figures, two definitions (printed next to the numbers, see ``DEFINITIONS``):
   precedes its children and rank r its sibling r+1: the tree is prefix-closed). The walk follows the
   target's tokens from the root; accepted = nodes matched. τ_round ≤ budget + 1.
 
-When chain τ ≤ budgeted τ ≤ top-k τ is guaranteed (tests/payload/test_tree.py checks each case):
+When chain τ ≤ budgeted τ ≤ top-k τ is guaranteed (tests/payload/metrics/test_tree_metrics.py checks each case):
 
 - Per round at the same anchor: chain ≤ top-k always (rank 0 is the chain's draft); budgeted ≤ top-k
   when K ≤ k (every tree node at depth j is a top-K ⊆ top-k candidate); chain ≤ budgeted when the tree
@@ -318,7 +318,7 @@ def _tensor_tree_rounds(tokens, prompt_len, anchors, ids, lps, k, budget, K) -> 
 
 def tree_summary(topk_rounds: Sequence[Sequence[Round]], budgeted_rounds: Sequence[Sequence[Round]], *,
                  block_size: int, k: int, budget: int, K: int) -> dict:
-    """``metrics["tree"]`` of one drafter: both figures summarised like the chain (metrics.summarize)."""
+    """``metrics["tree"]`` of one drafter: both figures summarised like the chain (chain.summarize)."""
     out = {}
     for kind, rounds, params in (("topk", topk_rounds, {"k": k}),
                                  ("budgeted", budgeted_rounds, {"budget": budget, "K": K, "exact": K >= budget})):

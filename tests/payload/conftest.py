@@ -1,6 +1,6 @@
 """Fixtures for the payload tests: real tiny transformers models and drafters, built once and cached.
 
-The fixture set (remote_payload/fixtures.py) is built deterministically and cached on disk keyed by a
+The fixture set (remote_payload/fixtures/) is built deterministically and cached on disk keyed by a
 hash of the code and parameters that build it ($DFO_FIXTURE_CACHE, default <repo>/.cache/fixtures), so a
 session pays the ~1 min CPU build only when that code changed. References and features of the built-in
 prompts are cached next to it (the eval's own caches).

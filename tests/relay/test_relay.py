@@ -26,7 +26,7 @@ from orchestrator.transport import Connector
 
 pytestmark = pytest.mark.sshd
 MiB = 1 << 20
-CHUNK = 4 * MiB  # the chunk size relay_plan picks for files under 256 MiB
+CHUNK = 4 * MiB  # the chunk size relay/plan.py picks for files under 256 MiB
 
 
 # ----------------------------------------------------------------------------------- helpers

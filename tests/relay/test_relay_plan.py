@@ -1,4 +1,4 @@
-"""Pure planning of `dfo relay-checkpoint` (relay_plan): no hosts involved."""
+"""Pure planning of `dfo relay-checkpoint` (orchestrator/relay/plan.py): no hosts involved."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The drafter forward follows the design note, and the pitfalls of section 6 are caught or impossible."""
+"""The drafter forward follows the DFlash block (models/drafter.py), and the pitfalls of README's
+Troubleshooting table are caught or impossible."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _mixed_spec(loaded):
 
 
 def _naive_hidden(rt: DrafterRuntime, features, tokens, a):
-    """Straight from the design note, one block, explicit per-query visibility and per-head softmax."""
+    """Straight from the definition (models/drafter.py): one block, explicit per-query visibility and per-head
+    softmax."""
     spec, m = rt.spec, rt.model
     B, hd = spec.block_size, spec.head_dim
     with torch.no_grad():
