@@ -33,7 +33,7 @@ def demo_cmd(
     """Start sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), build a tiny target and
     drafters on them, and run `dfo eval --host ct129` with a checkpoint relayed from kpro6."""
     from orchestrator.core.errors import InputError
-    from orchestrator.demo.engine import ENGINES
+    from orchestrator.demo.engine_story import ENGINES
     from orchestrator.demo.operation import run_demo
 
     app_ctx: AppContext = ctx.obj
@@ -55,7 +55,7 @@ def demo_cmd(
     _finished(app_ctx, outcome)
     render_run(app_ctx, outcome.run, json_out)
     if engine and not json_out:
-        from orchestrator.demo.engine import side_by_side
+        from orchestrator.demo.engine_story import side_by_side
 
         for line in side_by_side(outcome.run.results()):
             app_ctx.out.print(Text(line))

@@ -12,7 +12,7 @@ from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
 from orchestrator.core.units import human_bytes
-from orchestrator.provision.engine import ENGINES
+from orchestrator.provision.engine_venv import ENGINES
 from orchestrator.provision.operation import provision_hosts
 
 

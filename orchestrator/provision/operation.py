@@ -5,7 +5,7 @@ Public API (used by `dfo eval` and the CLI):
     provision(connector, host, *, offline=None, force=False, dry_run=False, events=None,
               lock=None, venv=None, engine=None) -> ProvisionResult
         Make ``host``'s venv match its lock. ``engine="vllm"``: the engine's own venv instead
-        (``Host.engine_venv``, lock ``requirements-vllm-<flavour>.lock``, set-up steps: see engine.py).
+        (``Host.engine_venv``, lock ``requirements-vllm-<flavour>.lock``, set-up steps: see engine_venv.py).
         ``result.python`` is the venv's interpreter on the host and ``result.status`` is "up-to-date"
         (nothing done), "installed" or "would-install" (dry run).
         offline=None decides per host (offline when it cannot reach the package index); True pushes a
@@ -49,7 +49,7 @@ from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.events import Events, QuietEvents
 from orchestrator.core.inventory import Host
 from orchestrator.core.units import human_bytes
-from orchestrator.provision.engine import (
+from orchestrator.provision.engine_venv import (
     ONLINE_MIN_FREE,
     ONLINE_TORCH_BACKEND,
     REPORTED,

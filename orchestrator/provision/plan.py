@@ -3,7 +3,7 @@
 The flavour (cpu / cuda and its torch backend) comes from the inventory or the host's GPU; the lock from
 ``remote_payload/requirements-<flavour>.lock``; uv is the host's own when recent enough, else the controller's
 pushed; the venv's marker (a hash of lock, Python version, flavour/backend, uv version) says whether anything
-needs doing. The operation (operation.py) executes the plan. An engine venv (engine.py) adds its set-up
+needs doing. The operation (operation.py) executes the plan. An engine venv (engine_venv.py) adds its set-up
 steps to the plan and its set-up digest to the marker.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from orchestrator.core.errors import InputError
 from orchestrator.core.hashing import sha256_file
 from orchestrator.core.inventory import Host
-from orchestrator.provision.engine import EngineSpec
+from orchestrator.provision.engine_venv import EngineSpec
 from orchestrator.provision.lock import PAYLOAD_DIR, Lock
 from orchestrator.provision.replies import ProbeFacts, UvFound
 

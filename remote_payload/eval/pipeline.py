@@ -1,7 +1,7 @@
 """`eval`: inputs checked -> target -> references -> features -> per drafter (offline, online) -> engine -> results.
 
 ``run_eval`` is the order of the stages; each stage is a function over one ``EvalContext`` (``stages.py``
-for the run-wide ones, ``drafters.py`` per drafter, ``engine.py`` for ``--engine``/``--reference vllm``,
+for the run-wide ones, ``drafters.py`` per drafter, ``engine_stage.py`` for ``--engine``/``--reference vllm``,
 ``report.py`` for the outputs), testable alone.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remote_payload.eval import engine, stages
+from remote_payload.eval import engine_stage, stages
 from remote_payload.eval.context import EvalContext
 from remote_payload.eval.diagnosis import diagnostics_block
 from remote_payload.eval.drafters import evaluate_drafter
@@ -21,14 +21,14 @@ from remote_payload.results import write_outputs
 
 def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
     ctx = EvalContext(settings=s, progress=progress)
-    eng = engine.EngineRun()
+    eng = engine_stage.EngineRun()
     stages.start(ctx)
     stages.check_inputs(ctx)  # opens the "load" stage
     if s.reference_url or s.reference_engine:  # server references before the target's weights take the GPU
         ctx.timings["load_s"] = progress.stage_done("load", message="inputs checked; the target loads after the "
                                                                     "references")
         if s.reference_engine:
-            engine.engine_references(ctx, eng)
+            engine_stage.engine_references(ctx, eng)
         else:
             stages.server_references(ctx)
         progress.stage_start("target")
@@ -43,15 +43,15 @@ def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
     for name in ctx.drafters:
         evaluate_drafter(ctx, name)
     if s.engine:
-        engine.run_engine(ctx, eng)
+        engine_stage.run_engine(ctx, eng)
     return write_results(ctx, eng if (s.engine or s.reference_engine) else None)
 
 
-def write_results(ctx: EvalContext, eng: engine.EngineRun | None = None) -> dict:
+def write_results(ctx: EvalContext, eng: engine_stage.EngineRun | None = None) -> dict:
     """``samples.jsonl`` then ``results.json`` (present = the run completed); the ``result`` line."""
     lines = sample_lines(ctx)
     if eng is not None:
-        engine.sample_entries(ctx, lines)
+        engine_stage.sample_entries(ctx, lines)
     compared = comparison(ctx, lines)
     diagnostics = diagnostics_block(ctx) if ctx.settings.diagnose else None
     results = results_document(ctx, lines, compared, diagnostics)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from cli_runner import dfo
 
-from orchestrator.demo.engine import FIXTURES, demo_plan, side_by_side
+from orchestrator.demo.engine_story import FIXTURES, demo_plan, side_by_side
 from remote_payload.fixtures import build as fx
 from remote_payload.metrics import engine_agreement
 

@@ -20,7 +20,7 @@ from test_provision import ROOT, make_wheel, read_marker, write_lock
 
 from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.inventory import Host, load_inventory
-from orchestrator.provision.engine import (
+from orchestrator.provision.engine_venv import (
     CPU_FORBIDDEN,
     ONLINE_MIN_FREE,
     engine_lock_path,

@@ -34,7 +34,7 @@ from remote_payload.engines.listener import Listener, PortCheck, check_port  # n
 from remote_payload.engines.run import EnginePrompt, run_prompts  # noqa: E402
 from remote_payload.engines.vllm_server import EngineError, ServerConfig, VllmServer  # noqa: E402
 from remote_payload.errors import PayloadError  # noqa: E402
-from remote_payload.eval import engine, stages  # noqa: E402
+from remote_payload.eval import engine_stage, stages  # noqa: E402
 from remote_payload.eval.context import EvalContext  # noqa: E402
 from remote_payload.eval.settings import REFERENCE_API_KEY_ENV, EvalSettings  # noqa: E402
 
@@ -156,7 +156,7 @@ def test_reference_vllm_gives_a_port_thief_neither_the_users_key_nor_prompts(tmp
     stages.check_inputs(ctx)
     refused = None
     try:
-        engine.engine_references(ctx, engine.EngineRun())
+        engine_stage.engine_references(ctx, engine_stage.EngineRun())
     except PayloadError as exc:
         refused = str(exc)
     finally:

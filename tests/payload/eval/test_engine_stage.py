@@ -10,7 +10,7 @@ import pytest
 
 from remote_payload.cli import main
 from remote_payload.errors import PayloadError
-from remote_payload.eval.engine import not_loadable
+from remote_payload.eval.engine_stage import not_loadable
 from remote_payload.eval.settings import EvalSettings, check_engine_settings
 from remote_payload.models.checkpoint import load_drafter
 from remote_payload.models.export import spec_to_zlab_config, write_zlab_folder
