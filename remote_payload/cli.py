@@ -15,6 +15,7 @@ import warnings
 
 from remote_payload import __version__
 from remote_payload.errors import PayloadError
+from remote_payload.eval.options import Option, payload_options
 
 EXIT_ERROR = 2
 
@@ -54,30 +55,11 @@ def _cmd_info(args) -> int:
 
 def _cmd_eval(args) -> int:
     from remote_payload.eval.pipeline import run_eval
-    from remote_payload.eval.settings import ENGINES, EvalSettings, parse_expect_p1, parse_named
-    from remote_payload.inputs.prompts import parse_shard
+    from remote_payload.eval.settings import settings_from_values
     from remote_payload.progress import Progress
 
-    specs = dict(parse_named(args.drafter_spec or [], "--drafter-spec"))
-    settings = EvalSettings(
-        target=args.target, drafters=parse_named(args.drafter, "--drafter"), drafter_specs=specs,
-        prompts=args.prompts, samples=args.samples, shard=parse_shard(args.shard),
-        max_new_tokens=args.max_new_tokens, enable_thinking=args.enable_thinking, device=args.device,
-        dtype=args.dtype, allow_fp16=args.allow_fp16, cache_dir=args.cache_dir, out=args.out,
-        online_check=args.online_check, seed=args.seed, topk=args.topk, kernel=args.kernel,
-        tree_k=args.tree_k, tree_budget=args.tree_budget,
-        reference_url=None if args.reference in ENGINES else args.reference,
-        reference_engine=args.reference if args.reference in ENGINES else None,
-        reference_model=args.reference_model,
-        reference_timeout=args.reference_timeout, reference_concurrency=args.reference_concurrency,
-        reference_retries=args.reference_retries,
-        reference_prompt_format=args.reference_prompt_format,
-        reference_strict_roundtrip=args.reference_strict_roundtrip,
-        diagnose=args.diagnose, diagnose_samples=args.diagnose_samples, diagnose_rounds=args.diagnose_rounds,
-        expect_p1=parse_expect_p1(args.expect_p1), threads=args.threads, engine=args.engine,
-        engine_python=args.engine_python, engine_args=list(args.engine_arg or []),
-        engine_start_timeout=args.engine_start_timeout)
-    _set_threads(args.threads)
+    settings = settings_from_values(vars(args))
+    _set_threads(settings.threads)
     run_eval(settings, Progress())
     return 0
 
@@ -130,85 +112,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_eval(sub) -> None:
     e = sub.add_parser("eval", help="reference completions -> hidden states -> offline eval of every drafter")
-    e.add_argument("--target", required=True, help="target model folder (HF format)")
-    e.add_argument("--drafter", action="append", required=True, metavar="NAME=PATH",
-                   help="drafter: z-lab/speculators folder or training checkpoint file (repeatable)")
-    e.add_argument("--drafter-spec", action="append", metavar="NAME=SPECFILE",
-                   help="spec sidecar (JSON/YAML) for a training checkpoint, or mask_token_id/block_size overrides")
-    e.add_argument("--prompts", default="builtin", help="'builtin' or a JSONL file of {id, messages|prompt}")
-    e.add_argument("--samples", type=int, help="use the first N prompts of the set (before sharding)")
-    e.add_argument("--shard", metavar="I/N", help="evaluate every N-th selected prompt starting at I")
-    e.add_argument("--max-new-tokens", type=int, default=512)
-    e.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=False,
-                   help="passed to the chat template (default: off); must match the drafter's training")
-    e.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    e.add_argument("--allow-fp16", action="store_true", help="accept float16 (refused by default)")
-    e.add_argument("--kernel", default="auto", choices=["auto", "fla", "torch"],
-                   help="linear-attention kernels: auto = fla on CUDA when installed, torch otherwise")
-    e.add_argument("--cache-dir", help="reference/feature cache (default $DFO_PAYLOAD_CACHE or ~/.cache/dfo-payload)")
-    e.add_argument("--out", default="dfo-eval", help="output folder for results.json and samples.jsonl")
-    e.add_argument("--online-check", action="store_true",
-                   help="also run the online draft/verify loop and compare it with the offline path")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--topk", type=int, default=8,
-                   help="per-depth top-k kept from the draft pass (default 8; raised to cover the tree metrics)")
-    e.add_argument("--tree-k", type=int, default=8, metavar="K",
-                   help="top-k depth acceptance ('DDTree-K', headline DDTree-8): k per depth (default 8)")
-    e.add_argument("--tree-budget", type=int, default=16, metavar="N",
-                   help="budgeted DDTree: nodes per round (default 16)")
-    _add_reference_options(e)
-    _add_engine_options(e)
-    _add_diagnose_options(e)
-    e.add_argument("--threads", type=int, help="torch CPU threads")
+    for option in payload_options():
+        e.add_argument(option.flag, **_argparse_spec(option))
     e.set_defaults(func=_cmd_eval)
 
 
-def _add_reference_options(e) -> None:
-    e.add_argument("--reference", metavar="URL|vllm",
-                   help="take reference completions from this OpenAI-compatible server (SGLang/vLLM, e.g. "
-                        "http://127.0.0.1:30000/v1) instead of decoding with the target here; API key from "
-                        "$DFO_REFERENCE_API_KEY. 'vllm': from a vLLM server this run starts on loopback itself "
-                        "(needs --engine-python)")
-    e.add_argument("--reference-model", metavar="NAME",
-                   help="model name on the server (default: the only one it lists)")
-    e.add_argument("--reference-timeout", type=float, default=900.0, metavar="S",
-                   help="seconds per completion request (default 900)")
-    e.add_argument("--reference-concurrency", type=int, default=4, metavar="N",
-                   help="completion requests in flight (default 4)")
-    e.add_argument("--reference-retries", type=int, default=2, metavar="N",
-                   help="extra attempts after a connection failure or HTTP 5xx (default 2; timeouts are not retried)")
-    e.add_argument("--reference-prompt-format", default="ids", choices=["ids", "text"],
-                   help="send the templated prompt as token ids (default) or text")
-    e.add_argument("--reference-strict-roundtrip", action="store_true",
-                   help="stop when the server's text does not re-tokenise to its token ids (default: report it)")
-
-
-def _add_engine_options(e) -> None:
-    e.add_argument("--engine", choices=["vllm"],
-                   help="after the offline eval, serve the target with each drafter as DFlash speculative config in "
-                        "this engine (started on loopback here, stopped afterwards): engine acceptance, outputs and "
-                        "tokens/s beside the offline figures (needs --engine-python)")
-    e.add_argument("--engine-python", metavar="PATH",
-                   help="python of the engine's own venv (`dfo provision --engine vllm` makes it)")
-    e.add_argument("--engine-arg", action="append", metavar="ARG",
-                   help="extra argument for the engine server, e.g. --engine-arg=--gpu-memory-utilization=0.8 "
-                        "(repeatable)")
-    e.add_argument("--engine-start-timeout", type=float, default=900.0, metavar="S",
-                   help="seconds an engine server may take to become healthy (default 900)")
-
-
-def _add_diagnose_options(e) -> None:
-    e.add_argument("--diagnose", action="store_true",
-                   help="diagnostics: hidden-state and fc statistics, embedding copies, probes for the pitfalls "
-                        "(layer shift, slot 0, mask id), decoded first rounds; a report in results and on stdout")
-    e.add_argument("--diagnose-samples", type=int, default=2, metavar="N",
-                   help="samples (the first N) probed and shown round by round (default 2)")
-    e.add_argument("--diagnose-rounds", type=int, default=4, metavar="N",
-                   help="rounds shown decoded per diagnosed sample (default 4)")
-    e.add_argument("--expect-p1", action="append", metavar="[NAME=]P",
-                   help="position-1 acceptance expected from training (every drafter, or NAME=P); a run far "
-                        "below it is flagged (repeatable)")
+def _argparse_spec(option: Option) -> dict:
+    """add_argument's keywords for a declared option (remote_payload/eval/options.py)."""
+    shown = option.default is not None and option.default is not False
+    text = option.help.rstrip(".") + f" (default: {option.default})." if shown else option.help
+    spec: dict = {"dest": option.field, "help": text.replace("%", "%%")}  # argparse formats help with %
+    if option.kind is bool:
+        spec["action"] = argparse.BooleanOptionalAction if option.negatable else "store_true"
+        spec["default"] = option.default
+        return spec
+    spec.update(type=option.kind, metavar=option.value_text())
+    if option.choices:
+        spec["choices"] = option.choices
+    if option.repeatable:
+        spec["action"] = "append"  # default None: append would grow a shared default list
+    if option.required:
+        spec["required"] = True
+    else:
+        spec["default"] = option.default
+    return spec
 
 
 def _add_tools(sub) -> None:

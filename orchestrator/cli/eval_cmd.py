@@ -2,76 +2,38 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.text import Text
 
 from orchestrator.cli.context import AppContext
+from orchestrator.cli.eval_options import DECLARED, read_prompts, with_eval_options
 from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
-from orchestrator.core.errors import InputError
 from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
-from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
+from orchestrator.evaluation.plan import EvalRequest, eval_hosts, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
+from remote_payload.eval.options import EVAL
 
 
-# One parameter per option (typer's style): a long signature, a short body.
+# The command's own options here; the eval options are declared once (remote_payload/eval/options.py) and
+# stand in at options=DECLARED.
 @app.command("eval")
+@with_eval_options(EVAL)
 def eval_cmd(
     ctx: typer.Context,
-    host: list[str] = typer.Option(..., "--host", "-H", metavar="HOST",
-                                   help="Eval host (repeatable: the prompts are sharded over the hosts)."),
-    target: str = typer.Option(..., "--target", metavar="PATH", help="Target model folder on the eval host(s) (HF format)."),
+    host: list[str] = typer.Option([], "--host", "-H", metavar="HOST",
+                                   help="Eval host (repeatable: the prompts are sharded over the hosts). Default: "
+                                   "every inventory host with the eval role (roles: [eval])."),
     drafter: list[str] = typer.Option(..., "--drafter", "-d", metavar="NAME=[HOST:]PATH",
                                       help="Drafter to evaluate (repeatable). A path on another host is relayed; "
                                       "a training checkpoint (*.pt) is stripped of optimizer state there first."),
-    prompts: str = typer.Option("builtin", "--prompts", metavar="builtin|FILE", help="'builtin' or a local JSONL file of {id, messages|prompt}."),
-    reference: str = typer.Option("target", "--reference", metavar="target|server|vllm|URL",
-                                  help="Reference continuations: 'target' (greedy on the eval host), 'server' (the host's serve_url "
-                                  "from the inventory, e.g. SGLang), 'vllm' (a vLLM server dfo starts on the eval host, from its "
-                                  "engine venv) or an OpenAI-compatible URL as seen from the host."),
-    engine: Optional[str] = typer.Option(None, "--engine", metavar="vllm",
-                                         help="Also serve the target with each drafter as DFlash speculative config in vLLM "
-                                         "on the eval host: engine τ next to offline τ, outputs, tokens/s plain vs dflash "
-                                         "(needs `dfo provision --host H --engine vllm`)."),
-    device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu", help="Where the payload runs the models."),
-    dtype: str = typer.Option("bfloat16", "--dtype", metavar="DTYPE", help="bfloat16 (default) or float32; float16 is refused."),
-    enable_thinking: bool = typer.Option(False, "--enable-thinking/--no-enable-thinking",
-                                         help="Chat-template thinking mode; must match the drafter's training."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", metavar="N", help="Reference continuation length."),
-    samples: Optional[int] = typer.Option(None, "--samples", metavar="N", help="Use the first N prompts."),
-    diagnose: bool = typer.Option(False, "--diagnose", help="Add diagnostics (hidden-state stats, pitfall warnings)."),
-    online_check: bool = typer.Option(False, "--online-check",
-                                      help="Also run the online draft/verify loop and compare it with the offline one."),
-    strip_optimizer: Optional[bool] = typer.Option(
-        None, "--strip-optimizer/--no-strip-optimizer",
-        help="Strip optimizer state before relaying (default: for *.pt/*.pth/*.ckpt/*.bin)."),
-    reference_model: Optional[str] = typer.Option(None, "--reference-model", metavar="NAME",
-                                                  help="Model name at the endpoint (default: the one it serves). "
-                                                  "An API key is read from $DFO_REFERENCE_API_KEY."),
-    allow_insecure_reference: bool = typer.Option(
-        False, "--allow-insecure-reference",
-        help="Allow an http:// reference endpoint that is not on the eval host itself (key sent in clear text)."),
-    diagnose_samples: Optional[int] = typer.Option(None, "--diagnose-samples", metavar="N",
-                                                   help="Samples whose first rounds --diagnose decodes and probes."),
-    expect_p1: list[str] = typer.Option([], "--expect-p1", metavar="[NAME=]P",
-                                        help="Position-1 acceptance expected from training metrics; far below "
-                                        "it is flagged (repeatable)."),
-    tree_k: Optional[int] = typer.Option(None, "--tree-k", metavar="K", help="DDTree-K: top-K depth acceptance (default 8)."),
-    tree_budget: Optional[int] = typer.Option(None, "--tree-budget", metavar="N",
-                                              help="Budgeted DDTree size in nodes (default 16)."),
-    payload_arg: list[str] = typer.Option([], "--payload-arg", metavar="ARG",
-                                          help="Extra argument for `python -m remote_payload eval` (repeatable), "
-                                          "e.g. --payload-arg=--reference-timeout=300."),
-    threads: Optional[int] = typer.Option(None, "--threads", metavar="N",
-                                          help="torch CPU threads on the eval host (small models on busy CPUs: 1)."),
+    options: dict = DECLARED,
     detach: bool = typer.Option(False, "--detach", help="Return once the job runs; collect with `dfo runs pull`."),
-    force: bool = typer.Option(False, "--force", help="Start even if another job holds the eval host's GPU lock."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the whole plan; change nothing anywhere."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check every option and print the whole plan; connect to "
+                                 "no host, change nothing anywhere."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary (or the plan) as JSON on stdout."),
     runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Where run folders go (default ./runs or $DFO_RUNS_DIR)."),
 ) -> None:
@@ -82,27 +44,17 @@ def eval_cmd(
     """
     app_ctx: AppContext = ctx.obj
     inv = app_ctx.inventory
-    prompts_file, digest = None, None
-    if prompts != "builtin":
-        prompts_file = Path(prompts)
-        if not prompts_file.is_file():
-            raise InputError(f"--prompts {prompts!r}: no such local file (or use 'builtin')")
-        digest = hashlib.sha256(prompts_file.read_bytes()).hexdigest()
-    request = EvalRequest(
-        hosts=host, target=target, drafters=[parse_drafter(d, inv) for d in drafter], prompts=prompts,
-        reference=reference, device=device, dtype=dtype, enable_thinking=enable_thinking,
-        max_new_tokens=max_new_tokens, samples=samples, diagnose=diagnose, online_check=online_check,
-        strip_optimizer=strip_optimizer, force=force, threads=threads, tree_k=tree_k, tree_budget=tree_budget,
-        diagnose_samples=diagnose_samples, expect_p1=expect_p1, reference_model=reference_model,
-        allow_insecure_reference=allow_insecure_reference, payload_args=payload_arg, engine=engine,
-    )
-    plan = plan_eval(request, inv, prompts_digest=digest)
+    # Every check that needs no host comes first: a bad value never waits for a deploy or a relay.
+    prompts = read_prompts(options["prompts"])
+    request = EvalRequest(hosts=eval_hosts(host, inv), drafters=[parse_drafter(d, inv) for d in drafter],
+                          **{**options, "prompts": prompts.spec})
+    plan = plan_eval(request, inv, prompts_digest=prompts.digest, prompt_count=prompts.count)
     if dry_run:
         _print_plan(app_ctx, plan, json_out)
         return
     console = app_ctx.err
     connector = app_ctx.connector
-    run = start_eval(connector, plan, runs_dir=runs_root(runs_dir), events=app_ctx.events, prompts_file=prompts_file)
+    run = start_eval(connector, plan, runs_dir=runs_root(runs_dir), events=app_ctx.events, prompts_file=prompts.file)
     if detach:
         run.set(status="detached")
         console.print(Text.assemble(("detached", "green"), f": run folder {run.path}\n  {reattach_hint(run)}"))

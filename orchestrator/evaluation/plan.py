@@ -7,6 +7,7 @@ payload command each eval host runs on its shard of the prompts.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import posixpath
 import re
@@ -16,9 +17,14 @@ from urllib.parse import urlsplit
 from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import Inventory
 from orchestrator.relay.plan import strip_dir_name
+from remote_payload.cli import build_parser
+from remote_payload.errors import PayloadError
+from remote_payload.eval import options as declared
+from remote_payload.eval.options import ENGINES  # serving engines the payload can start on the eval host
+from remote_payload.eval.settings import check_values, settings_from_values
 
 TRAINING_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
-ENGINES = ("vllm",)  # serving engines the payload can start on the eval host
+OPTIONS_HINT = "dfo's options: `dfo eval --help`; the payload's: `python -m remote_payload eval --help`"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 RELAY_SUBDIR = "dfo-relayed"
 
@@ -59,6 +65,9 @@ def parse_drafter(text: str, inventory: Inventory) -> DrafterRef:
 
 @dataclass
 class EvalRequest:
+    """One eval as dfo runs it. Besides the hosts and drafters, every field is an option declared in
+    remote_payload/eval/options.py (with its default there; tests/evaluation/test_eval_options.py checks)."""
+
     hosts: list[str]
     target: str
     drafters: list[DrafterRef]
@@ -82,7 +91,7 @@ class EvalRequest:
     expect_p1: list[str] = field(default_factory=list)   # "P" or "NAME=P": position-1 acceptance expected
     reference_model: str | None = None
     allow_insecure_reference: bool = False  # http:// to a non-loopback endpoint (the API key in clear text)
-    payload_args: list[str] = field(default_factory=list)  # passed verbatim to `remote_payload eval`
+    payload_args: list[str] = field(default_factory=list)  # options of `remote_payload eval` dfo has none of
     engine: str | None = None            # "vllm": every drafter also served by vLLM after the offline eval
 
     @property
@@ -133,30 +142,40 @@ def relay_dir(inventory: Inventory, host: str, source_host: str) -> str:
     return posixpath.join(base, RELAY_SUBDIR, source_host)
 
 
-def validate_request(req: EvalRequest, inventory: Inventory) -> None:
+def eval_hosts(given: list[str], inventory: Inventory) -> list[str]:
+    """--host as given, else the inventory's hosts with the eval role."""
+    if given:
+        return inventory.select(given)
+    chosen = [name for name, host in inventory.hosts.items() if "eval" in host.roles]
+    if not chosen:
+        raise InputError(f"no --host given, and no host in {inventory.source} has the eval role",
+                         hint="name the eval host with --host HOST, or give it `roles: [eval]` in the inventory")
+    return chosen
+
+
+def validate_request(req: EvalRequest, inventory: Inventory, *, prompt_count: int | None = None) -> None:
+    """Everything that can be checked without a host. ``prompt_count``: prompts in the set (it was parsed)."""
     if not req.hosts:
         raise InputError("give at least one --host (the eval host), e.g. --host ct129")
     inventory.select(req.hosts)
     if not req.target.startswith("/"):
-        raise InputError(f"--target {req.target!r}: expected an absolute path on the eval host")
+        raise InputError(f"--target {req.target!r}: expected an absolute path on the eval host",
+                         hint="paths are paths on the eval host, e.g. /data/models/Qwen3.6-27B")
     if not req.drafters:
         raise InputError("give at least one --drafter NAME=[HOST:]PATH")
     names = [d.name for d in req.drafters]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise InputError(f"drafter name(s) used twice: {', '.join(dupes)}")
-    if req.max_new_tokens < 1:
-        raise InputError("--max-new-tokens must be at least 1")
-    if req.samples is not None and req.samples < 1:
-        raise InputError("--samples must be at least 1")
-    if req.samples is not None and req.samples < len(req.hosts):
-        raise InputError(f"--samples {req.samples} is fewer than the {len(req.hosts)} hosts it is sharded over")
-    if req.device not in ("auto", "cuda", "cpu"):
-        raise InputError(f"--device {req.device!r}: expected auto, cuda or cpu")
+    _check_declared_values(req)
+    check_payload_args(req.payload_args)
+    sizes = [n for n in (req.samples, prompt_count) if n is not None]
+    if sizes and min(sizes) < len(req.hosts):
+        what = f"--samples {req.samples}" if req.samples == min(sizes) else f"the prompt set's {prompt_count} prompt(s)"
+        raise InputError(f"{what} is fewer than the {len(req.hosts)} hosts it is sharded over",
+                         hint="give fewer --host or more prompts")
     if req.reference not in ("target", "server", *ENGINES) and not re.match(r"^https?://", req.reference):
         raise InputError(f"--reference {req.reference!r}: expected 'target', 'server', 'vllm' or an http(s):// URL")
-    if req.engine is not None and req.engine not in ENGINES:
-        raise InputError(f"--engine {req.engine!r}: expected one of {', '.join(ENGINES)}")
     if req.reference == "server":
         missing = [h for h in req.hosts if not inventory.hosts[h].serve_url]
         if missing:
@@ -171,6 +190,49 @@ def validate_request(req: EvalRequest, inventory: Inventory) -> None:
                              "text",
                              hint="use https://, a loopback address (an SSH tunnel), "
                              "or pass --allow-insecure-reference")
+
+
+def _check_declared_values(req: EvalRequest) -> None:
+    """Each option's value against its declaration: the checks the payload would make, made here first."""
+    for option in declared.request_options():
+        try:
+            declared.check_value(option, getattr(req, option.field))
+        except PayloadError as exc:
+            raise InputError(str(exc), hint=f"see {option.flag} in `dfo eval --help`") from None
+    if req.dtype == "float16" and "--allow-fp16" not in req.payload_args:
+        raise InputError(declared.FP16_REFUSED, hint="use --dtype bfloat16 (float32 on CPU), or force float16 with "
+                         "--payload-arg=--allow-fp16")
+
+
+def check_payload_args(args: list[str]) -> None:
+    """--payload-arg values: options of `remote_payload eval` that dfo does not set itself."""
+    expects_value = False
+    for arg in args:
+        if expects_value:  # the value of the option before it (--payload-arg=--engine-arg --payload-arg=X)
+            expects_value = False
+            continue
+        flag, eq, _ = arg.partition("=")
+        if not flag.startswith("--"):
+            raise InputError(f"--payload-arg {arg!r}: expected an option of the payload, --NAME or --NAME=VALUE",
+                             hint="e.g. --payload-arg=--reference-timeout=300; " + OPTIONS_HINT)
+        option = declared.BY_FLAG.get(flag)
+        if option is None or not option.payload:
+            close = difflib.get_close_matches(flag[2:], [o.flag[2:] for o in declared.payload_options()], n=1)
+            raise InputError(f"--payload-arg {arg!r}: `remote_payload eval` has no option {flag}"
+                             + (f" (did you mean --{close[0]}?)" if close else ""), hint=OPTIONS_HINT)
+        if option.in_request or option.planned:
+            own = f"give it as dfo's own {flag}" if option.commands else "dfo sets it itself"
+            raise InputError(f"--payload-arg {arg!r}: {flag} is not for --payload-arg: {own}", hint=OPTIONS_HINT)
+        expects_value = option.kind is not bool and not eq
+
+
+def check_payload_argv(args: list[str]) -> None:
+    """The payload's own parser and value checks on the command a host will run (no file is read)."""
+    try:
+        parsed = build_parser().parse_args(args)
+        check_values(settings_from_values(vars(parsed)))
+    except PayloadError as exc:
+        raise InputError(f"the payload would refuse this eval: {exc}", hint=OPTIONS_HINT) from None
 
 
 def insecure_url(url: str) -> bool:
@@ -188,9 +250,10 @@ def insecure_url(url: str) -> bool:
 
 
 def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | None = None,
-              payload_args_extra: list[str] | None = None) -> EvalPlan:
-    """``prompts_digest``: sha256 of the local prompts file (it is uploaded under a content name)."""
-    validate_request(req, inventory)
+              payload_args_extra: list[str] | None = None, prompt_count: int | None = None) -> EvalPlan:
+    """``prompts_digest``: sha256 of the local prompts file (it is uploaded under a content name);
+    ``prompt_count``: the prompts it holds (the set was parsed)."""
+    validate_request(req, inventory, prompt_count=prompt_count)
     if req.prompts != "builtin" and not prompts_digest:
         raise InputError("a prompts file needs its digest to be planned")
     hosts = list(dict.fromkeys(req.hosts))
@@ -204,9 +267,10 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
         if req.prompts != "builtin":
             prompts_remote = posixpath.join(inventory.hosts[h].workdir, "inputs",
                                             f"prompts-{(prompts_digest or '')[:16]}.jsonl")
-        args = _payload_args(req, inventory, h, per_host_paths[h], prompts_remote or req.prompts, (i, len(hosts)))
-        args += _engine_args(req, engine_pythons.get(h))
-        args += list(req.payload_args) + list(payload_args_extra or [])
+        planned = _planned_values(req, inventory, h, per_host_paths[h], prompts_remote or req.prompts,
+                                  (i, len(hosts)), engine_pythons.get(h))
+        args = payload_args(req, planned) + list(payload_args_extra or [])
+        check_payload_argv(args)
         jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote))
     # A relay with stripping deploys the payload to its source host itself.
     return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks,
@@ -216,15 +280,6 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
 def engine_python(inventory: Inventory, host: str) -> str:
     """The engine venv's interpreter on ``host`` (``dfo provision --host HOST --engine vllm`` builds it)."""
     return posixpath.join(inventory.hosts[host].engine_venv, "bin", "python")
-
-
-def _engine_args(req: EvalRequest, python: str | None) -> list[str]:
-    if python is None:
-        return []
-    args = ["--engine", req.engine] if req.engine else []
-    if req.reference in ENGINES:
-        args += ["--reference", req.reference]
-    return args + ["--engine-python", python]
 
 
 def _place_drafters(req: EvalRequest, inventory: Inventory, hosts: list[str]):
@@ -252,38 +307,25 @@ def _place_drafters(req: EvalRequest, inventory: Inventory, hosts: list[str]):
     return relays, checks, per_host_paths
 
 
-def _payload_args(req: EvalRequest, inventory: Inventory, host: str, drafters: dict[str, str], prompts: str,
-                  shard: tuple[int, int]) -> list[str]:
-    """`python -m remote_payload eval …` for one host."""
-    args = ["eval", "--target", req.target]
-    for name, path in drafters.items():
-        args += ["--drafter", f"{name}={path}"]
-    args += ["--prompts", prompts, "--max-new-tokens", str(req.max_new_tokens),
-             "--device", req.device, "--dtype", req.dtype,
-             "--enable-thinking" if req.enable_thinking else "--no-enable-thinking",
-             "--seed", str(req.seed), "--out", "{results}"]
-    if req.samples is not None:
-        args += ["--samples", str(req.samples)]
-    if shard[1] > 1:
-        args += ["--shard", f"{shard[0]}/{shard[1]}"]
-    if req.reference == "server":
-        args += ["--reference", inventory.hosts[host].serve_url or ""]  # validate_request made sure it is set
-    elif req.reference not in ("target", *ENGINES):  # an engine reference: _engine_args
-        args += ["--reference", req.reference]
-    if req.threads:
-        args += ["--threads", str(req.threads)]
-    if req.diagnose:
-        args += ["--diagnose"]
-    if req.diagnose_samples is not None:
-        args += ["--diagnose-samples", str(req.diagnose_samples)]
-    for expect in req.expect_p1:
-        args += ["--expect-p1", expect]
-    if req.tree_k is not None:
-        args += ["--tree-k", str(req.tree_k)]
-    if req.tree_budget is not None:
-        args += ["--tree-budget", str(req.tree_budget)]
-    if req.reference_model and req.reference not in ("target", *ENGINES):
-        args += ["--reference-model", req.reference_model]
-    if req.online_check:
-        args += ["--online-check"]
-    return args
+def payload_args(req: EvalRequest, planned: dict) -> list[str]:
+    """`python -m remote_payload eval …` for one host: every declared payload option, its value from the
+    request or (``planned``, by field) from the planner, then --payload-arg as given."""
+    values = {}
+    for option in declared.payload_options():
+        if option.planned:
+            values[option.field] = planned[option.field]  # a KeyError here: a planned option nobody plans
+        elif option.in_request:
+            values[option.field] = getattr(req, option.field)
+    return ["eval", *declared.argv(values), *req.payload_args]
+
+
+def _planned_values(req: EvalRequest, inventory: Inventory, host: str, drafters: dict[str, str], prompts: str,
+                    shard: tuple[int, int], engine_python: str | None) -> dict:
+    """The payload values only the planner knows: paths on this host, the shard, the reference source."""
+    url = inventory.hosts[host].serve_url if req.reference == "server" else \
+        None if req.reference in ("target", *ENGINES) else req.reference  # validate_request: serve_url is set
+    engine_reference = req.reference if req.reference in ENGINES else None
+    return {"drafters": [f"{name}={path}" for name, path in drafters.items()], "prompts": prompts,
+            "out": "{results}", "shard": f"{shard[0]}/{shard[1]}" if shard[1] > 1 else None,
+            "reference": engine_reference or url, "reference_model": req.reference_model if url else None,
+            "engine": req.engine if engine_python else None, "engine_python": engine_python}

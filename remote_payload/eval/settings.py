@@ -1,5 +1,8 @@
 """Settings of one `eval` run: the dataclass the CLI fills, its defaults, and the checks on it.
 
+The options behind them are declared in options.py; tests/evaluation/test_eval_options.py keeps the
+dataclass's fields and defaults equal to that table.
+
 Nothing here imports torch: the CLI parses and checks settings before any heavy import.
 """
 
@@ -10,14 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.errors import PayloadError
+from remote_payload.eval.options import (  # noqa: F401 - parse_named, parse_expect_p1: the settings' parsers
+    ENGINES,
+    FP16_REFUSED,
+    check_value,
+    parse_expect_p1,
+    parse_named,
+    payload_options,
+    settings_values,
+)
 
-DEFAULT_MAX_NEW_TOKENS = 512
-DEFAULT_TOPK = 8
-DEFAULT_TREE_K = 8  # headline "DDTree-8" = top-8 depth acceptance
-DEFAULT_TREE_BUDGET = 16
-DEFAULT_DIAGNOSE_SAMPLES = 2
-DEFAULT_DIAGNOSE_ROUNDS = 4
-ENGINES = ("vllm",)
 REFERENCE_API_KEY_ENV = "DFO_REFERENCE_API_KEY"
 # Test-only planted faults (never set in production): the eval misbehaves on purpose so tests can check
 # that --diagnose flags it. The results record it in settings.test_fault and in a warning.
@@ -33,7 +38,7 @@ class EvalSettings:
     prompts: str = "builtin"
     samples: int | None = None
     shard: tuple = (0, 1)
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens: int = 512
     enable_thinking: bool = False
     device: str = "auto"
     dtype: str = "bfloat16"
@@ -42,10 +47,10 @@ class EvalSettings:
     out: str = "dfo-eval"
     online_check: bool = False
     seed: int = 0
-    topk: int = DEFAULT_TOPK
+    topk: int = 8
     kernel: str = "auto"
-    tree_k: int = DEFAULT_TREE_K
-    tree_budget: int = DEFAULT_TREE_BUDGET
+    tree_k: int = 8  # headline "DDTree-8" = top-8 depth acceptance
+    tree_budget: int = 16
     reference_url: str | None = None  # OpenAI-compatible endpoint; None: the target's own greedy decoding
     reference_model: str | None = None
     reference_timeout: float = 900.0
@@ -54,8 +59,8 @@ class EvalSettings:
     reference_prompt_format: str = "ids"
     reference_strict_roundtrip: bool = False
     diagnose: bool = False
-    diagnose_samples: int = DEFAULT_DIAGNOSE_SAMPLES
-    diagnose_rounds: int = DEFAULT_DIAGNOSE_ROUNDS
+    diagnose_samples: int = 2
+    diagnose_rounds: int = 4
     expect_p1: dict = field(default_factory=dict)  # drafter name (or "*" for all) -> expected position-1 acceptance
     threads: int | None = None  # CPU threads (torch here; the engine's OpenMP threads too)
     engine: str | None = None  # "vllm": every drafter also served by a real engine after the offline eval
@@ -82,56 +87,25 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("DFO_PAYLOAD_CACHE", Path.home() / ".cache" / "dfo-payload"))
 
 
-def parse_named(values: list[str], flag: str) -> list[tuple[str, str]]:
-    out = []
-    for v in values or []:
-        name, sep, path = v.partition("=")
-        if not sep or not name or not path:
-            raise PayloadError(f"{flag} expects NAME=PATH, got {v!r}")
-        if not all(c.isalnum() or c in "-_." for c in name):
-            raise PayloadError(f"{flag} {v!r}: NAME may hold letters, digits, '-', '_' and '.' only")
-        out.append((name, path))
-    names = [n for n, _ in out]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise PayloadError(f"{flag}: name(s) given twice: {', '.join(dupes)}")
-    return out
-
-
-def parse_expect_p1(values: list[str] | None) -> dict:
-    """``--expect-p1 X`` (every drafter) or ``--expect-p1 NAME=X`` (repeatable) -> {name or "*": X}."""
-    out: dict = {}
-    for v in values or []:
-        name, sep, num = v.rpartition("=")
-        key = name if sep else "*"
-        if sep and not name:
-            raise PayloadError(f"--expect-p1 {v!r}: expected X or NAME=X")
-        try:
-            x = float(num)
-        except ValueError:
-            raise PayloadError(f"--expect-p1 {v!r}: {num!r} is not a number (expected X or NAME=X, X in (0, 1])") \
-                from None
-        if not 0 < x <= 1:
-            raise PayloadError(f"--expect-p1 {v!r}: the expected position-1 acceptance must be in (0, 1]")
-        if key in out:
-            raise PayloadError(f"--expect-p1: {'every drafter' if key == '*' else repr(key)} given twice")
-        out[key] = x
-    return out
+def settings_from_values(given: dict) -> EvalSettings:
+    """The settings of a run from the parsed value of every declared option (by field; see options.py)."""
+    return EvalSettings(**settings_values(given))
 
 
 def check_settings(s: EvalSettings) -> None:
-    if s.max_new_tokens < 1:
-        raise PayloadError("--max-new-tokens must be >= 1")
-    if s.samples is not None and s.samples < 1:
-        raise PayloadError("--samples must be >= 1")
-    if s.topk < 1:
-        raise PayloadError("--topk must be >= 1")
-    if s.tree_k < 1:
-        raise PayloadError("--tree-k must be >= 1")
-    if s.tree_budget < 1:
-        raise PayloadError("--tree-budget must be >= 1")
-    if s.diagnose_samples < 1 or s.diagnose_rounds < 1:
-        raise PayloadError("--diagnose-samples and --diagnose-rounds must be >= 1")
+    """Everything the run can check before it loads a model: the values, then the engine's interpreter."""
+    check_values(s)
+    _check_engine_python(s)
+
+
+def check_values(s: EvalSettings) -> None:
+    """The settings' values on their own and together; no file is read (the controller runs this too, on the
+    command it is about to send)."""
+    for option in payload_options():
+        if (option.kind in (int, float) or option.choices) and not option.repeatable:
+            check_value(option, getattr(s, option.field))
+    if s.dtype == "float16" and not s.allow_fp16:
+        raise PayloadError(f"{FP16_REFUSED}. Use bfloat16 (float32 on CPU), or pass --allow-fp16 to force it")
     if not s.drafters:
         raise PayloadError("give at least one --drafter NAME=PATH")
     names = {n for n, _ in s.drafters}
@@ -141,20 +115,16 @@ def check_settings(s: EvalSettings) -> None:
     unknown_p1 = sorted(set(s.expect_p1) - names - {"*"})
     if unknown_p1:
         raise PayloadError(f"--expect-p1 for unknown drafter name(s): {', '.join(unknown_p1)}")
-    check_engine_settings(s)
-    if s.reference_url is not None or s.reference_engine:
-        if s.reference_concurrency < 1:
-            raise PayloadError("--reference-concurrency must be >= 1")
-        if s.reference_retries < 0:
-            raise PayloadError("--reference-retries must be >= 0")
-        if s.reference_timeout <= 0:
-            raise PayloadError("--reference-timeout must be > 0 seconds")
-        if s.reference_prompt_format not in ("ids", "text"):
-            raise PayloadError(f"--reference-prompt-format must be ids or text, not {s.reference_prompt_format!r}")
+    check_engine_values(s)
 
 
 def check_engine_settings(s: EvalSettings) -> None:
-    """``--engine`` / ``--reference vllm``: a known engine, its interpreter, and no second reference source."""
+    """``--engine`` / ``--reference vllm``: a known engine, its interpreter (a file here), one reference source."""
+    check_engine_values(s)
+    _check_engine_python(s)
+
+
+def check_engine_values(s: EvalSettings) -> None:
     for flag, value in (("--engine", s.engine), ("--reference", s.reference_engine)):
         if value is not None and value not in ENGINES:
             raise PayloadError(f"{flag} {value!r}: unknown engine (known: {', '.join(ENGINES)})")
@@ -162,13 +132,14 @@ def check_engine_settings(s: EvalSettings) -> None:
         what = "--engine vllm" if s.engine else "--reference vllm"
         raise PayloadError(f"{what} needs --engine-python PATH (the python of the vLLM engine venv, made by "
                            "`dfo provision --engine vllm`)")
+    if s.reference_engine and s.reference_url:
+        raise PayloadError("--reference takes one source: an engine name (vllm) or a URL, not both")
+
+
+def _check_engine_python(s: EvalSettings) -> None:
     if s.engine_python and not Path(s.engine_python).is_file():
         raise PayloadError(f"--engine-python {s.engine_python}: no such file (is the engine venv provisioned? "
                            "`dfo provision --host HOST --engine vllm`)")
-    if s.reference_engine and s.reference_url:
-        raise PayloadError("--reference takes one source: an engine name (vllm) or a URL, not both")
-    if s.engine_start_timeout <= 0:
-        raise PayloadError("--engine-start-timeout must be > 0 seconds")
 
 
 def planted_fault() -> str | None:

@@ -1,0 +1,286 @@
+"""Every option of an eval, declared once.
+
+`python -m remote_payload eval`'s parser and `EvalSettings` are built from this table on the host; the
+controller imports it (stdlib only) to build `dfo eval` / `dfo watch` options and `EvalRequest`'s payload
+command, and to check values before anything connects. Adding an option is one `Option` in `OPTIONS`;
+tests/evaluation/test_eval_options.py fails when a parser, a dataclass or a command drifts from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from remote_payload.errors import PayloadError
+from remote_payload.inputs.prompts import parse_shard
+
+EVAL, WATCH = "eval", "watch"  # the dfo commands that run an eval
+BOTH = (EVAL, WATCH)
+ENGINES = ("vllm",)
+DTYPES = ("bfloat16", "float32", "float16")
+FP16_REFUSED = ("--dtype float16 is refused: DFlash drafters and Qwen3.x targets are trained in bfloat16, and "
+                "fp16's narrow range gives near-0% acceptance (pitfall 5)")
+NONE = object()  # "no dfo default given": see Option.request_default
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    field: str                      # the attribute of EvalSettings (and of EvalRequest when dfo holds it)
+    help: str
+    kind: type = str                # str, int, float or bool
+    default: Any = None             # the payload's default (None: not set)
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None    # the least value allowed
+    positive: bool = False          # more than 0 (a duration)
+    repeatable: bool = False
+    negatable: bool = False         # a bool with its --no- form
+    required: bool = False          # the payload cannot run without it
+    parse: Callable[[Any], Any] | None = None     # the given value as EvalSettings holds it; raises PayloadError
+    settings: Callable[[Any], dict] | None = None  # when one value fills several EvalSettings fields
+    payload: bool = True            # `remote_payload eval` takes it (False: an option of dfo only)
+    commands: tuple[str, ...] = ()  # the dfo commands that offer it
+    on_request: bool = False        # EvalRequest holds it although no dfo command offers it yet
+    dfo_default: Any = NONE         # EvalRequest's default where it is not "unset" (see request_default)
+    dfo_help: str | None = None     # dfo's wording where its meaning is wider (a path on another host, …)
+    dfo_metavar: str | None = None
+    planned: bool = False           # the planner writes its payload value (a path, URL or shard only it knows)
+    compared: bool = True           # a watch series keeps it fixed (False: it does not change the figures)
+
+    @property
+    def in_request(self) -> bool:
+        return bool(self.commands) or self.on_request
+
+    @property
+    def request_default(self) -> Any:
+        """What EvalRequest holds when the user gives nothing: dfo_default, else unset (None, False or [],
+        so the payload's own default applies and nothing is passed)."""
+        if self.dfo_default is not NONE:
+            return self.dfo_default
+        return [] if self.repeatable else (False if self.kind is bool and not self.negatable else None)
+
+    def value_text(self) -> str:
+        """The metavar, from the choices where there are some."""
+        return self.metavar or "|".join(self.choices) or self.field.upper()
+
+
+# ------------------------------------------------------------------------------ value parsers
+
+
+def parse_named(values: list[str] | None, flag: str) -> list[tuple[str, str]]:
+    out = []
+    for v in values or []:
+        name, sep, path = v.partition("=")
+        if not sep or not name or not path:
+            raise PayloadError(f"{flag} expects NAME=PATH, got {v!r}")
+        if not all(c.isalnum() or c in "-_." for c in name):
+            raise PayloadError(f"{flag} {v!r}: NAME may hold letters, digits, '-', '_' and '.' only")
+        out.append((name, path))
+    names = [n for n, _ in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PayloadError(f"{flag}: name(s) given twice: {', '.join(dupes)}")
+    return out
+
+
+def parse_expect_p1(values: list[str] | None) -> dict:
+    """``--expect-p1 X`` (every drafter) or ``--expect-p1 NAME=X`` (repeatable) -> {name or "*": X}."""
+    out: dict = {}
+    for v in values or []:
+        name, sep, num = v.rpartition("=")
+        key = name if sep else "*"
+        if sep and not name:
+            raise PayloadError(f"--expect-p1 {v!r}: expected X or NAME=X")
+        try:
+            x = float(num)
+        except ValueError:
+            raise PayloadError(f"--expect-p1 {v!r}: {num!r} is not a number (expected X or NAME=X, X in (0, 1])") \
+                from None
+        if not 0 < x <= 1:
+            raise PayloadError(f"--expect-p1 {v!r}: the expected position-1 acceptance must be in (0, 1]")
+        if key in out:
+            raise PayloadError(f"--expect-p1: {'every drafter' if key == '*' else repr(key)} given twice")
+        out[key] = x
+    return out
+
+
+def _reference_settings(value: str | None) -> dict:
+    """One --reference fills two settings: an engine name, or the URL of a server."""
+    engine = value in ENGINES
+    return {"reference_url": None if engine else value, "reference_engine": value if engine else None}
+
+
+# ------------------------------------------------------------------------------ the table
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--target", "target", "Target model folder (HF format).", required=True, metavar="PATH",
+           commands=BOTH, dfo_help="Target model folder on the eval host(s) (HF format), an absolute path."),
+    Option("--drafter", "drafters", "Drafter: a z-lab/speculators folder or a training checkpoint file "
+           "(repeatable).", metavar="NAME=PATH", repeatable=True, required=True,
+           parse=lambda v: parse_named(v, "--drafter"), planned=True),
+    Option("--drafter-spec", "drafter_specs", "Spec sidecar (JSON/YAML) of a training checkpoint, or "
+           "mask_token_id/block_size overrides (repeatable).", metavar="NAME=SPECFILE", repeatable=True,
+           parse=lambda v: dict(parse_named(v, "--drafter-spec"))),
+    Option("--prompts", "prompts", "'builtin' or a JSONL file of {id, messages|prompt}.", default="builtin",
+           metavar="builtin|FILE", commands=BOTH, dfo_default="builtin", planned=True,
+           dfo_help="'builtin' or a local JSONL file of {id, messages|prompt}: parsed here first, then uploaded "
+           "with the job."),
+    Option("--samples", "samples", "Use the first N prompts of the set (before sharding over hosts).", kind=int,
+           minimum=1, metavar="N", commands=BOTH),
+    Option("--shard", "shard", "Evaluate every N-th selected prompt starting at I.", metavar="I/N",
+           parse=parse_shard, planned=True),
+    Option("--max-new-tokens", "max_new_tokens", "Length of each reference continuation, in tokens.", kind=int,
+           default=512, minimum=1, metavar="N", commands=BOTH, dfo_default=256),
+    Option("--enable-thinking", "enable_thinking", "Chat-template thinking mode; must match the drafter's "
+           "training.", kind=bool, default=False, negatable=True, commands=BOTH, dfo_default=False),
+    Option("--device", "device", "Where the models run.", default="auto", choices=("auto", "cuda", "cpu"),
+           commands=BOTH, dfo_default="auto"),
+    Option("--dtype", "dtype", "Model dtype: bfloat16, or float32 (CPU); float16 is refused unless "
+           "--allow-fp16.", default="bfloat16", choices=DTYPES, commands=BOTH, dfo_default="bfloat16",
+           dfo_help="Model dtype: bfloat16, or float32 (CPU); float16 is refused (near-0% acceptance) unless "
+           "forced with --payload-arg=--allow-fp16."),
+    Option("--allow-fp16", "allow_fp16", "Accept --dtype float16 (refused by default).", kind=bool, default=False),
+    Option("--kernel", "kernel", "Linear-attention kernels: auto = fla on CUDA when installed, torch otherwise.",
+           default="auto", choices=("auto", "fla", "torch")),
+    Option("--cache-dir", "cache_dir", "Reference/feature cache (default $DFO_PAYLOAD_CACHE or "
+           "~/.cache/dfo-payload).", metavar="DIR"),
+    Option("--out", "out", "Output folder for results.json and samples.jsonl.", default="dfo-eval", metavar="DIR",
+           planned=True),
+    Option("--online-check", "online_check", "Also run the online draft/verify loop and compare it with the "
+           "offline one.", kind=bool, default=False, commands=(EVAL,)),
+    Option("--seed", "seed", "Seed of torch and of the bootstrap CIs.", kind=int, default=0, metavar="N",
+           on_request=True, dfo_default=0),
+    Option("--topk", "topk", "Per-depth top-k kept from the draft pass (raised to cover the tree metrics).",
+           kind=int, default=8, minimum=1, metavar="K"),
+    Option("--tree-k", "tree_k", "DDTree-K: top-K depth acceptance, K candidates per depth (the headline is "
+           "DDTree-8).", kind=int, default=8, minimum=1, metavar="K", commands=BOTH),
+    Option("--tree-budget", "tree_budget", "Budgeted DDTree: tree size in nodes per round.", kind=int, default=16,
+           minimum=1, metavar="N", commands=BOTH),
+    Option("--reference", "reference", "Reference completions from this OpenAI-compatible server (SGLang/vLLM, "
+           "e.g. http://127.0.0.1:30000/v1) instead of decoding with the target here; API key from "
+           "$DFO_REFERENCE_API_KEY. 'vllm': from a vLLM server this run starts on loopback itself (needs "
+           "--engine-python).", metavar="URL|vllm", settings=_reference_settings, commands=BOTH,
+           dfo_default="target", dfo_metavar="target|server|vllm|URL", planned=True,
+           dfo_help="Reference continuations: 'target' (greedy on the eval host), 'server' (the host's serve_url "
+           "from the inventory, e.g. SGLang), 'vllm' (a vLLM server dfo starts on the eval host, from its engine "
+           "venv) or an OpenAI-compatible URL as seen from the host."),
+    Option("--reference-model", "reference_model", "Model name at the endpoint (default: the one it serves).",
+           metavar="NAME", commands=BOTH, planned=True,
+           dfo_help="Model name at the reference endpoint (default: the one it serves). An API key is read from "
+           "$DFO_REFERENCE_API_KEY."),
+    Option("--reference-timeout", "reference_timeout", "Seconds per completion request.", kind=float,
+           default=900.0, positive=True, metavar="S"),
+    Option("--reference-concurrency", "reference_concurrency", "Completion requests in flight.", kind=int,
+           default=4, minimum=1, metavar="N"),
+    Option("--reference-retries", "reference_retries", "Extra attempts after a connection failure or HTTP 5xx "
+           "(timeouts are not retried).", kind=int, default=2, minimum=0, metavar="N"),
+    Option("--reference-prompt-format", "reference_prompt_format", "Send the templated prompt as token ids or "
+           "as text.", default="ids", choices=("ids", "text")),
+    Option("--reference-strict-roundtrip", "reference_strict_roundtrip", "Stop when the server's text does not "
+           "re-tokenise to its token ids (default: report it).", kind=bool, default=False),
+    Option("--engine", "engine", "After the offline eval, serve the target with each drafter as DFlash "
+           "speculative config in this engine (on loopback here, stopped afterwards): engine acceptance, outputs "
+           "and tokens/s beside the offline figures (needs --engine-python).", choices=ENGINES, commands=(EVAL,),
+           planned=True,
+           dfo_help="Also serve the target with each drafter as DFlash speculative config in vLLM on the eval "
+           "host: engine τ next to offline τ, outputs, tokens/s plain vs dflash (needs `dfo provision --host H "
+           "--engine vllm`)."),
+    Option("--engine-python", "engine_python", "Python of the engine's own venv (`dfo provision --engine vllm` "
+           "makes it).", metavar="PATH", planned=True),
+    Option("--engine-arg", "engine_args", "Extra argument for the engine server, e.g. "
+           "--engine-arg=--gpu-memory-utilization=0.8 (repeatable).", metavar="ARG", repeatable=True,
+           parse=lambda v: list(v or [])),
+    Option("--engine-start-timeout", "engine_start_timeout", "Seconds an engine server may take to become "
+           "healthy.", kind=float, default=900.0, positive=True, metavar="S"),
+    Option("--diagnose", "diagnose", "Diagnostics: hidden-state and fc statistics, embedding copies, probes for "
+           "the pitfalls (layer shift, slot 0, mask id), decoded first rounds; a report in the results.",
+           kind=bool, default=False, commands=(EVAL,)),
+    Option("--diagnose-samples", "diagnose_samples", "Samples (the first N) that --diagnose probes and shows "
+           "round by round.", kind=int, default=2, minimum=1, metavar="N", commands=(EVAL,)),
+    Option("--diagnose-rounds", "diagnose_rounds", "Rounds shown decoded per diagnosed sample.", kind=int,
+           default=4, minimum=1, metavar="N"),
+    Option("--expect-p1", "expect_p1", "Position-1 acceptance expected from training (every drafter, or NAME=P); "
+           "a run far below it is flagged (repeatable).", metavar="[NAME=]P", repeatable=True,
+           parse=parse_expect_p1, commands=(EVAL,)),
+    Option("--threads", "threads", "Torch CPU threads (small models on busy CPUs: 1).", kind=int, minimum=1,
+           metavar="N", commands=BOTH, compared=False,
+           dfo_help="Torch CPU threads on the eval host (small models on busy CPUs: 1)."),
+    # dfo's own: they decide how the controller runs the eval, the payload never sees them.
+    Option("--strip-optimizer", "strip_optimizer", "Strip optimizer state before relaying (default: for "
+           "*.pt/*.pth/*.ckpt/*.bin).", kind=bool, negatable=True, payload=False, commands=(EVAL,),
+           compared=False),
+    Option("--allow-insecure-reference", "allow_insecure_reference", "Allow an http:// reference endpoint that is "
+           "not on the eval host itself (the API key and the prompts cross the network in clear text).",
+           kind=bool, payload=False, commands=(EVAL,), compared=False),
+    Option("--payload-arg", "payload_args", "An option of `python -m remote_payload eval` that dfo has none of "
+           "(repeatable; checked against the payload's options), e.g. --payload-arg=--reference-timeout=300.",
+           metavar="ARG", repeatable=True, payload=False, commands=BOTH),
+    Option("--force", "force", "Start even if another job holds the eval host's GPU lock.", kind=bool,
+           payload=False, commands=(EVAL,), compared=False),
+)
+BY_FLAG = {o.flag: o for o in OPTIONS}
+BY_FIELD = {o.field: o for o in OPTIONS}
+
+
+def payload_options() -> list[Option]:
+    return [o for o in OPTIONS if o.payload]
+
+
+def offered(command: str) -> list[Option]:
+    """The options a dfo command offers, in declaration order."""
+    return [o for o in OPTIONS if command in o.commands]
+
+
+def request_options() -> list[Option]:
+    return [o for o in OPTIONS if o.in_request]
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def check_value(option: Option, value: Any) -> None:
+    """One given value against its declaration (choices, bounds, its parser); raises PayloadError."""
+    if value is None or value == [] or option.kind is bool:
+        return
+    if option.choices and value not in option.choices:
+        raise PayloadError(f"{option.flag} {value!r}: expected one of {', '.join(option.choices)}")
+    if option.kind in (int, float):
+        what = "an integer" if option.kind is int else "a number"
+        if option.positive and not value > 0:
+            raise PayloadError(f"{option.flag} {value}: expected {what} above 0")
+        if option.minimum is not None and value < option.minimum:
+            raise PayloadError(f"{option.flag} {value}: expected {what} of at least {option.minimum:g}")
+    if option.parse is not None:
+        option.parse(value)
+
+
+def settings_values(given: dict[str, Any]) -> dict[str, Any]:
+    """EvalSettings' keyword arguments from the parsed value of every payload option (by field)."""
+    out: dict[str, Any] = {}
+    for o in payload_options():
+        value = given.get(o.field, o.default)
+        if o.settings is not None:
+            out.update(o.settings(value))
+        else:
+            out[o.field] = o.parse(value) if o.parse is not None else value
+    return out
+
+
+def argv(values: dict[str, Any]) -> list[str]:
+    """`remote_payload eval` arguments for the given values (by field), in declaration order; an option whose
+    value is unset (None, False, []) is left out, a negatable one is always written (--x or --no-x)."""
+    out: list[str] = []
+    for o in payload_options():
+        value = values.get(o.field)
+        if o.kind is bool:
+            if o.negatable and value is not None:
+                out.append(o.flag if value else "--no-" + o.flag[2:])
+            elif value:
+                out.append(o.flag)
+        elif o.repeatable:
+            for item in value or []:
+                out += [o.flag, str(item)]
+        elif value is not None:
+            out += [o.flag, str(value)]
+    return out
