@@ -2,34 +2,38 @@
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.text import Text
 
 from orchestrator.cli.context import AppContext
+from orchestrator.cli.eval_options import DECLARED, read_prompts, with_eval_options
 from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
-from orchestrator.evaluation.plan import EvalRequest, parse_drafter
+from orchestrator.evaluation.plan import EvalPlan, EvalRequest, eval_hosts, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
 from orchestrator.relay.plan import parse_endpoint
 from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
-from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, drafter_name, scan_folder
-from orchestrator.watch.selection import Options
+from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, check_config, drafter_name, first_check
+from orchestrator.watch.selection import Options, RoundPlan
+from remote_payload.eval.options import WATCH
 
 
+# The command's own options here; the eval options are declared once (remote_payload/eval/options.py) and
+# stand in at options=DECLARED.
 @app.command("watch")
+@with_eval_options(WATCH)
 def watch_cmd(
     ctx: typer.Context,
     source: str = typer.Argument(..., metavar="HOST:DIR",
                                  help="The training run's checkpoint folder on the training host."),
-    host: str = typer.Option(..., "--host", "-H", metavar="HOST", help="Eval host."),
-    target: str = typer.Option(..., "--target", metavar="PATH", help="Target model folder on the eval host."),
+    host: Optional[str] = typer.Option(None, "--host", "-H", metavar="HOST",
+                                       help="Eval host. Default: the inventory's one host with the eval role "
+                                       "(roles: [eval])."),
     drafter: list[str] = typer.Option([], "--drafter", "--baseline", "-d", metavar="NAME=[HOST:]PATH",
                                       help="Fixed baseline (repeatable): evaluated once per target/prompt set and "
                                       "drawn as a horizontal line."),
@@ -47,27 +51,17 @@ def watch_cmd(
                                  help="Quiet time (size and mtime) before a checkpoint counts as written."),
     interval: float = typer.Option(60.0, "--interval", metavar="SECONDS", help="Time between looks at the folder."),
     once: bool = typer.Option(False, "--once", help="Evaluate what is new now, then exit (for cron)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be evaluated; change nothing."),
-    detach: bool = typer.Option(False, "--detach", help="Run the watcher under a supervisor in the background."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check every option, look at the folder and the eval "
+                                 "host's inputs, print what would be evaluated and each eval's plan; change nothing."),
+    detach: bool = typer.Option(False, "--detach", help="Run the watcher under a supervisor in the background, "
+                                "once the first checks passed (a failing one exits non-zero, nothing detaches)."),
     keep: bool = typer.Option(False, "--keep", help="Keep relayed checkpoints on the eval host after their eval."),
     on_result: Optional[str] = typer.Option(None, "--on-result", metavar="CMD",
                                             help="Run CMD (sh -c) after each checkpoint with the result JSON "
                                             "on stdin."),
-    prompts: str = typer.Option("builtin", "--prompts", metavar="builtin|FILE",
-                                help="'builtin' or a local JSONL file."),
-    reference: str = typer.Option("target", "--reference", metavar="target|server|URL", help="As for dfo eval."),
-    device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu"),
-    dtype: str = typer.Option("bfloat16", "--dtype", metavar="DTYPE"),
-    enable_thinking: bool = typer.Option(False, "--enable-thinking/--no-enable-thinking"),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", metavar="N"),
-    samples: Optional[int] = typer.Option(None, "--samples", metavar="N"),
-    tree_k: Optional[int] = typer.Option(None, "--tree-k", metavar="K"),
-    tree_budget: Optional[int] = typer.Option(None, "--tree-budget", metavar="N"),
-    threads: Optional[int] = typer.Option(None, "--threads", metavar="N"),
-    reference_model: Optional[str] = typer.Option(None, "--reference-model", metavar="NAME"),
-    payload_arg: list[str] = typer.Option([], "--payload-arg", metavar="ARG"),
+    options: dict = DECLARED,
     json_out: bool = typer.Option(False, "--json", help="With --once/--dry-run: print the outcome as JSON."),
-    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Default ./runs or $DFO_RUNS_DIR."),
+    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Where run folders and series go (default ./runs or $DFO_RUNS_DIR)."),
 ) -> None:
     """Evaluate every new checkpoint in HOST:DIR on the eval host and keep τ over training steps.
 
@@ -78,29 +72,32 @@ def watch_cmd(
     inv = app_ctx.inventory
     endpoint = parse_endpoint(source, inv, "HOST:DIR")
     folder = posixpath.normpath(endpoint.path)
-    prompts_file, digest = None, None
-    if prompts != "builtin":
-        prompts_file = Path(prompts).resolve()
-        if not prompts_file.is_file():
-            raise InputError(f"--prompts {prompts!r}: no such local file (or use 'builtin')")
-        digest = hashlib.sha256(prompts_file.read_bytes()).hexdigest()
-    request = EvalRequest(hosts=[host], target=target, drafters=[parse_drafter(d, inv) for d in drafter],
-                          prompts=str(prompts_file or prompts), reference=reference, device=device, dtype=dtype,
-                          enable_thinking=enable_thinking, max_new_tokens=max_new_tokens, samples=samples,
-                          threads=threads, tree_k=tree_k, tree_budget=tree_budget, reference_model=reference_model,
-                          payload_args=payload_arg)
+    eval_host = _eval_host(host, inv)
+    prompts = read_prompts(options["prompts"])
+    request = EvalRequest(hosts=[eval_host], drafters=[parse_drafter(d, inv) for d in drafter],
+                          **{**options, "prompts": prompts.spec})
     cfg = WatchConfig(series=series or posixpath.basename(folder) or "series", source_host=endpoint.host,
                       folder=folder, request=request, runs_dir=runs_root(runs_dir).resolve(),
                       options=Options(settle=settle, every=every, newest=newest), pattern=pattern,
-                      step_from=step_from, prompts_file=prompts_file, prompts_digest=digest, keep=keep, once=once,
-                      interval=interval, on_result=on_result)
-    series_state.series_dir(cfg.runs_dir, cfg.series)  # validates the name before anything runs
+                      step_from=step_from, prompts_file=prompts.file, prompts_digest=prompts.digest,
+                      prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result)
+    stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
+    # Then the first checks on the hosts, in every mode: --detach leaves only once they passed.
+    plan, ignored, _ = first_check(app_ctx.connector, cfg)
     if dry_run:
-        _dry_run(app_ctx, cfg, json_out)
+        _dry_run(app_ctx, cfg, plan, ignored, stand_in, json_out)
     elif detach:
         _detach(app_ctx, cfg)
     else:
         _foreground(app_ctx, cfg, json_out)
+
+
+def _eval_host(given: str | None, inventory) -> str:
+    hosts = eval_hosts([given] if given else [], inventory)
+    if len(hosts) > 1:
+        raise InputError(f"dfo watch evaluates on one eval host, and {inventory.source} gives the eval role to "
+                         f"{', '.join(hosts)}", hint="choose one with --host HOST")
+    return hosts[0]
 
 
 def _foreground(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
@@ -133,19 +130,21 @@ class _Nothing:
         return False
 
 
-def _dry_run(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
-    """Reads the folder listing and the local series; changes nothing anywhere."""
-    folder = series_state.series_dir(cfg.runs_dir, cfg.series)
-    found = series_state.load_series(folder)
-    if found is not None:
-        series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
-    plan, ignored = scan_folder(app_ctx.connector, cfg, (found or {}).get("checkpoints", {}))
+def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: list, stand_in: EvalPlan,
+             json_out: bool) -> None:
+    """The first checks passed (they read the folder listing, the eval host's inputs and the local series); prints
+    the round and the eval each checkpoint would run. Changes nothing anywhere."""
+    inv = app_ctx.inventory
+    evals = {c.name: plan_eval(cfg.checkpoint_request(drafter_name(c), c.path), inv,
+                               prompts_digest=cfg.prompts_digest, prompt_count=cfg.prompt_count)
+             for c in plan.evaluate}
     cached = (series_state.series_root(cfg.runs_dir) / ".baselines" / f"{baselines_key(cfg)}.json").is_file()
     baselines = [d.label() for d in cfg.request.drafters]
     if json_out:
         app_ctx.print_json({"dry_run": True, "series": cfg.series, "source": cfg.source, **plan.as_dict(),
                             "ignored": [{"name": n, "why": w} for n, w in ignored],
-                            "baselines": {"drafters": baselines, "cached": cached}})
+                            "baselines": {"drafters": baselines, "cached": cached},
+                            "eval_args": {name: p.jobs[0].args for name, p in evals.items()}})
         return
     # Checkpoint names (and why one is waited for or ignored) come from the training host's listing: Text.
     out = app_ctx.out
@@ -160,6 +159,7 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
         out.print(Text(f"evaluate step {c.step} ({c.step_source}): {c.name} → drafter {drafter_name(c)}: "
                        f"strip on {cfg.source_host}, relay to {cfg.eval_host}, eval, pull"
                        + ("" if cfg.keep else f", remove from {cfg.eval_host}")))
+        out.print(Text("    python -m remote_payload " + " ".join(evals[c.name].jobs[0].args)))
     for c, why in plan.waiting:
         out.print(Text(f"wait     step {c.step}: {c.name}: {why}"))
     for c, why in plan.skipped:
@@ -168,6 +168,7 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
         out.print(Text(f"ignore   {name}: {why}"))
     if not (plan.evaluate or plan.waiting or plan.reattach):
         out.print("nothing new to evaluate")
+        out.print(Text("each checkpoint will run: python -m remote_payload " + " ".join(stand_in.jobs[0].args)))
 
 
 def _detach(app_ctx: AppContext, cfg: WatchConfig) -> None:

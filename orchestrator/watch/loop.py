@@ -28,19 +28,23 @@ from typing import Callable
 
 from orchestrator.core.errors import DfoError, InputError
 from orchestrator.core.events import Events
-from orchestrator.evaluation.operation import follow_and_collect, start_eval, wait_and_collect
-from orchestrator.evaluation.plan import DrafterRef, EvalRequest, plan_eval, relay_dir
+from orchestrator.core.inventory import Inventory
+from orchestrator.evaluation.operation import follow_and_collect, preflight, start_eval, wait_and_collect
+from orchestrator.evaluation.plan import DrafterRef, EvalPlan, EvalRequest, plan_eval, relay_dir
 from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_atomic
 from orchestrator.jobs.operation import JobRefused
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
-from orchestrator.watch.discovery import Checkpoint, is_entry_name, parse_listing
+from orchestrator.watch.discovery import STEP_FROM, Checkpoint, is_entry_name, parse_listing
 from orchestrator.watch.hooks import run_hook
 from orchestrator.watch.measures import judge, measure, per_sample_tau, verdict_text
 from orchestrator.watch.plot import write_plot
 from orchestrator.watch.probe import list_folder
 from orchestrator.watch.render import series_markdown
 from orchestrator.watch.selection import Options, RoundPlan, plan_round
+from remote_payload.eval.options import WATCH, request_options
+
+STAND_IN = "checkpoint"  # the drafter name of the stand-in checkpoint the up-front checks plan with
 
 
 @dataclass
@@ -55,6 +59,7 @@ class WatchConfig:
     step_from: str = "auto"
     prompts_file: Path | None = None
     prompts_digest: str | None = None
+    prompt_count: int | None = None  # prompts in the set, when it was parsed here
     keep: bool = False
     once: bool = False
     interval: float = 60.0
@@ -69,13 +74,49 @@ class WatchConfig:
         return f"{self.source_host}:{self.folder}"
 
     def settings(self) -> dict:
-        """What makes two checkpoints' numbers comparable; a series keeps it fixed."""
+        """What makes two checkpoints' numbers comparable; a series keeps it fixed: every eval option `dfo watch`
+        offers or the request holds that changes the figures (remote_payload/eval/options.py says which)."""
         r = self.request
-        return {"target": r.target, "prompts": r.prompts, "prompts_sha256": self.prompts_digest,
-                "samples": r.samples, "max_new_tokens": r.max_new_tokens, "dtype": r.dtype, "device": r.device,
-                "enable_thinking": r.enable_thinking, "reference": r.reference, "reference_model": r.reference_model,
-                "seed": r.seed, "tree_k": r.tree_k, "tree_budget": r.tree_budget,
-                "payload_args": list(r.payload_args), "pattern": self.pattern, "step_from": self.step_from}
+        kept = {o.field: getattr(r, o.field) for o in request_options()
+                if o.compared and (WATCH in o.commands or not o.commands)}
+        return {**kept, "payload_args": list(r.payload_args), "prompts_sha256": self.prompts_digest,
+                "pattern": self.pattern, "step_from": self.step_from}
+
+    def checkpoint_request(self, name: str, path: str) -> EvalRequest:
+        """The eval of one checkpoint (the baselines are evaluated apart, once)."""
+        return replace(self.request, drafters=[DrafterRef(name, self.source_host, path)])
+
+
+def check_config(cfg: WatchConfig, inventory: Inventory) -> EvalPlan:
+    """Everything a watch can check before it connects: its own options, then the eval planner on the baselines
+    and on a stand-in checkpoint of the folder. Returns the stand-in's plan (what each checkpoint will run)."""
+    series_state.series_dir(cfg.runs_dir, cfg.series)  # the name
+    if cfg.step_from not in STEP_FROM:
+        raise InputError(f"--step-from {cfg.step_from!r}: expected one of {', '.join(STEP_FROM)}",
+                         hint="auto: the step from the name, else from the checkpoint's metadata")
+    if not cfg.interval > 0:
+        raise InputError(f"--interval {cfg.interval:g}: expected more than 0 seconds")
+    if cfg.request.drafters:
+        plan_eval(cfg.request, inventory, prompts_digest=cfg.prompts_digest, prompt_count=cfg.prompt_count)
+    stand_in = cfg.checkpoint_request(STAND_IN, posixpath.join(cfg.folder, f"{STAND_IN}.pt"))
+    return plan_eval(stand_in, inventory, prompts_digest=cfg.prompts_digest, prompt_count=cfg.prompt_count)
+
+
+def first_check(connector: Connector, cfg: WatchConfig) -> tuple[RoundPlan, list, dict | None]:
+    """What a watch checks on the hosts before its first round (and before --detach leaves): the local series
+    keeps its settings, the eval host has the target, the baselines and the engine venv, and the training
+    folder can be listed. Returns the round plan, the names ignored and the series found (or None)."""
+    stand_in = check_config(cfg, connector.inventory)
+    found = series_state.load_series(series_state.series_dir(cfg.runs_dir, cfg.series))
+    if found is not None:
+        series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
+    inputs = plan_eval(cfg.request, connector.inventory, prompts_digest=cfg.prompts_digest) \
+        if cfg.request.drafters else stand_in
+    stand_in_path = stand_in.request.drafters[0].path
+    checks = {h: [p for p in paths if p != stand_in_path] for h, paths in inputs.checks.items()}
+    preflight(connector, replace(inputs, checks={h: paths for h, paths in checks.items() if paths}))
+    plan, ignored = scan_folder(connector, cfg, (found or {}).get("checkpoints", {}))
+    return plan, ignored, found
 
 
 def drafter_name(ckpt: Checkpoint) -> str:
@@ -215,7 +256,7 @@ class Watcher:
         e = series_state.begin_attempt(self.series, ckpt)
         self._publish()
         self._say(f"{ckpt.name} (step {ckpt.step}, from the {ckpt.step_source}; attempt {e['attempts']})")
-        request = replace(cfg.request, drafters=[DrafterRef(drafter_name(ckpt), cfg.source_host, ckpt.path)])
+        request = cfg.checkpoint_request(drafter_name(ckpt), ckpt.path)
         started = time.monotonic()
         try:
             plan = plan_eval(request, self.connector.inventory, prompts_digest=cfg.prompts_digest)

@@ -60,7 +60,9 @@ def relay_folder(sandbox) -> Path:
 
 
 def _watch(folder: Path, series: str, *more: str) -> list[str]:
-    return ["watch", f"{TRAIN}:{folder}/", "--host", EVAL, "--target", "/nonexistent/target", "--series", series,
+    # The target only has to exist on the eval host (the watch checks it before its first look; the sandbox
+    # hosts share one filesystem): no eval starts in these tests.
+    return ["watch", f"{TRAIN}:{folder}/", "--host", EVAL, "--target", str(folder), "--series", series,
             "--settle", "0", "--pattern", "step_*", "--once", *more]
 
 

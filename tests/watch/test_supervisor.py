@@ -1,11 +1,13 @@
-"""--detach: the supervisor runs the watcher in the background, restarts it when it crashes, and stops
-for good on bad input (exit 2) — here a series started with other settings. No host is contacted."""
+"""--detach: the first checks run before anything detaches (a failing one exits non-zero and starts no
+supervisor); the supervisor runs the watcher in the background and stops for good on bad input (exit 2) or
+a clean exit."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import pytest
 from cli_runner import dfo
 
 from orchestrator.watch import series as series_state
@@ -17,28 +19,77 @@ INVENTORY = """hosts:
 """
 
 
-def test_detach_starts_a_supervisor_that_stops_on_bad_input(tmp_path):
+def wait_until_stopped(folder: Path, timeout: float = 120) -> str:
+    """The supervisor's log once it said it stops (its last line), and no supervisor runs for the folder."""
+    log = folder / "watch.log"
+    deadline = time.monotonic() + timeout
+    while "; stopping" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    text = " ".join(log.read_text().split())  # the log is as wide as the supervisor's terminal: unwrap it
+    while supervisor.running_pid(folder) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert supervisor.running_pid(folder) is None, text
+    return text
+
+
+@pytest.fixture
+def unreachable(tmp_path) -> Path:
     inv = tmp_path / "inventory.yaml"
     inv.write_text(INVENTORY)
+    return inv
+
+
+def test_detach_with_a_series_of_other_settings_exits_2_and_starts_nothing(tmp_path, unreachable):
     runs = tmp_path / "runs"
     folder = runs / "series" / "run7"
     series_state.save(folder, series_state.new_series("run7", source="kpro6:/tmp/ck/run7", eval_host="ct129",
                                                       settings={"target": "/other/target"}))
-    proc = dfo("watch", "kpro6:run7/", "--host", "ct129", "--target", "/m/t", "--detach", inventory=inv, runs=runs)
-    assert proc.returncode == 0, proc.stderr
-    assert "detached" in proc.stderr and "supervisor pid" in proc.stderr
-    pid = int((folder / "supervisor.pid").read_text())
-    log = folder / "watch.log"
-    deadline = time.monotonic() + 60
-    while supervisor.running_pid(folder) == pid and time.monotonic() < deadline:
-        time.sleep(0.2)
-    text = log.read_text()
-    assert supervisor.running_pid(folder) is None, text
+    proc = dfo("watch", "kpro6:run7/", "--host", "ct129", "--target", "/m/t", "--detach", inventory=unreachable,
+               runs=runs)
+    assert proc.returncode == 2, proc.stderr
+    assert "series 'run7' was started with other settings" in proc.stderr and "Traceback" not in proc.stderr
+    assert "detached" not in proc.stderr and not (folder / "supervisor.pid").exists()
+
+
+def test_detach_with_an_unreachable_host_exits_1_and_starts_nothing(tmp_path, unreachable):
+    runs = tmp_path / "runs"
+    proc = dfo("watch", "kpro6:run7/", "--target", "/m/t", "--detach", inventory=unreachable, runs=runs)
+    assert proc.returncode == 1, proc.stderr
+    assert "ct129: connection refused" in proc.stderr and "Traceback" not in proc.stderr  # --host: the eval role
+    assert "detached" not in proc.stderr
+    assert not list(runs.rglob("supervisor.pid"))
+
+
+def test_the_supervisor_stops_for_good_when_the_watcher_exits_2(tmp_path, unreachable):
+    runs = tmp_path / "runs"
+    folder = runs / "series" / "run7"
+    series_state.save(folder, series_state.new_series("run7", source="kpro6:/tmp/ck/run7", eval_host="ct129",
+                                                      settings={"target": "/other/target"}))
+    supervisor.start(folder, ["--inventory", str(unreachable), "watch", "kpro6:run7/", "--host", "ct129",
+                                    "--target", "/m/t", "--runs-dir", str(runs)])
+    text = wait_until_stopped(folder)
     assert "series 'run7' was started with other settings" in text and "target '/other/target' → '/m/t'" in text
     assert "watcher exited with 2; stopping" in text
     assert "restarting" not in text
     again = dfo("series", "list", "--json", runs=runs)
     assert again.returncode == 0 and '"watcher": null' in again.stdout
+
+
+@pytest.mark.sshd
+def test_detach_leaves_once_the_first_checks_pass(sandbox, tmp_path):
+    """Reachable hosts, a target that exists, an empty training folder: detached; the watcher (--once) finds
+    nothing, exits 0 and the supervisor stops."""
+    run_folder = sandbox.hosts["kpro6"].checkpoints / f"empty-{tmp_path.name[-16:]}"
+    run_folder.mkdir(parents=True)
+    runs = tmp_path / "runs"
+    proc = dfo(sandbox, "watch", f"kpro6:{run_folder}/", "--target", str(sandbox.hosts["ct129"].models),
+               "--series", "empty", "--once", "--detach", runs=runs)
+    assert proc.returncode == 0, proc.stderr
+    assert "detached" in proc.stderr and "supervisor pid" in proc.stderr
+    folder = runs / "series" / "empty"
+    text = wait_until_stopped(folder)
+    assert "watcher exited with 0; stopping" in text and "restarting" not in text
+    assert series_state.load_series(folder)["checkpoints"] == {}
 
 
 def test_running_pid_ignores_a_stale_or_foreign_pid(tmp_path):
