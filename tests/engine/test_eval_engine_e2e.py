@@ -44,7 +44,8 @@ def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows
     dry = dfo(*args, "--reference", "vllm", "--dry-run", inventory=inventory, runs=runs)
     assert dry.returncode == 0, dry.stderr
     out = " ".join(dry.stdout.split())
-    assert f"--engine vllm --reference vllm --engine-python {venv}/bin/python" in out
+    for pair in ("--engine vllm", "--reference vllm", f"--engine-python {venv}/bin/python"):
+        assert pair in out, pair
     assert "a plain vLLM server (no speculation), started before the target loads: the reference continuations " \
            "and the baseline tokens/s" in out
     assert "one vLLM server per drafter (random) with it as DFlash speculative config" in out
