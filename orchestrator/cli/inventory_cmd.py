@@ -78,7 +78,7 @@ def show(
     json_out: bool = typer.Option(False, "--json", help="Print the validated inventory as JSON."),
 ) -> None:
     """Show the hosts as dfo understands them (defaults and ssh_config applied)."""
-    from orchestrator.core.inventory import resolve_host
+    from orchestrator.transport.resolve import resolve_host
 
     app_ctx: AppContext = ctx.obj
     inv = app_ctx.inventory

@@ -1,18 +1,17 @@
 """The inventory: which hosts exist, how to reach them, and where dfo keeps things on each.
 
 Loading is strict (unknown keys are errors) and every error names the file, the line, the field path,
-what was expected and what was found. Nothing here touches the network.
+what was expected and what was found. Nothing here touches the network; how a host is reached (ssh_config,
+jump chains) is resolved in transport/resolve.py.
 """
 
 from __future__ import annotations
 
-import getpass
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -30,9 +29,16 @@ HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\[?[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]?)\Z")
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+# `${NAME}` in an env value is read from the controller's environment when a command uses it (so a secret
+# need not live in the inventory); `$${NAME}` is a literal `${NAME}`.
+ENV_REF_RE = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# One hop of `proxy_jump: a,b`: an inventory host or ssh_config alias, or [user@]host[:port].
+JUMP_HOP_RE = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.]+\])"
+                         r"(?::[0-9]{1,5})?")
 
 
-def _port(value: Any) -> Any:
+def check_port(value: Any) -> int:
+    """A port number (an int or a string of digits) in 1-65535."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise PydanticCustomError("port", "expected an integer 1-65535")
     try:
@@ -76,14 +82,29 @@ def _env(value: Any) -> Any:
                                       "([A-Za-z_][A-Za-z0-9_]*)")
         if isinstance(val, str) and ("\x00" in val or "\n" in val):
             raise PydanticCustomError("env", f"env value of {key} contains a NUL or a newline")
+        if isinstance(val, str) and "${" in ENV_REF_RE.sub("", val):
+            raise PydanticCustomError("env", f"env value of {key} has a malformed reference: write ${{NAME}} "
+                                      "(NAME a shell identifier) or $${NAME} for a literal ${NAME}")
     return value
 
 
-Port = Annotated[int, BeforeValidator(_port)]
+def _proxy_jump(value: Any) -> Any:
+    # Each hop reaches ssh's argv (a `-W` target, a destination): no leading '-', no shell characters.
+    if isinstance(value, str) and value.strip().lower() != "none":
+        for hop in value.split(","):
+            if not JUMP_HOP_RE.fullmatch(hop.strip()):
+                raise PydanticCustomError("proxy_jump", "expected host names separated by commas, each a host of "
+                                          "this inventory or [user@]host[:port] (not starting with '-'), "
+                                          f"got {hop.strip()[:60]!r}")
+    return value
+
+
+Port = Annotated[int, BeforeValidator(check_port)]
 RemotePath = Annotated[str, BeforeValidator(_remote_path)]
 Address = Annotated[str, BeforeValidator(_address)]
 User = Annotated[str, BeforeValidator(_user)]
 Env = Annotated[dict[str, str], BeforeValidator(_env)]
+ProxyJump = Annotated[str, BeforeValidator(_proxy_jump)]
 
 
 class _Strict(BaseModel):
@@ -109,7 +130,7 @@ class Host(_Strict):
     user: User | None = None
     identity_file: str | None = None
     known_hosts: str | None = None
-    proxy_jump: str | None = None
+    proxy_jump: ProxyJump | None = None
     workdir: RemotePath
     python: str = "python3"
     gpu: bool | None = Field(None, description="None: detect with nvidia-smi")
@@ -164,8 +185,34 @@ class Inventory(_Strict):
             )
         return list(dict.fromkeys(names))
 
+    def host_env(self, name: str) -> dict[str, str]:
+        """NAME's ``env:`` for a command that uses it now: every ``${VAR}`` read from this process's environment."""
+        return {key: expand_env_value(name, key, value) for key, value in self.hosts[name].env.items()}
+
+
+def expand_env_value(host: str, key: str, value: str) -> str:
+    """One env value with its ``${VAR}`` references filled in; an unset VAR is bad input (the value is a
+    secret's place: never in a message)."""
+
+    def fill(m: re.Match) -> str:
+        escaped, var = m.group(1), m.group(2)
+        if escaped:
+            return "${" + var + "}"
+        if var not in os.environ:
+            raise InputError(f"{host}: env {key} refers to ${{{var}}}, which is not set in dfo's environment",
+                             hint=f"export {var} before running dfo (hosts.{host}.env.{key} reads it when used)")
+        found = os.environ[var]
+        if "\n" in found or "\x00" in found:
+            raise InputError(f"{host}: env {key}: ${{{var}}} contains a newline or a NUL")
+        return found
+
+    return ENV_REF_RE.sub(fill, value)
+
 
 # ----------------------------------------------------------------------------------- loading
+
+# Where an error is: "FILE:LINE" for a line of the text being parsed (an edit maps it to the real file).
+Where = Callable[[int], str]
 
 
 def inventory_path(cli_value: str | os.PathLike | None) -> Path:
@@ -187,23 +234,42 @@ def load_inventory(path: str | os.PathLike) -> Inventory:
     return parse_inventory(text, path)
 
 
-def parse_inventory(text: str, path: Path) -> Inventory:
-    data, root = _parse_yaml(text, path)
+def parse_inventory(text: str, path: Path, where: Where | None = None) -> Inventory:
+    """Validate TEXT as the inventory at PATH. WHERE names a line of TEXT in messages (default ``PATH:LINE``)."""
+    at: Where = where or (lambda line: f"{path}:{line}")
+    data, root = _parse_yaml(text, path, at)
     if data is None:
         raise InputError(f"{path}: the inventory is empty", hint="it needs at least a 'hosts:' mapping")
     if not isinstance(data, dict):
-        raise InputError(f"{path}:1: expected a mapping with 'hosts:' at the top, got {type(data).__name__}")
-    _check_host_names(data, root, path)
+        raise InputError(f"{at(1)}: expected a mapping with 'hosts:' at the top, got {_kind(data)}",
+                         hint="the file starts with `hosts:` and one indented block per host (see README)")
+    _check_host_names(data, root, at)
     try:
         inv = Inventory.model_validate(_plain(data))
     except ValidationError as exc:
-        raise InputError(_format_validation_error(exc, root, path)) from None
+        raise InputError(_format_validation_error(exc, root, at)) from None
     inv._source = path
-    _check_references(inv, root, path)
+    if not inv.hosts:
+        raise InputError(f"{at(_line_of(root, ('hosts',)))} hosts: no hosts (expected at least one host under "
+                         "'hosts:')", hint="add one with `dfo inventory add-host NAME --address ADDRESS`")
+    _check_references(inv, root, at)
     return inv
 
 
-def _parse_yaml(text: str, path: Path) -> tuple[Any, Node | None]:
+def _kind(value: Any) -> str:
+    """What a YAML value is, in the words of the messages (not ruamel's class names)."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    return f"a string ({str(value)[:40]!r})"
+
+
+def _parse_yaml(text: str, path: Path, at: Where) -> tuple[Any, Node | None]:
     yaml = YAML(typ="rt")
     try:
         data = yaml.load(text)
@@ -214,13 +280,14 @@ def _parse_yaml(text: str, path: Path) -> tuple[Any, Node | None]:
         first = exc.context_mark.line + 1 if exc.context_mark else "?"
         what = f"duplicate key '{key.group(1)}'" if key else "duplicate key"
         raise InputError(
-            f"{path}:{where}: {what} (first defined in the mapping at line {first})",
+            f"{at(where) if isinstance(where, int) else f'{path}:?'}: {what} (first defined in the mapping at "
+            f"line {first})",
             hint="each host name and field may appear once; remove or rename one of them",
         ) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        loc = f"{mark.line + 1}:{mark.column + 1}" if mark else "?"
-        raise InputError(f"{path}:{loc}: YAML syntax error: {exc.problem or exc.context}") from None
+        loc = f"{at(mark.line + 1)}:{mark.column + 1}" if mark else f"{path}:?"
+        raise InputError(f"{loc}: YAML syntax error: {exc.problem or exc.context}") from None
     return data, root
 
 
@@ -232,7 +299,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _check_host_names(data: dict, root: Node | None, path: Path) -> None:
+def _check_host_names(data: dict, root: Node | None, at: Where) -> None:
     hosts = data.get("hosts")
     if not isinstance(hosts, dict):
         return
@@ -240,17 +307,17 @@ def _check_host_names(data: dict, root: Node | None, path: Path) -> None:
         if not isinstance(name, str) or not HOST_NAME_RE.match(name):
             line = _line_of(root, ("hosts", name))
             raise InputError(
-                f"{path}:{line} hosts.{name}: expected a host name of letters, digits, '.', '_' or '-', got {name!r}"
+                f"{at(line)} hosts.{name}: expected a host name of letters, digits, '.', '_' or '-', got {name!r}"
             )
 
 
-def _check_references(inv: Inventory, root: Node | None, path: Path) -> None:
+def _check_references(inv: Inventory, root: Node | None, at: Where) -> None:
     for name, host in inv.hosts.items():
         for i, other in enumerate(host.reaches):
             if other not in inv.hosts:
                 line = _line_of(root, ("hosts", name, "reaches", i))
                 raise InputError(
-                    f"{path}:{line} hosts.{name}.reaches[{i}]: unknown host {other!r}",
+                    f"{at(line)} hosts.{name}.reaches[{i}]: unknown host {other!r}",
                     hint=f"known hosts: {', '.join(inv.hosts)}",
                 )
 
@@ -268,7 +335,7 @@ _EXPECTED = {
 }
 
 
-def _format_validation_error(exc: ValidationError, root: Node | None, path: Path) -> str:
+def _format_validation_error(exc: ValidationError, root: Node | None, at: Where) -> str:
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -287,7 +354,7 @@ def _format_validation_error(exc: ValidationError, root: Node | None, path: Path
         else:
             expected = _EXPECTED.get(kind, err["msg"])
             msg = f"{expected}, got {err['input']!r}" if not isinstance(err["input"], dict) else expected
-        lines.append((line, f"{path}:{line} {field_path}: {msg}" if field_path else f"{path}:{line} {msg}"))
+        lines.append((line, f"{at(line)} {field_path}: {msg}" if field_path else f"{at(line)} {msg}"))
     return "\n".join(text for _, text in sorted(lines, key=lambda item: item[0]))
 
 
@@ -335,141 +402,3 @@ def _line_of(root: Node | None, loc: tuple) -> int:
         else:
             return line
     return line
-
-
-# ------------------------------------------------------------------------- connection facts
-
-
-@dataclass(frozen=True)
-class ResolvedHost:
-    """Everything needed to open SSH to one host, after ssh_config and defaults are applied."""
-
-    name: str
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    known_hosts: str
-    ssh_config: str | None
-    proxy_jump: "ResolvedHost | None" = None
-    connect_timeout: float = 10.0
-    extra: dict = field(default_factory=dict, compare=False)
-    alias: str = ""  # the name ssh_config was looked up with (the system ssh must look up the same one)
-
-    @property
-    def label(self) -> str:
-        return f"{self.user}@{self.hostname}:{self.port}"
-
-
-def _local_path(value: str, base: Path) -> str:
-    p = Path(os.path.expanduser(value))
-    return str(p if p.is_absolute() else (base / p).resolve())
-
-
-def ssh_config_path(inv: Inventory) -> str | None:
-    """The ssh_config file in force: the inventory's, else ~/.ssh/config when it exists."""
-    if inv.ssh_config:
-        return _local_path(inv.ssh_config, inv.source.parent)
-    default = Path.home() / ".ssh" / "config"
-    return str(default) if default.is_file() else None
-
-
-def _read_ssh_config(path: str | None):
-    from orchestrator.core.ssh_config import ssh_config_class  # paramiko's parser, not paramiko's ~0.3 s import
-
-    ssh_config = ssh_config_class()
-    if not path:
-        return ssh_config()
-    try:
-        return ssh_config.from_path(path)
-    except FileNotFoundError:
-        raise InputError(f"ssh_config file not found: {path}", hint="fix 'ssh_config:' in the inventory") from None
-    except Exception as exc:  # paramiko raises plain exceptions for bad lines
-        raise InputError(f"cannot read ssh_config {path}: {exc}") from None
-
-
-def resolve_host(inv: Inventory, name: str, connect_timeout: float = 10.0, _seen: tuple = ()) -> ResolvedHost:
-    """Merge the inventory entry with ssh_config (explicit inventory fields win)."""
-    host = inv.hosts[name]
-    cfg_path = ssh_config_path(inv)
-    cfg = _read_ssh_config(cfg_path).lookup(host.ssh_alias or host.address or name)
-    base = inv.source.parent
-    identity = (
-        (_local_path(host.identity_file, base),)
-        if host.identity_file
-        else tuple(os.path.expanduser(p) for p in cfg.get("identityfile", []))
-    )
-    known = host.known_hosts or (cfg.get("userknownhostsfile", "").split() or ["~/.ssh/known_hosts"])[0]
-    jump_spec = host.proxy_jump or cfg.get("proxyjump")
-    jump = _jump_chain(inv, jump_spec, connect_timeout, _seen + (name,))
-    return _checked(ResolvedHost(
-        name=name,
-        hostname=cfg.get("hostname", host.address or host.ssh_alias),
-        port=host.port or _cfg_port(cfg, cfg_path),
-        user=host.user or cfg.get("user") or getpass.getuser(),
-        identity_files=identity,
-        known_hosts=_local_path(known, base),
-        ssh_config=cfg_path,
-        proxy_jump=jump,
-        connect_timeout=connect_timeout,
-        alias=host.ssh_alias or host.address or name,
-    ))
-
-
-def _cfg_port(cfg, cfg_path: str | None) -> int:
-    try:
-        return _port(cfg.get("port", 22))
-    except PydanticCustomError:
-        raise InputError(f"{cfg_path}: Port {cfg.get('port')!r}: expected an integer 1-65535") from None
-
-
-def _checked(host: ResolvedHost) -> ResolvedHost:
-    """Values that came from ssh_config reach the system ssh's argv too: same rules as the inventory's."""
-    for what, value, pattern in (("HostName", host.hostname, ADDRESS_RE), ("User", host.user, USER_RE),
-                                 ("host", host.alias, ADDRESS_RE)):
-        if not pattern.match(value or ""):
-            raise InputError(f"{host.name}: {what} {value!r} (from {host.ssh_config or 'the inventory'}) is not a "
-                             "plain host or user name", hint="a value starting with '-' would be read as an ssh option")
-    return host
-
-
-def _jump_chain(inv: Inventory, spec: str | None, timeout: float, seen: tuple) -> ResolvedHost | None:
-    """``ProxyJump a,b``: reach ``a``, through it ``b``, through that the host; the last hop is returned,
-    each hop's ``proxy_jump`` is the one before it (an inventory hop keeps its own jump when first)."""
-    if not spec or spec.strip().lower() == "none":
-        return None
-    previous: ResolvedHost | None = None
-    for part in spec.split(","):
-        hop = _resolve_jump(inv, part.strip(), timeout, seen)
-        if previous is not None:
-            hop = replace(hop, proxy_jump=previous)
-        previous = hop
-    return previous
-
-
-def _resolve_jump(inv: Inventory, spec: str, timeout: float, seen: tuple) -> ResolvedHost:
-    """A ProxyJump hop: an inventory host name, or ``[user@]host[:port]`` / an ssh_config alias."""
-    if spec in seen:
-        raise InputError(f"proxy_jump loop through {' -> '.join(seen + (spec,))}")
-    if spec in inv.hosts:
-        return resolve_host(inv, spec, timeout, seen)
-    m = re.match(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:]+)(?::(?P<port>\d+))?$", spec)
-    if not m:
-        raise InputError(f"cannot parse proxy jump {spec!r}", hint="use an inventory host name or [user@]host[:port]")
-    cfg_path = ssh_config_path(inv)
-    alias = m["host"].strip("[]")
-    cfg = _read_ssh_config(cfg_path).lookup(alias)
-    return _checked(ResolvedHost(
-        name=spec,
-        hostname=cfg.get("hostname", alias),
-        port=int(m["port"]) if m["port"] else _cfg_port(cfg, cfg_path),
-        user=m["user"] or cfg.get("user") or getpass.getuser(),
-        identity_files=tuple(os.path.expanduser(p) for p in cfg.get("identityfile", [])),
-        known_hosts=_local_path(
-            (cfg.get("userknownhostsfile", "").split() or ["~/.ssh/known_hosts"])[0], inv.source.parent
-        ),
-        ssh_config=cfg_path,
-        proxy_jump=_jump_chain(inv, cfg.get("proxyjump"), timeout, seen + (spec,)),
-        connect_timeout=timeout,
-        alias=alias,
-    ))

@@ -13,13 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.core.errors import HostError, InputError
-from orchestrator.core.inventory import ResolvedHost
 from orchestrator.relay.plan import FAST_CIPHER, cipher_choice
 from orchestrator.relay.plane import DataPlane
 from orchestrator.relay.processes import bulk_argv
 from orchestrator.relay.result import RelayOptions
 from orchestrator.transport import Connector
 from orchestrator.transport.bulk import ssh_binary
+from orchestrator.transport.resolve import ResolvedHost
 
 
 def plane_choice(o: RelayOptions) -> tuple[str, str | None, bool]:

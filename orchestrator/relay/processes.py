@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import HostError
-from orchestrator.core.inventory import ResolvedHost
 from orchestrator.transport.bulk import ssh_argv
+from orchestrator.transport.resolve import ResolvedHost
 
 if TYPE_CHECKING:
     from orchestrator.transport.control import HostSession

@@ -9,8 +9,9 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Callable
 
-from orchestrator.core.inventory import Inventory, ResolvedHost, resolve_host
+from orchestrator.core.inventory import Inventory
 from orchestrator.transport.pool import HostOutcome, for_each_host
+from orchestrator.transport.resolve import ResolvedHost, resolve_host
 
 if TYPE_CHECKING:
     from orchestrator.transport.control import CommandResult, HostSession, command_line, fingerprint

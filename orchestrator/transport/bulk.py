@@ -12,7 +12,7 @@ import shutil
 from typing import Sequence
 
 from orchestrator.core.errors import InputError
-from orchestrator.core.inventory import ResolvedHost
+from orchestrator.transport.resolve import ResolvedHost
 
 FAST_CIPHER = "aes128-gcm@openssh.com"
 

@@ -24,7 +24,8 @@ import paramiko
 from fabric import Config, Connection
 
 from orchestrator.core.errors import ConnectionLost, HostError, InputError
-from orchestrator.core.inventory import ENV_KEY_RE, ResolvedHost
+from orchestrator.core.inventory import ENV_KEY_RE
+from orchestrator.transport.resolve import ResolvedHost
 
 KEEPALIVE_SECONDS = 15
 _KNOWN_HOSTS_LOCK = threading.Lock()

@@ -9,8 +9,9 @@ import pytest
 from cli_runner import dfo
 
 from orchestrator.core.errors import InputError
-from orchestrator.core.inventory import load_inventory, resolve_host
+from orchestrator.core.inventory import load_inventory
 from orchestrator.core.inventory_edit import add_host, remove_host, set_field
+from orchestrator.transport.resolve import resolve_host
 
 REPO = Path(__file__).resolve().parents[2]
 

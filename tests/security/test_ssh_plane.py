@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import InputError
-from orchestrator.core.inventory import load_inventory, parse_inventory, resolve_host
+from orchestrator.core.inventory import load_inventory, parse_inventory
 from orchestrator.transport.bulk import ssh_argv
 from orchestrator.transport.control import connect
+from orchestrator.transport.resolve import resolve_host
 
 
 def _inv(tmp_path: Path, hosts: str, ssh_config: str | None = None):

@@ -8,8 +8,9 @@ import subprocess
 import pytest
 from cli_runner import dfo
 
-from orchestrator.core.inventory import load_inventory, resolve_host
+from orchestrator.core.inventory import load_inventory
 from orchestrator.transport.bulk import ssh_argv
+from orchestrator.transport.resolve import resolve_host
 
 pytestmark = pytest.mark.sshd
 
@@ -100,8 +101,8 @@ def test_dns_failure_is_named(monkeypatch):
     import socket
 
     from orchestrator.core.errors import HostError
-    from orchestrator.core.inventory import ResolvedHost
     from orchestrator.transport.control import connect
+    from orchestrator.transport.resolve import ResolvedHost
 
     def no_dns(*args, **kwargs):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
