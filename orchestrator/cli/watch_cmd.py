@@ -83,7 +83,7 @@ def watch_cmd(
                       prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result)
     stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
     # Then the first checks on the hosts, in every mode: --detach leaves only once they passed.
-    plan, ignored, _ = first_check(app_ctx.connector, cfg)
+    plan, ignored = first_check(app_ctx.connector, cfg, stand_in)
     if dry_run:
         _dry_run(app_ctx, cfg, plan, ignored, stand_in, json_out)
     elif detach:

@@ -102,21 +102,19 @@ def check_config(cfg: WatchConfig, inventory: Inventory) -> EvalPlan:
     return plan_eval(stand_in, inventory, prompts_digest=cfg.prompts_digest, prompt_count=cfg.prompt_count)
 
 
-def first_check(connector: Connector, cfg: WatchConfig) -> tuple[RoundPlan, list, dict | None]:
+def first_check(connector: Connector, cfg: WatchConfig, stand_in: EvalPlan) -> tuple[RoundPlan, list]:
     """What a watch checks on the hosts before its first round (and before --detach leaves): the local series
     keeps its settings, the eval host has the target, the baselines and the engine venv, and the training
-    folder can be listed. Returns the round plan, the names ignored and the series found (or None)."""
-    stand_in = check_config(cfg, connector.inventory)
+    folder can be listed. ``stand_in``: check_config's plan. Returns the round plan and the names ignored."""
     found = series_state.load_series(series_state.series_dir(cfg.runs_dir, cfg.series))
     if found is not None:
         series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
     inputs = plan_eval(cfg.request, connector.inventory, prompts_digest=cfg.prompts_digest) \
         if cfg.request.drafters else stand_in
-    stand_in_path = stand_in.request.drafters[0].path
+    stand_in_path = stand_in.request.drafters[0].path  # the one input that does not exist
     checks = {h: [p for p in paths if p != stand_in_path] for h, paths in inputs.checks.items()}
     preflight(connector, replace(inputs, checks={h: paths for h, paths in checks.items() if paths}))
-    plan, ignored = scan_folder(connector, cfg, (found or {}).get("checkpoints", {}))
-    return plan, ignored, found
+    return scan_folder(connector, cfg, (found or {}).get("checkpoints", {}))
 
 
 def drafter_name(ckpt: Checkpoint) -> str:
