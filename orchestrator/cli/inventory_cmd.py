@@ -12,9 +12,8 @@ from rich.text import Text
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
-from orchestrator.core.inventory_edit import add_host, parse_cli_value, remove_host, set_field, write_inventory
+from orchestrator.core.inventory_edit import add_host, cli_value, remove_host, set_field, write_inventory
 from orchestrator.core.units import human_bytes
-from orchestrator.transport.facts import gather_facts
 
 inventory_app = typer.Typer(help="Validate, inspect and edit inventory.yaml (comments and order are kept).",
                             no_args_is_help=True)
@@ -29,16 +28,27 @@ def check(
     host: list[str] = typer.Option([], "--host", "-H", help="Only these hosts (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
-    """Validate the inventory; with --connect, reach each host and show what dfo found there."""
+    """Validate the inventory as every command would (jump chains, ssh_config, keys, known_hosts, env
+    references); with --connect, also reach each host and show what dfo found there."""
+    from orchestrator.transport.inventory_rules import inventory_problems
+
     app_ctx: AppContext = ctx.obj
     inv = app_ctx.inventory
     names = inv.select(host)
+    problems = inventory_problems(inv, names, trust_new_host_keys=app_ctx.trust_new_host_keys)
+    if problems:
+        if json_out:
+            app_ctx.print_json({"inventory": str(inv.source), "valid": False, "hosts": names, "problems": problems})
+        raise InputError(f"{inv.source}: {len(problems)} problem(s) a command would refuse:\n"
+                         + "\n".join(f"  {p}" for p in problems))
     if not connect:
         if json_out:
             app_ctx.print_json({"inventory": str(inv.source), "valid": True, "hosts": names})
         else:
             app_ctx.out.print(f"{inv.source}: valid, {len(names)} host(s): {', '.join(names)}")
         return
+    from orchestrator.transport.facts import gather_facts
+
     facts = gather_facts(app_ctx.connector, names)
     if json_out:
         app_ctx.print_json({"inventory": str(inv.source), "hosts": {n: f.as_dict() for n, f in facts.items()}})
@@ -108,7 +118,9 @@ def show(
 def set_cmd(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="HOST.FIELD", help="e.g. ct129.port or ct129.paths.models"),
-    value: str = typer.Argument(..., metavar="VALUE", help="YAML value: 2222, true, /data/x, [eval]"),
+    value: str = typer.Argument(..., metavar="VALUE",
+                                help="Typed by the field: a string field takes VALUE as written ('eval host: A6000', "
+                                "1, ${HF_TOKEN} for env); other fields read it as YAML: 2222, true, [eval]"),
 ) -> None:
     """Set one field of one host, keeping everything else in the file byte-for-byte."""
     app_ctx: AppContext = ctx.obj
@@ -117,9 +129,9 @@ def set_cmd(
     if not dotted:
         raise InputError(f"expected HOST.FIELD (e.g. ct129.port), got {target!r}")
     path = app_ctx.inventory_path
-    new = set_field(path.read_text(encoding="utf-8"), host, dotted.split("."), parse_cli_value(value),
-                    list(inv.hosts))
-    write_inventory(path, new)
+    old = path.read_text(encoding="utf-8")
+    field_path = dotted.split(".")
+    write_inventory(path, set_field(old, host, field_path, cli_value(field_path, value), list(inv.hosts)), old)
     app_ctx.err.print(f"{path}: set hosts.{host}.{dotted} = {escape(value)}")
 
 
@@ -140,19 +152,38 @@ def add_host_cmd(
     path = app_ctx.inventory_path
     fields = {"address": address, "user": user, "port": port, "identity_file": identity_file,
               "workdir": workdir, "roles": role or None}
-    write_inventory(path, add_host(path.read_text(encoding="utf-8"), name, fields))
+    old = path.read_text(encoding="utf-8")
+    write_inventory(path, add_host(old, name, fields), old)
     app_ctx.err.print(f"{path}: added host {name} (check it with `dfo inventory check --connect -H {name}`)")
 
 
 @inventory_app.command("remove-host")
-def remove_host_cmd(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
-    """Remove a host and its block."""
+def remove_host_cmd(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="The host to remove."),
+    force: bool = typer.Option(False, "--force",
+                               help="Remove it even though other hosts jump through it (they would then reach "
+                               "NAME as a plain host name or ssh_config alias)."),
+) -> None:
+    """Remove a host and its block (refused while another host lists it in `reaches` or jumps through it)."""
+    from orchestrator.transport.resolve import hosts_jumping_through
+
     app_ctx: AppContext = ctx.obj
     inv = app_ctx.inventory
+    inv.select([name])
     path = app_ctx.inventory_path
     referrers = [n for n, h in inv.hosts.items() if name in h.reaches]
     if referrers:
         raise InputError(f"host {name!r} is listed in 'reaches' of {', '.join(referrers)}",
                          hint="remove it there first (dfo inventory set HOST.reaches [...])")
-    write_inventory(path, remove_host(path.read_text(encoding="utf-8"), name, list(inv.hosts)))
+    jumpers = hosts_jumping_through(inv, name)
+    if jumpers and not force:
+        raise InputError(f"host {name!r} is a jump host of {', '.join(jumpers)} (proxy_jump or ssh_config ProxyJump)",
+                         hint=f"change their proxy_jump first (dfo inventory set {jumpers[0]}.proxy_jump ...), or "
+                         f"pass --force to remove it anyway")
+    old = path.read_text(encoding="utf-8")
+    write_inventory(path, remove_host(old, name, list(inv.hosts)), old)
     app_ctx.err.print(f"{path}: removed host {name}")
+    if jumpers:
+        app_ctx.err.print(Text(f"warning: the jump chain of {', '.join(jumpers)} still names {name!r}, which now "
+                               "means a plain host name or ssh_config alias, not an inventory host", style="yellow"))

@@ -94,8 +94,7 @@ def _proxy_jump(value: Any) -> Any:
         for hop in value.split(","):
             if not JUMP_HOP_RE.fullmatch(hop.strip()):
                 raise PydanticCustomError("proxy_jump", "expected host names separated by commas, each a host of "
-                                          "this inventory or [user@]host[:port] (not starting with '-'), "
-                                          f"got {hop.strip()[:60]!r}")
+                                          "this inventory or [user@]host[:port] (not starting with '-')")
     return value
 
 

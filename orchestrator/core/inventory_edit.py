@@ -7,27 +7,65 @@ whole inventory before it is written, and written atomically.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import tempfile
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator.core.errors import InputError
-from orchestrator.core.inventory import HOST_NAME_RE, Inventory, parse_inventory
+from orchestrator.core.inventory import HOST_NAME_RE, Host, Inventory, Where, parse_inventory
 
 
-def parse_cli_value(raw: str) -> Any:
+def cli_value(field_path: list[str], raw: str) -> Any:
+    """A command-line VALUE typed by the field's schema: a string field takes it as written (`1` stays "1",
+    `eval host: A6000` stays a sentence); any other field reads it as YAML (`2222`, `true`, `[eval]`)."""
+    return raw if _is_string_field(field_path) else parse_yaml_value(raw)
+
+
+def parse_yaml_value(raw: str) -> Any:
     """A command-line VALUE read as a YAML scalar/flow value: `2222` is an int, `true` a bool, `[a, b]` a list."""
     try:
         value = YAML(typ="safe").load(raw)
     except YAMLError:
         return raw
     return raw if value is None and raw.strip() not in ("null", "~") else value
+
+
+def _is_string_field(field_path: list[str]) -> bool:
+    model: type[BaseModel] = Host
+    for depth, key in enumerate(field_path):
+        info = model.model_fields.get(key)
+        if info is None:
+            return False  # an unknown field: the validation names it
+        last = depth == len(field_path) - 1
+        if key == "env" and depth == len(field_path) - 2:
+            return True  # an env value is a string
+        if last:
+            return _only_strings(info.annotation)
+        nested = info.annotation
+        if not (isinstance(nested, type) and issubclass(nested, BaseModel)):
+            return False
+        model = nested
+    return False
+
+
+def _only_strings(annotation: Any) -> bool:
+    """Is every non-None form of ANNOTATION a str (``str``, ``str | None``, ``Annotated[str, …]``)?"""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _only_strings(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        arms = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(arms) and all(_only_strings(a) for a in arms)
+    return annotation is str
 
 
 def render_value(value: Any) -> str:
@@ -173,12 +211,17 @@ def remove_host(text: str, name: str, known_hosts: list[str]) -> str:
     return "".join(lines[:first] + lines[last + 1:])
 
 
-def write_inventory(path: Path, new_text: str) -> Inventory:
+def write_inventory(path: Path, new_text: str, old_text: str | None = None) -> Inventory:
     """Validate the edited text as a whole inventory, then replace the file atomically.
 
-    A symlinked inventory stays a symlink: the file it points to is replaced (in its own folder), and that
-    folder is fsynced so the rename survives a crash."""
-    inventory = parse_inventory(new_text, path)
+    Errors name lines of the file as it is (OLD_TEXT, the text the edit was made from), not of the unwritten
+    candidate. A symlinked inventory stays a symlink: the file it points to is replaced (in its own folder),
+    and that folder is fsynced so the rename survives a crash."""
+    try:
+        inventory = parse_inventory(new_text, path, None if old_text is None else _real_lines(path, old_text, new_text))
+    except InputError as exc:
+        unchanged = f"nothing was written: {path} is unchanged"
+        raise InputError(exc.message, hint=f"{exc.hint}; {unchanged}" if exc.hint else unchanged) from None
     path = Path(os.path.realpath(path))
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dfo-tmp", dir=path.parent)
@@ -195,6 +238,27 @@ def write_inventory(path: Path, new_text: str) -> Inventory:
             os.unlink(tmp)
         raise
     return inventory
+
+
+def _real_lines(path: Path, old_text: str, new_text: str) -> Where:
+    """Where a line of the edited text is in the file as it is: the same line, the line the edit changes
+    ("edited"), or the place a new line would go."""
+    old, new = old_text.splitlines(), new_text.splitlines()
+    opcodes = difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes()
+
+    def where(line: int) -> str:
+        index = line - 1
+        for tag, i1, i2, j1, j2 in opcodes:
+            if not j1 <= index < j2:
+                continue
+            if tag == "equal":
+                return f"{path}:{i1 + index - j1 + 1}"
+            if tag == "replace":
+                return f"{path}:{min(i1 + index - j1, i2 - 1) + 1} (as edited)"
+            return f"{path} (new line after line {i1})"
+        return f"{path}:{line}"
+
+    return where
 
 
 def _fsync_dir(folder: Path) -> None:

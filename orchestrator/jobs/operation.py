@@ -189,7 +189,7 @@ def launch_job(
     job_dir = posixpath.join(inv_host.workdir, "jobs", job_id)
     results = posixpath.join(job_dir, "results")
     values = {"results": results, "job_dir": job_dir, "job_id": job_id}
-    full_env = {**inv_host.env, **(env or {}), "DFO_RESULTS_DIR": results, "DFO_JOB_ID": job_id,
+    full_env = {**connector.inventory.host_env(host), **(env or {}), "DFO_RESULTS_DIR": results, "DFO_JOB_ID": job_id,
                 "DFO_JOB_DIR": job_dir, "PYTHONUNBUFFERED": "1"}
     with host_lock(connector, host, "launch a job") as lock_notices:  # not while another dfo deploys/provisions
         res = _call(connector, host, "launch", workdir=inv_host.workdir, job_id=job_id,

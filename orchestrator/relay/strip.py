@@ -47,7 +47,7 @@ def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable
         raise outcome.error  # type: ignore[misc]
     cmd = (f"cd {shlex.quote(payload_dir(host.workdir))} && exec {shlex.quote(python)} -m remote_payload "
            f"strip-checkpoint {shlex.quote(path)} {shlex.quote(out_dir)}")
-    res = connector.session(host_name).run(cmd, check=False, env=dict(host.env) if host.env else None)
+    res = connector.session(host_name).run(cmd, check=False, env=connector.inventory.host_env(host_name) or None)
     if not res.ok:
         errs = [ln for ln in res.err_text.splitlines() if ln.startswith("dfo-payload error:")]
         detail = errs[-1].removeprefix("dfo-payload error:").strip() if errs else last_lines(res.err_text or res.text)

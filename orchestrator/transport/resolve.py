@@ -147,3 +147,19 @@ def _resolve_jump(inv: Inventory, spec: str, timeout: float, seen: tuple) -> Res
         known_hosts=_cfg_known_hosts(cfg, user, port, inv.source.parent), ssh_config=cfg_path,
         proxy_jump=_jump_chain(inv, cfg.proxy_jump, timeout, seen + (spec,)), connect_timeout=timeout, alias=alias,
     ), label=f"{seen[-1]}: proxy jump {spec!r}")
+
+
+def hosts_jumping_through(inv: Inventory, name: str) -> list[str]:
+    """The other inventory hosts whose jump chain passes through NAME (their proxy_jump or ssh_config's
+    ProxyJump). A host that cannot be resolved is judged by its proxy_jump field alone."""
+    found = []
+    for other, host in inv.hosts.items():
+        if other == name:
+            continue
+        try:
+            hops = [hop.name for hop in resolve_host(inv, other).chain()[1:]]
+        except InputError:
+            hops = [part.strip() for part in (host.proxy_jump or "").split(",")]
+        if name in hops:
+            found.append(other)
+    return found
