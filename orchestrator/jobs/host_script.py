@@ -45,27 +45,6 @@ def _job_dir(workdir, job_id):
     return os.path.join(workdir, "jobs", job_id)
 
 
-def _alive(pid, job_dir):
-    """Is ``pid`` running and still this job's supervisor (not a recycled pid)?"""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as fh:
-            cmdline = fh.read()
-        if job_dir.encode() not in cmdline:
-            return False
-        with open("/proc/%d/stat" % pid) as fh:  # a zombie is dead for our purposes
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc: trust kill(0)
-
-
 def _group_alive(pgid):
     try:
         os.killpg(pgid, 0)
@@ -103,7 +82,7 @@ def job_state(job_dir, tail=0):
         code = exit_info.get("exit_code")
         state = "succeeded" if code == 0 else ("cancelled" if cancel else "failed")
     elif pid:
-        state = "running" if _alive(pid, job_dir) else ("cancelled" if cancel else "lost")
+        state = "running" if _pid_alive(pid, cmdline_has=job_dir) else ("cancelled" if cancel else "lost")
     else:
         state = "starting" if _now() - spec.get("created", 0) < START_GRACE_S else ("cancelled" if cancel else "lost")
     try:

@@ -15,6 +15,7 @@ set-up re-provisions even when the lock did not change.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import re
 from dataclasses import dataclass
@@ -35,18 +36,15 @@ ONLINE_TORCH_BACKEND = {"cpu": "cpu"}
 # A venv of the CPU lock measures ~3.5 GB; asked for when no wheelhouse tells (online installs).
 ONLINE_MIN_FREE = 4 * 1024**3
 
-_CHECK = """\
-import importlib.metadata as md, json, sys
-import vllm
-def dist(name):
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
-bad = [n for n in FORBIDDEN if dist(n)]
-print(json.dumps({"vllm": vllm.__version__, "forbidden_installed": bad}))
-sys.exit(3 if bad else 0)
-"""
+HOST_SCRIPT = Path(__file__).with_name("host_script.py")
+
+
+def _host_script_constant(name: str) -> str:
+    """A program text the host script runs (read from its source: the controller never imports host scripts)."""
+    for node in ast.parse(HOST_SCRIPT.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"{HOST_SCRIPT} defines no {name}")
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,8 @@ class EngineSpec:
 
     @property
     def check_code(self) -> str:
-        return f"FORBIDDEN = {list(self.forbidden)!r}\n" + _CHECK
+        """The import check exactly as the host runs it (host_script.engine_check_code)."""
+        return f"FORBIDDEN = {list(self.forbidden)!r}\n" + _host_script_constant("ENGINE_CHECK").lstrip("\n")
 
     @property
     def setup_sha256(self) -> str:

@@ -256,8 +256,28 @@ def prepare_venv(uv, venv, interpreter, workdir, clear, allow_download, offline)
 # Appended to torchvision_stub.py's source (sent by the controller) and run with the venv's Python.
 STUB_CALL = "\nimport sysconfig as _sc\nprint(install(_sc.get_paths()['purelib']))\n"
 
+# An engine venv's import check, run with that venv's Python behind `FORBIDDEN = [...]` (engine_check_code):
+# `import vllm` works and none of the FORBIDDEN distributions is installed. The controller hashes the same
+# text into the venv's marker (provision/engine.py), so a changed check re-provisions.
+ENGINE_CHECK = r"""
+import importlib.metadata as md, json, sys
+import vllm
+def dist(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+bad = [n for n in FORBIDDEN if dist(n)]
+print(json.dumps({"vllm": vllm.__version__, "forbidden_installed": bad}))
+sys.exit(3 if bad else 0)
+"""
 
-def engine_setup(python, stub_source, check_code):
+
+def engine_check_code(forbidden):
+    return "FORBIDDEN = %r\n" % (list(forbidden),) + ENGINE_CHECK.lstrip("\n")
+
+
+def engine_setup(python, stub_source, forbidden):
     """After an engine venv's sync: write the torchvision stub (when given), then run the import check.
     {"ok": True, "check": what the check printed, "seconds"} or the failure (step, command, message)."""
     started = time.time()
@@ -266,7 +286,7 @@ def engine_setup(python, stub_source, check_code):
         if code != 0:
             return {"ok": False, "step": "torchvision stub", "command": [python, "-c", "<torchvision_stub.py>"],
                     "message": _tail(err or out)}
-    code, out, err = _run([python, "-c", check_code], timeout=900)  # `import vllm`: ~10-30 s on 2 cores
+    code, out, err = _run([python, "-c", engine_check_code(forbidden)], timeout=900)  # `import vllm`: ~10-30 s
     if code != 0:
         return {"ok": False, "step": "engine import check", "command": [python, "-c", "<import vllm check>"],
                 "message": _tail((out + "\n" + err).strip())}
@@ -280,7 +300,7 @@ def engine_setup(python, stub_source, check_code):
 def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, torch_backend, forbidden,
          report=None, engine=None):
     """`uv pip sync` the lock into the venv, check what got installed, run an engine's set-up (``engine``:
-    {"stub_source", "check_code"}), then (only then) write the marker."""
+    {"stub_source"}; its import check refuses the FORBIDDEN distributions), then (only then) write the marker."""
     _remove_marker(venv)
     locks = os.path.join(workdir, "provision")
     os.makedirs(locks, exist_ok=True)
@@ -312,7 +332,7 @@ def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, t
                 "message": "installed but must not be on this host: %s" % ", ".join(present)}
     record = dict(marker)
     if engine:
-        setup = engine_setup(python, engine.get("stub_source"), engine["check_code"])
+        setup = engine_setup(python, engine.get("stub_source"), forbidden)
         if not setup["ok"]:
             return setup
         record["engine_check"] = dict(setup["check"], seconds=setup["seconds"])

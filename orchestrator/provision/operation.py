@@ -484,7 +484,7 @@ def _sync(hp: _HostProvision, fields: dict, use_offline: bool) -> dict:
         offline=use_offline, find_links=hp.pool, torch_backend=None if use_offline else hp.online_backend,
         forbidden=list(spec.forbidden) if spec else FORBIDDEN.get(hp.flavour, []),
         report=list(REPORTED) if spec else None,
-        engine={"stub_source": spec.stub_source, "check_code": spec.check_code} if spec else None))
+        engine={"stub_source": spec.stub_source} if spec else None))
     if isinstance(res, StepFailure):
         raise _failure(hp.host, hp.venv, res)
     hp.note(f"venv ready: {posixpath.join(hp.venv, 'bin', 'python')} ({res.seconds:.1f}s in uv pip sync"

@@ -167,6 +167,15 @@ class HostSession:
             raise HostError(self.name, f"`{_short(cmd)}` exited with {code}" + (f":\n{detail}" if detail else ""))
         return result
 
+    def round_trip_seconds(self) -> float:
+        """One SSH round trip, nothing run on the host: a session channel opened (and closed)."""
+        started = time.monotonic()
+        try:
+            self.transport.open_session(timeout=self.host.connect_timeout).close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectionLost(self.name, f"connection lost while measuring the round trip: {exc}") from None
+        return time.monotonic() - started
+
     def _collect(self, channel: paramiko.Channel, timeout: float | None) -> tuple[bytes, bytes]:
         # stderr drains in its own thread: an unread stream stops the channel's window from moving.
         out, err = bytearray(), bytearray()

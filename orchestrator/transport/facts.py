@@ -1,17 +1,25 @@
-"""Facts about hosts (reachability, auth, Python, GPUs, free disk, latency) for `inventory check`.
+"""Facts about hosts (reachability, auth, Python, GPUs, free disk, latency) for `inventory check --connect`.
 
-Facts in, decisions elsewhere: this module only observes. One shell round trip per host gathers
-everything; values reach the remote shell quoted.
+Facts in, decisions elsewhere: this module only observes. The facts are ``host_script.host_facts``, run with
+the host's Python through hostcall (the paths travel as JSON, never through a shell). When the inventory's
+interpreter does not run, Python is reported missing and the rest is measured with python3 (or
+/usr/bin/python3), as provision's probe does; on a host with no Python at all nothing else is measured, and
+no shell fallback is kept for it: every dfo operation on a host runs a host script, so such a host is
+reported as what it is. The reply is data from another machine: each field is checked before it is shown.
 """
 
 from __future__ import annotations
 
-import shlex
-import time
+import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from orchestrator.core.errors import DfoError
-from orchestrator.transport import Connector, for_each_host
+from orchestrator.core.errors import DfoError, HostError
+from orchestrator.transport import Connector, for_each_host, hostcall
+
+HOST_SCRIPT = Path(__file__).with_name("host_script.py")
+FALLBACK_PYTHONS = ("python3", "/usr/bin/python3")
+_VERSION_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+[A-Za-z0-9+.]{0,20}")
 
 
 @dataclass
@@ -31,36 +39,22 @@ class HostFacts:
         return asdict(self)
 
 
-def facts_script(python: str, paths: list[str]) -> str:
-    """A POSIX sh script printing tagged lines; every path is quoted."""
-    lines = [
-        f"echo PY=$({shlex.quote(python)} -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo)",
-        "if command -v nvidia-smi >/dev/null 2>&1; then "
-        "nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU=/'; fi",
-    ]
+def parse_facts(host: str, reply: object, paths: list[str], *, python_runs: bool) -> HostFacts:
+    """HostFacts from ``host_facts``'s reply (None: no interpreter ran). Only the paths asked about are kept."""
+    facts = HostFacts(host=host, reachable=True, free_disk={p: None for p in paths})
+    if reply is None:
+        return facts
+    if not isinstance(reply, dict):
+        raise HostError(host, f"host_facts: unexpected reply from the host: {str(reply)[:200]}")
+    version = reply.get("python")
+    if python_runs and isinstance(version, str) and _VERSION_RE.fullmatch(version):
+        facts.python = version
+    gpus = reply.get("gpus")
+    facts.gpus = [g[:200] for g in gpus if isinstance(g, str)] if isinstance(gpus, list) else []
+    free = reply.get("free_disk")
     for p in paths:
-        q = shlex.quote(p)
-        # Free space where the path is, or would be created (its nearest existing parent).
-        lines.append(
-            f"p={q}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
-            f"echo DF={q}=$(df -Pk \"$p\" 2>/dev/null | awk 'NR==2 {{print $4}}')"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def parse_facts(host: str, text: str, paths: list[str]) -> HostFacts:
-    facts = HostFacts(host=host, reachable=True)
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key == "PY":
-            facts.python = value.strip() or None
-        elif key == "GPU":
-            facts.gpus.append(value.strip())
-        elif key == "DF":
-            path, _, kib = value.rpartition("=")
-            facts.free_disk[path] = int(kib) * 1024 if kib.strip().isdigit() else None
-    for p in paths:
-        facts.free_disk.setdefault(p, None)
+        value = free.get(p) if isinstance(free, dict) else None
+        facts.free_disk[p] = value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
     return facts
 
 
@@ -70,17 +64,28 @@ def host_paths(connector: Connector, name: str) -> list[str]:
     return list(dict.fromkeys(p for p in paths if p))
 
 
+def _facts_reply(session, python: str, paths: list[str]) -> tuple[object, str | None]:
+    """(the reply, the interpreter that gave it): the inventory's first, then the usual python3s."""
+    for candidate in dict.fromkeys((python, *FALLBACK_PYTHONS)):
+        try:
+            return hostcall.call(session, HOST_SCRIPT, "host_facts", python=candidate, timeout=120,
+                                 paths=paths), candidate
+        except HostError as exc:
+            if "cannot run the host's Python" not in exc.message:
+                raise
+    return None, None
+
+
 def gather_one(connector: Connector, name: str) -> HostFacts:
     try:
         session = connector.session(name)
     except DfoError as exc:
         return HostFacts(host=name, reachable=False, error=exc.message.removeprefix(f"{name}: "), hint=exc.hint)
-    started = time.monotonic()
-    session.run("true")
-    latency = (time.monotonic() - started) * 1000
+    latency = session.round_trip_seconds() * 1000
     paths = host_paths(connector, name)
-    result = session.run(["sh", "-c", facts_script(connector.inventory.hosts[name].python, paths)])
-    facts = parse_facts(name, result.text, paths)
+    python = connector.inventory.hosts[name].python
+    reply, ran_with = _facts_reply(session, python, paths)
+    facts = parse_facts(name, reply, paths, python_runs=ran_with == python)
     facts.auth = session.auth
     facts.latency_ms = latency
     facts.connect_ms = session.connect_seconds * 1000

@@ -105,9 +105,10 @@ def _proc_start(pid):
         return None
 
 
-def _pid_alive(pid, start=None):
-    """Is PID running (and, when START is given, still the process that recorded it)?"""
-    if not isinstance(pid, int) or pid <= 0:
+def _pid_alive(pid, start=None, cmdline_has=None):
+    """Is PID running, and still the process meant (not a recycled pid)? START: its recorded start time
+    (``_proc_start``); CMDLINE_HAS: text its command line contains (a job's supervisor names its folder)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
@@ -116,6 +117,10 @@ def _pid_alive(pid, start=None):
     except PermissionError:
         pass
     try:
+        if cmdline_has is not None:
+            with open("/proc/%d/cmdline" % pid, "rb") as fh:
+                if cmdline_has.encode() not in fh.read():
+                    return False
         with open("/proc/%d/stat" % pid) as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
