@@ -47,6 +47,9 @@ class Extraction:
     cache_hits: int = 0
     hidden_stats: dict = field(default_factory=dict)  # layer id -> diagnose.tensors.TensorStats, with --diagnose
     probe_features: dict = field(default_factory=dict)  # diagnosed sample -> {layer id: tensor}, more layers
+    bytes_per_token: int = 0  # feature cache bytes per token (layers × hidden × dtype)
+    memory: dict = field(default_factory=dict)  # the extraction's peak memory (stages.PeakMemory)
+    cache: dict = field(default_factory=dict)  # the cache folder against its size limit (inputs.cache.enforce_limit)
 
 
 @dataclass
@@ -77,7 +80,9 @@ class EvalContext:
     stop_ids: list[int] = field(default_factory=list)
     drafters: dict = field(default_factory=dict)  # name -> models.checkpoint.LoadedDrafter, in --drafter order
     prompt_info: dict | None = None
-    prompts: list = field(default_factory=list)  # the chosen inputs.prompts.Prompt, in order
+    datasets: list = field(default_factory=list)  # per benchmark dataset: what inputs.datasets.load records
+    prompts: list = field(default_factory=list)  # the chosen inputs.prompts.Prompt, in order (later turns: with
+    #                                              their history once the turn before has its reference)
     # later stages
     target: Any = None  # models.target.Target
     references: References = field(default_factory=References)

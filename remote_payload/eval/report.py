@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 from remote_payload.eval.context import EvalContext
+from remote_payload.metrics.aggregate import BY_DATASET_NOTE, dataset_breakdown
 from remote_payload.metrics.chain import sample_tau
 from remote_payload.metrics.compare import compare_drafters
 from remote_payload.results import now_utc, versions
@@ -21,7 +22,9 @@ def sample_lines(ctx: EvalContext) -> list[dict]:
     ex = ctx.extraction
     lines = []
     for i, (p, ref) in enumerate(zip(ctx.prompts, refs.refs, strict=True)):
-        line = {"index": p.index, "id": p.id, "category": p.category, "prompt_tokens": len(ref.prompt_ids),
+        line = {"index": p.index, "id": p.id, "category": p.category,
+                **({"dataset": p.dataset, "row_id": p.row_id, "turn": p.turn} if p.dataset is not None else {}),
+                "prompt_tokens": len(ref.prompt_ids),
                 "continuation_tokens": len(ref.continuation), "stop_reason": ref.stop_reason,
                 "tail_tokens": len(ref.tail) if ref.tail is not None else None,
                 "reference_cached": ref.cached, "teacher_forced_mismatches": ex.teacher_forced_mismatches[i],
@@ -68,12 +71,21 @@ def results_document(ctx: EvalContext, lines: list[dict], comparison: dict | Non
         "reference": reference,
         "extraction": {"layers": ex.layer_ids, "tokens": ex.tokens, "tokens_per_s": _rate(ex.tokens, ex.seconds),
                        "cache_hits": ex.cache_hits, "kernel_path": ctx.target.kernel_path,
-                       "teacher_forced_mismatches": sum(m or 0 for m in ex.teacher_forced_mismatches)},
+                       "teacher_forced_mismatches": sum(m or 0 for m in ex.teacher_forced_mismatches),
+                       "feature_bytes_per_token": ex.bytes_per_token,
+                       "feature_bytes": ex.bytes_per_token * sum(len(r.tokens) for r in refs.refs),
+                       **ex.memory, "cache": ex.cache or None},
         "drafters": {name: run.summary for name, run in ctx.results.items()},
         "timings": {"load_s": round(t["load_s"], 3), "reference_s": round(t["reference_s"], 3),
                     "extract_s": round(t["extract_s"], 3), "total_s": round(total_s, 3)},
         "samples": {"count": len(lines), "file": "samples.jsonl", "layout": SAMPLES_LAYOUT},
     }
+    for name in ctx.results:
+        by_dataset = dataset_breakdown(lines, name, seed=ctx.settings.seed)
+        if by_dataset is not None:
+            metrics = results["drafters"][name]["metrics"]
+            metrics["by_dataset"] = by_dataset
+            metrics["definitions"] = {**(metrics.get("definitions") or {}), "by_dataset": BY_DATASET_NOTE}
     if comparison is not None:
         results["comparison"] = comparison
     if diagnostics is not None:
@@ -87,6 +99,7 @@ def _settings_block(ctx: EvalContext, reference_source: str) -> dict:
     s, server = ctx.settings, ctx.references.from_server
     return {"enable_thinking": s.enable_thinking, "max_new_tokens": s.max_new_tokens,
             "prompts": ctx.prompt_info, "samples_requested": s.samples,
+            **({"datasets": ctx.datasets, "suite": s.suite} if ctx.datasets else {}),
             "samples": len(ctx.prompts), "sample_ids": [p.id for p in ctx.prompts],
             "shard": {"index": s.shard[0], "count": s.shard[1]}, "dtype": s.dtype, "device": ctx.device,
             "kernel_requested": s.kernel, "seed": s.seed, "draft_topk": s.draft_topk,

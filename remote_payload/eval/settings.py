@@ -22,6 +22,7 @@ from remote_payload.eval.options import (  # noqa: F401 - parse_named, parse_exp
     payload_options,
     settings_values,
 )
+from remote_payload.inputs.datasets.registry import dataset_specs
 
 REFERENCE_API_KEY_ENV = "DFO_REFERENCE_API_KEY"
 # Test-only planted faults (never set in production): the eval misbehaves on purpose so tests can check
@@ -37,6 +38,9 @@ class EvalSettings:
     drafter_specs: dict = field(default_factory=dict)  # name -> spec file
     prompts: str = "builtin"
     samples: int | None = None
+    datasets: list = field(default_factory=list)  # --dataset values, NAME[:split][@N]
+    suite: str | None = None  # "zlab": z-lab's sets and counts
+    dataset_files: dict = field(default_factory=dict)  # dataset name -> its rows' file or folder here
     shard: tuple = (0, 1)
     max_new_tokens: int = 512
     enable_thinking: bool = False
@@ -44,6 +48,7 @@ class EvalSettings:
     dtype: str = "bfloat16"
     allow_fp16: bool = False
     cache_dir: str | None = None
+    cache_limit_gib: float = 200.0  # the cache folder's size limit (least recently used entries go first)
     out: str = "dfo-eval"
     online_check: bool = False
     seed: int = 0
@@ -78,6 +83,11 @@ class EvalSettings:
     def draft_topk(self) -> int:
         """Per-depth candidates the draft pass keeps: enough for the chain, top-k acceptance and the tree."""
         return max(self.topk, self.tree_k, self.tree_K)
+
+    @property
+    def dataset_specs(self) -> list:
+        """The run's datasets (``inputs.datasets.registry.DatasetSpec``), the suite's first; [] for a prompt set."""
+        return dataset_specs(self.datasets, self.suite)
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
@@ -116,6 +126,25 @@ def check_values(s: EvalSettings) -> None:
     if unknown_p1:
         raise PayloadError(f"--expect-p1 for unknown drafter name(s): {', '.join(unknown_p1)}")
     check_engine_values(s)
+    check_dataset_values(s)
+
+
+def check_dataset_values(s: EvalSettings) -> None:
+    """--dataset/--suite replace the prompt set: no --prompts file or --samples beside them, files only for them."""
+    specs = s.dataset_specs
+    if not specs:
+        if s.dataset_files:
+            raise PayloadError(f"--dataset-file {', '.join(s.dataset_files)}: give the dataset too (--dataset NAME "
+                               "or --suite zlab)")
+        return
+    if s.prompts != "builtin":
+        raise PayloadError("--prompts FILE and --dataset/--suite both name what to evaluate: give one of them")
+    if s.samples is not None:
+        raise PayloadError("--samples counts prompts of a prompt set; with --dataset give the count as NAME@N "
+                           "(e.g. humaneval@8)")
+    unknown = sorted(set(s.dataset_files) - {d.name for d in specs})
+    if unknown:
+        raise PayloadError(f"--dataset-file for dataset(s) not evaluated: {', '.join(unknown)} (add --dataset NAME)")
 
 
 def check_engine_settings(s: EvalSettings) -> None:

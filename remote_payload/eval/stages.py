@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 from remote_payload.diagnose.findings import RunFacts, drafter_checks, run_level_checks, template_sha256
 from remote_payload.diagnose.probes import probe_layer_ids
@@ -25,7 +26,10 @@ from remote_payload.eval.settings import (
     planted_fault,
 )
 from remote_payload.inputs import prompts as prompts_mod
-from remote_payload.inputs.features import FeatureStore, cache_path, cached_features, extract
+from remote_payload.inputs.cache import enforce_limit
+from remote_payload.inputs.datasets.load import load_datasets
+from remote_payload.inputs.features import FeatureStore, bytes_per_token, cache_path, cached_features, extract
+from remote_payload.inputs.prompts import Prompt, with_history
 from remote_payload.inputs.reference import cached_reference
 from remote_payload.models import checkpoint, kernels
 from remote_payload.models import target as targetmod
@@ -64,11 +68,18 @@ def check_inputs(ctx: EvalContext) -> None:
         reserved = f", reserved {ld.spec.reserved_layer_ids}" if ld.spec.reserved_layer_ids else ""
         progress.emit("stage", stage="load", status="drafter",
                       message=f"{name}: {ld.spec.format} format, fc layers {ld.spec.fc_layer_ids}{reserved}")
-    all_prompts, ctx.prompt_info = prompts_mod.load_prompts(s.prompts)
+    specs = s.dataset_specs
+    if specs:  # the benchmark datasets replace the prompt set
+        all_prompts, ctx.datasets = load_datasets(specs, s.dataset_files)
+        ctx.prompt_info = {"source": "datasets", "datasets": [d["name"] for d in ctx.datasets],
+                           "suite": s.suite, "count": len(all_prompts)}
+    else:
+        all_prompts, ctx.prompt_info = prompts_mod.load_prompts(s.prompts)
     ctx.prompts = prompts_mod.select(all_prompts, s.samples, s.shard)
     if not ctx.prompts:
+        chosen = all_prompts if s.samples is None else all_prompts[:s.samples]
         raise PayloadError(f"no prompts selected: shard {s.shard[0]}/{s.shard[1]} of "
-                           f"{min(len(all_prompts), s.samples or len(all_prompts))} prompt(s)")
+                           f"{prompts_mod.conversations(chosen)} prompt(s)")
     if ctx.fault:
         ctx.warn(f"TEST FAULT {ctx.fault} planted (${TEST_FAULT_ENV}): {TEST_FAULTS[ctx.fault]}; these results are "
                  "not a measurement")
@@ -85,7 +96,8 @@ def local_references(ctx: EvalContext) -> None:
     s, progress = ctx.settings, ctx.progress
     progress.stage_start("reference")
     refs = References()
-    for i, p in enumerate(ctx.prompts):
+    for i in range(len(ctx.prompts)):
+        p = ask(ctx, i, refs.refs)
         ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
         ref = cached_reference(ctx.target, ids, s.max_new_tokens, ctx.cache_dir, warn=ctx.warn,
                                tail=tail_length(ctx))
@@ -97,6 +109,28 @@ def local_references(ctx: EvalContext) -> None:
                           tokens_per_s=refs.tokens / refs.seconds if refs.seconds else None, message=p.id)
     ctx.references = refs
     ctx.timings["reference_s"] = progress.stage_done("reference")
+
+
+def ask(ctx: EvalContext, i: int, refs: list) -> Prompt:
+    """Prompt ``i`` as it is asked: a later turn of a multi-turn row gets the previous turn in its history, its
+    answer being the target's reference continuation decoded as z-lab decodes its output
+    (``skip_special_tokens=True``). ``ctx.prompts[i]`` becomes that prompt, so every later stage (server tails,
+    the engine, the sample lines) sees the conversation the reference was made for."""
+    p = ctx.prompts[i]
+    if p.follows is not None:
+        prev = next(j for j, q in enumerate(ctx.prompts[:i]) if q.index == p.follows)
+        answer = ctx.tokenizer.decode(refs[prev].continuation, skip_special_tokens=True)
+        p = ctx.prompts[i] = with_history(p, ctx.prompts[prev], answer)
+    return p
+
+
+def turn_waves(prompts: list) -> list[list[int]]:
+    """Positions of the prompts in waves: every first turn, then every turn that follows one of the wave before."""
+    depth: dict[int, int] = {}
+    for i, p in enumerate(prompts):
+        prev = next((j for j, q in enumerate(prompts[:i]) if q.index == p.follows), None)
+        depth[i] = 0 if prev is None else depth[prev] + 1
+    return [[i for i in depth if depth[i] == d] for d in range(max(depth.values(), default=-1) + 1)]
 
 
 def tail_length(ctx: EvalContext) -> int:
@@ -121,11 +155,22 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
                         prompt_format=s.reference_prompt_format, concurrency=s.reference_concurrency,
                         retries=s.reference_retries, api_key=api_key)
     started = time.perf_counter()
-    batch = fetch_references(
-        endpoint, ctx.prompts, ctx.tokenizer, enable_thinking=s.enable_thinking, max_tokens=s.max_new_tokens,
-        stop_ids=ctx.stop_ids, cache_dir=ctx.cache_dir, strict_roundtrip=s.reference_strict_roundtrip,
-        on_sample=lambda d, t, r: progress.progress("reference", d, t, unit="samples", message=r.sample_id),
-        warn=ctx.warn)
+    found: dict = {}
+    batch = None
+    for wave in turn_waves(ctx.prompts):  # a later turn is asked once the turn before it has its reference
+        done = len(found)
+        asked = [ask(ctx, i, [found.get(j) for j in range(len(ctx.prompts))]) for i in wave]
+        part = fetch_references(
+            endpoint, asked, ctx.tokenizer, enable_thinking=s.enable_thinking, max_tokens=s.max_new_tokens,
+            stop_ids=ctx.stop_ids, cache_dir=ctx.cache_dir, strict_roundtrip=s.reference_strict_roundtrip,
+            on_sample=lambda d, t, r, done=done: progress.progress("reference", done + d, len(ctx.prompts),
+                                                                   unit="samples", message=r.sample_id),
+            warn=ctx.warn)
+        for i, ref in zip(wave, part.samples, strict=True):
+            found[i] = ref
+        batch = part if batch is None else replace(batch, samples=batch.samples + part.samples,
+                                                   requests=batch.requests + part.requests)
+    batch = replace(batch, samples=[found[i] for i in range(len(ctx.prompts))])
     refs = [r.to_reference() for r in batch.samples]
     ctx.references = References(refs=refs, batch=batch, tokens=sum(len(r.continuation) for r in refs if not r.cached),
                                 seconds=time.perf_counter() - started)
@@ -157,7 +202,9 @@ def extract_features(ctx: EvalContext) -> None:
     layer_ids = sorted({lid for ld in ctx.drafters.values() for lid in ld.spec.fc_layer_ids})
     progress.stage_start("extract")
     ex = Extraction(layer_ids=layer_ids, store=FeatureStore(layer_ids, ctx.cache_dir),
-                    hidden_stats={lid: TensorStats() for lid in layer_ids} if s.diagnose else {})
+                    hidden_stats={lid: TensorStats() for lid in layer_ids} if s.diagnose else {},
+                    bytes_per_token=bytes_per_token(ctx.target, layer_ids))
+    memory = PeakMemory(ctx.device)
     for i, ref in enumerate(refs):
         feats = cached_features(ctx.target, ref.tokens, len(ref.prompt_ids), layer_ids, ctx.cache_dir, warn=ctx.warn)
         ex.store.add(i, feats, cache_path(ctx.cache_dir, ctx.target, ref.tokens))
@@ -172,11 +219,47 @@ def extract_features(ctx: EvalContext) -> None:
             ex.seconds += feats.seconds
         progress.progress("extract", i + 1, len(refs), unit="samples",
                           tokens_per_s=ex.tokens / ex.seconds if ex.seconds else None, message=ctx.prompts[i].id)
+    ex.memory = memory.read()
     ctx.extraction = ex
     ctx.diagnosed_samples = min(s.diagnose_samples, len(refs)) if s.diagnose else 0
     _probe_features(ctx)
     ctx.timings["extract_s"] = progress.stage_done("extract")
     _warn_teacher_forced(ctx)
+    _limit_cache(ctx)
+
+
+def _limit_cache(ctx: EvalContext) -> None:
+    """The cache folder back under --cache-limit-gib, least recently used entries first; this run's features stay
+    (the drafters' stage may read them back)."""
+    limit = int(ctx.settings.cache_limit_gib * 2**30)
+    ex = ctx.extraction
+    ex.cache = enforce_limit(ctx.cache_dir, limit, keep=ex.store.paths.values())
+    if ex.cache["over_limit"]:
+        ctx.warn(f"the cache {ctx.cache_dir} holds {ex.cache['bytes'] / 2**30:.1f} GiB after this run, over "
+                 f"--cache-limit-gib {ctx.settings.cache_limit_gib:g}: this run's own features are larger than the "
+                 "limit (raise it, or evaluate fewer samples per run)")
+    elif ex.cache["evicted"]:
+        ctx.warn(f"cache over --cache-limit-gib {ctx.settings.cache_limit_gib:g}: removed {ex.cache['evicted']} "
+                 f"least recently used file(s), {ex.cache['evicted_bytes'] / 2**30:.2f} GiB")
+
+
+class PeakMemory:
+    """The extraction's peak memory: the process's peak resident size, and torch's CUDA peak on a GPU."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.cuda = device == "cuda" and torch.cuda.is_available()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def read(self) -> dict:
+        import resource
+
+        import torch
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        return {"peak_rss_bytes": rss, "cuda_peak_bytes": torch.cuda.max_memory_allocated() if self.cuda else None}
 
 
 def _probe_features(ctx: EvalContext) -> None:

@@ -67,3 +67,44 @@ def temp_path_for(path: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     return Path(tmp)
+
+
+# ------------------------------------------------------------------------------ size limit (LRU)
+
+
+def mark_used(path: Path) -> None:
+    """A reused entry becomes the most recently used (its mtime is the recency the eviction reads)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def enforce_limit(cache_dir: Path, limit_bytes: int, keep: Iterable[Path] = ()) -> dict:
+    """Remove the least recently used files of ``cache_dir`` until it holds at most ``limit_bytes``; files in
+    ``keep`` (what the running eval still reads) are never removed. Returns what it found and did."""
+    kept = {Path(p).resolve() for p in keep}
+    entries = []
+    for path in cache_dir.rglob("*") if cache_dir.is_dir() else []:
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if path.is_file() and not path.is_symlink() and not path.name.startswith("."):  # .x.tmp: a writer's
+            entries.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    before, evicted, evicted_bytes = total, 0, 0
+    for _, size, path in sorted(entries, key=lambda e: e[0]):
+        if total <= limit_bytes:
+            break
+        if path.resolve() in kept:
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size
+        evicted += 1
+        evicted_bytes += size
+    return {"limit_bytes": limit_bytes, "bytes_before": before, "bytes": total, "evicted": evicted,
+            "evicted_bytes": evicted_bytes, "over_limit": total > limit_bytes}

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from remote_payload.errors import PayloadError
-from remote_payload.inputs.cache import mismatches, safe_name, temp_path_for, tokens_digest, with_suppress_unlink
+from remote_payload.inputs.cache import (
+    mark_used,
+    mismatches,
+    safe_name,
+    temp_path_for,
+    tokens_digest,
+    with_suppress_unlink,
+)
 from remote_payload.inputs.reference import forward, numerics
 from remote_payload.models.target import Target
 
@@ -146,6 +153,7 @@ def cached_features(target: Target, tokens: list[int], prompt_len: int, layer_id
         path = cache_path(cache_dir, target, tokens)
         feats, reasons = load_cached(path, expected, layer_ids)
         if feats is not None:
+            mark_used(path)
             return feats
         if reasons and warn:
             warn(f"feature cache {path.name} not reused ({'; '.join(reasons)}): re-extracting")
@@ -154,6 +162,13 @@ def cached_features(target: Target, tokens: list[int], prompt_len: int, layer_id
         save(path, feats, expected)
     feats.meta = {**expected, "layer_ids": sorted(feats.layers)}
     return feats
+
+
+def bytes_per_token(target: Target, layer_ids: list[int]) -> int:
+    """Feature cache bytes per token: layers × hidden size × the dtype's bytes (tokens and argmax add 16 B)."""
+    import torch
+
+    return len(set(layer_ids)) * target.config.hidden_size * torch.empty((), dtype=target.dtype).element_size()
 
 
 # Features of a run are kept in memory up to this size; beyond it they are re-read from the cache per drafter.

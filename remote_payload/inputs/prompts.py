@@ -1,10 +1,11 @@
-"""Prompt sets: the bundled built-in set, or a user JSONL file of {"id", "messages" | "prompt"}."""
+"""Prompt sets: the bundled built-in set, or a user JSONL file of {"id", "messages" | "prompt"}; the benchmark
+datasets (``datasets/``) give the same ``Prompt``s."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from remote_payload.errors import PayloadError
@@ -19,9 +20,24 @@ class Prompt:
     id: str
     messages: tuple[tuple[str, str], ...]
     category: str | None = None
+    dataset: str | None = None  # the benchmark dataset it comes from (None: a prompt set)
+    row_id: str | None = None   # the dataset row's id
+    turn: int | None = None     # 1, 2, … in a multi-turn row (None: a single-turn prompt)
+    follows: int | None = None  # index of the turn before this one: its answer goes into this turn's history
 
     def message_dicts(self) -> list[dict]:
         return [{"role": r, "content": c} for r, c in self.messages]
+
+    @property
+    def conversation(self) -> str:
+        """Turns of one row share it: they are evaluated in order, on one host."""
+        return f"{self.dataset}/{self.row_id}" if self.dataset is not None else self.id
+
+
+def with_history(prompt: Prompt, previous: Prompt, answer: str) -> Prompt:
+    """A later turn as it is asked: the previous turn's messages, its answer, then this turn's user message
+    (z-lab's benchmark appends the decoded output of each turn the same way)."""
+    return replace(prompt, messages=previous.messages + (("assistant", answer),) + prompt.messages[-1:])
 
 
 def _parse_line(source: str, lineno: int, line: str, index: int) -> Prompt:
@@ -88,7 +104,15 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def select(prompts: list[Prompt], samples: int | None, shard: tuple[int, int]) -> list[Prompt]:
-    """First ``samples`` prompts of the set, then every N-th from I (so shards of one job partition it)."""
+    """First ``samples`` prompts of the set, then every N-th conversation from I (so shards of one job partition
+    it; the turns of one dataset row stay together, in order, on one host)."""
     chosen = prompts if samples is None else prompts[:samples]
     i, n = shard
-    return chosen[i::n]
+    order = list(dict.fromkeys(p.conversation for p in chosen))
+    mine = set(order[i::n])
+    return [p for p in chosen if p.conversation in mine]
+
+
+def conversations(prompts: list[Prompt]) -> int:
+    """How many units a shard can take (a multi-turn row is one)."""
+    return len({p.conversation for p in prompts})

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from remote_payload.inputs.cache import atomic_write_json, mismatches, safe_name, tokens_digest
+from remote_payload.inputs.cache import atomic_write_json, mark_used, mismatches, safe_name, tokens_digest
 from remote_payload.models.target import Target, cache_kwarg
 
 # Fields of a cached reference that must match the current run for reuse.
@@ -117,6 +117,7 @@ def cached_reference(target: Target, prompt_ids: list[int], max_new_tokens: int,
                 found = None
             reasons = mismatches(expected, found, REFERENCE_FIELDS)
             if not reasons:
+                mark_used(path)
                 ref = Reference(list(prompt_ids), list(found["continuation"]), found["stop_reason"], 0.0, True)
                 _with_tail(target, ref, tail, path, found)
                 return ref

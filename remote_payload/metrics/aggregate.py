@@ -21,6 +21,7 @@ from remote_payload.metrics import conventions as conv
 from remote_payload.metrics.chain import summarize
 from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
 from remote_payload.metrics.sample_rounds import rounds_from_entry
+from remote_payload.metrics.stats import bootstrap_mean_ci
 from remote_payload.metrics.tree import tree_summary
 
 # settings that legitimately differ between the parts of one sharded eval (the slice, and host-local paths)
@@ -44,6 +45,11 @@ def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[d
     kernel_paths = _distinct((r.get("extraction") or {}).get("kernel_path") for r in results_list)
     warnings = _merge_warnings(results_list, shard_count, indices, kernel_paths)
     drafters = {name: _merge_drafter(name, results_list, samples) for name in names}
+    seed = (first.get("settings") or {}).get("seed") or 0
+    for name, d in drafters.items():
+        by_dataset = dataset_breakdown(samples, name, seed=seed if isinstance(seed, int) else 0)
+        if by_dataset is not None:
+            d["metrics"]["by_dataset"] = by_dataset
     shards = [_shard_record(r, s) for r, s in parts]
     merged = _other_keys(results_list, shards)
 
@@ -132,6 +138,9 @@ def _comparable_settings(r: dict) -> dict:
     prompts = s.get("prompts")
     if isinstance(prompts, dict):  # the prompt file's path is host-local; its content is what must match
         s["prompts"] = {k: v for k, v in prompts.items() if k not in ("path", "source")}
+    if isinstance(s.get("datasets"), list):  # likewise a dataset's files; its digest and selection must match
+        s["datasets"] = [{k: v for k, v in d.items() if k != "source"} | {"sha256": (d.get("source") or {})
+                          .get("sha256")} if isinstance(d, dict) else d for d in s["datasets"]]
     return s
 
 
@@ -410,3 +419,70 @@ def _shard_record(r: dict, lines: list[dict]) -> dict:
                              "tau_macro": (d.get("metrics") or {}).get("tau_macro"),
                              "online_check": d.get("online_check")}
                          for n, d in (r.get("drafters") or {}).items()}}
+
+
+# ------------------------------------------------------------------------------------------- per dataset
+
+BY_DATASET_NOTE = ("per benchmark dataset (columns of z-lab's tables): τ macro = mean over the dataset's samples "
+                   "(each turn of a multi-turn row one sample), committed and zlab conventions, 95% percentile "
+                   "bootstrap CI over samples; by_category: the dataset's categories (mt-bench's eight, "
+                   "MATH-500's subjects)")
+
+
+def dataset_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> dict | None:
+    """``metrics.by_dataset`` of drafter ``name`` from the sample lines (None when no line names a dataset):
+    per dataset, and per category inside it, the committed and zlab τ macro with CIs, the committed τ micro
+    and, with ``--engine``, the engine's τ (1 + accepted / rounds over the dataset's requests)."""
+    groups: dict[str, list[dict]] = {}
+    for line in lines:
+        dataset = line.get("dataset")
+        if isinstance(dataset, str):
+            groups.setdefault(dataset, []).append(line)
+    if not groups:
+        return None
+    out = {}
+    for dataset, members in groups.items():
+        block = _group_figures(members, name, seed)
+        categories: dict[str, list[dict]] = {}
+        for line in members:
+            if isinstance(line.get("category"), str):
+                categories.setdefault(line["category"], []).append(line)
+        if categories:
+            block["by_category"] = {c: _group_figures(m, name, seed) for c, m in sorted(categories.items())}
+        out[dataset] = block
+    return out
+
+
+def _group_figures(lines: Sequence[dict], name: str, seed: int) -> dict:
+    entries = [e for line in lines if isinstance(e := (line.get("drafters") or {}).get(name), dict)]
+    committed = [t for e in entries if _real(t := e.get("tau"))]
+    produced = [p for e in entries for p in (e.get("produced") or []) if _real(p)]
+    zlab = [_mean_produced(((e.get("conventions") or {}).get("zlab") or {}).get("produced")) for e in entries]
+    engine = [e["engine"] for e in entries if isinstance(e.get("engine"), dict)]
+    rounds = sum(x.get("rounds") or 0 for x in engine if _real(x.get("rounds")))
+    accepted = sum(x.get("drafts_accepted") or 0 for x in engine if _real(x.get("drafts_accepted")))
+    out = {"samples": len(lines),
+           "tau_macro": _macro(committed, seed),
+           "tau_micro": sum(produced) / len(produced) if produced else None,
+           "zlab_tau_macro": _macro([z for z in zlab if z is not None], seed) if zlab and None not in zlab else None}
+    if engine:
+        out["engine_tau"] = 1 + accepted / rounds if rounds else None
+        out["engine_samples"] = len(engine)
+    return out
+
+
+def _macro(values: list, seed: int) -> dict | None:
+    if not values:
+        return None
+    ci = bootstrap_mean_ci(values, seed=seed)
+    return {"value": sum(values) / len(values), "ci": [ci[0], ci[1]] if ci else None, "samples": len(values)}
+
+
+def _mean_produced(produced) -> float | None:
+    if not isinstance(produced, list) or not produced or not all(_real(p) for p in produced):
+        return None
+    return sum(produced) / len(produced)
+
+
+def _real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
