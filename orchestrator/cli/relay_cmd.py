@@ -9,8 +9,8 @@ from rich.text import Text  # names, reasons and notes may come from the hosts: 
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
+from orchestrator.core.units import RATE_HELP, human_bytes, parse_rate
 from orchestrator.relay.operation import RelayOptions, RelayResult, relay
-from orchestrator.relay.plan import human_bytes, parse_rate
 
 
 @app.command("relay-checkpoint")
@@ -22,16 +22,16 @@ def relay_checkpoint_cmd(
     destination: str = typer.Argument(..., metavar="DST_HOST:PATH",
                                       help="Destination file or directory; a trailing '/' (or an existing directory, "
                                       "for a file) puts the source's name inside it."),
-    streams: Optional[int] = typer.Option(None, "--streams", "-n", min=1, max=16,
+    streams: Optional[int] = typer.Option(None, "--streams", min=1, max=16, metavar="N",
                                           help="Parallel SSH streams (default: by size and this machine's cores)."),
-    cipher: Optional[str] = typer.Option(None, "--cipher", help="SSH cipher for the data streams "
+    cipher: Optional[str] = typer.Option(None, "--cipher", metavar="NAME", help="SSH cipher for the data streams "
                                          "(default: aes128-gcm@openssh.com when both ends offer it)."),
     strip_optimizer: bool = typer.Option(False, "--strip-optimizer", help="Strip the training checkpoint to drafter "
                                          "weights (safetensors + config) on the source host first; relay only those."),
     wait_stable: float = typer.Option(0.0, "--wait-stable", metavar="SECONDS",
                                       help="Wait until the source has not changed for SECONDS before starting."),
     bwlimit: Optional[str] = typer.Option(None, "--bwlimit", metavar="RATE",
-                                          help="Limit the relay to RATE bytes/s over all streams (e.g. 200M, 1G)."),
+                                          help="Limit the relay to RATE over all streams, " + RATE_HELP),
     stall_timeout: float = typer.Option(60.0, "--stall-timeout", metavar="SECONDS",
                                         help="Fail when no byte has moved for SECONDS (link down, host hung)."),
     data_plane: str = typer.Option("auto", "--data-plane", metavar="auto|ssh|paramiko",

@@ -299,21 +299,5 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def parse_rate(text: str | None) -> float | None:
-    """'50M' / '1.5G' / '800K' / '1000000' (bytes per second) -> bytes per second."""
-    if text is None or text == "":
-        return None
-    t = text.strip().upper().removesuffix("/S").removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    number = t[:-1] if t[-1:] in "KMG" else t
-    try:
-        value = float(number) * mult
-    except ValueError:
-        raise InputError(f"--bwlimit {text!r}: expected a rate like 50M (MiB/s), 800K or 1G") from None
-    if value <= 0:
-        raise InputError(f"--bwlimit {text!r}: must be positive")
-    return value
-
-
 def display(endpoint_host: str, path: str) -> str:
     return f"{endpoint_host}:{shlex.quote(path)}"

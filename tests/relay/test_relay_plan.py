@@ -29,7 +29,6 @@ from orchestrator.relay.plan import (
     journal_header,
     manifest_path,
     parse_endpoint,
-    parse_rate,
     plan_file,
     resume_verdict,
     space_needed,
@@ -223,18 +222,6 @@ def test_cipher_choice():
     assert cipher_choice("aes128-ctr", clients, {}) == ("aes128-ctr", "as requested with --cipher")
     with pytest.raises(InputError):
         cipher_choice("rot13", clients, {})
-
-
-@pytest.mark.parametrize("text, value", [("50M", 50 * MiB), ("1G", GiB), ("800K", 800 * 1024), ("1000", 1000),
-                                         ("1.5M", 1.5 * MiB), ("20MiB/s", 20 * MiB), (None, None)])
-def test_parse_rate(text, value):
-    assert parse_rate(text) == value
-
-
-@pytest.mark.parametrize("text", ["fast", "-1M", "0"])
-def test_parse_rate_rejects(text):
-    with pytest.raises(InputError):
-        parse_rate(text)
 
 
 def test_human_bytes():
