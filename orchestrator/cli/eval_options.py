@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import click
 import typer
 
 from orchestrator.core.errors import InputError
+from orchestrator.evaluation.datasets import suite_max_new_tokens
 from remote_payload.errors import PayloadError
 from remote_payload.eval.options import Option, offered
 from remote_payload.inputs.prompts import load_prompts
@@ -37,13 +39,23 @@ def with_eval_options(command: str) -> Callable:
         @functools.wraps(func)
         def command_func(**kwargs: Any) -> Any:
             values = {o.field: kwargs.pop(o.field) for o in declared}
-            return func(**kwargs, options=values)
+            return func(**kwargs, options=with_suite_defaults(values))
 
         command_func.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
         command_func.__annotations__ = {p.name: p.annotation for p in params}
         return command_func
 
     return decorate
+
+
+def with_suite_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """--suite's own output length (z-lab's 2048) where --max-new-tokens was not given on the command line."""
+    suite_max_new = suite_max_new_tokens(values.get("suite"))
+    if suite_max_new is not None and "max_new_tokens" in values:
+        source = click.get_current_context().get_parameter_source("max_new_tokens")
+        if source in (None, click.core.ParameterSource.DEFAULT):
+            values = {**values, "max_new_tokens": suite_max_new}
+    return values
 
 
 def typer_option(option: Option) -> Any:

@@ -13,7 +13,7 @@ from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
 from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import fmt_number
-from orchestrator.evaluation.compare import compare_runs
+from orchestrator.evaluation.compare import compare_runs, dataset_lines
 from orchestrator.evaluation.operation import Detached, reattach_hint, wait_and_collect
 from orchestrator.evaluation.report import drafter_rows
 from orchestrator.evaluation.runs import find_run, list_runs, runs_root
@@ -114,7 +114,7 @@ def compare_cmd(ctx: typer.Context, run_a: str = typer.Argument(..., metavar="RU
                    for c in ("zlab", "vllm")], row.get("note", "")]
         table.add_row(*(Text(str(cell)) for cell in cells))  # drafter names are the hosts': never markup
     app_ctx.out.print(table)
-    for line in report.get("notes", []):
+    for line in dataset_lines(report) + report.get("notes", []):
         app_ctx.out.print(Text(f"  {line}"))
 
 

@@ -1,7 +1,8 @@
 """`dfo runs compare A B`: the same drafters across two runs, paired by prompt id (pure).
 
 The paired Δτ is in the committed convention (the headline τ); the zlab τ (macro, paired the same way) and
-the vllm τ (micro) of both runs ride along where the runs have them.
+the vllm τ (micro) of both runs ride along where the runs have them. Runs on benchmark datasets are also
+paired per dataset (``by_dataset``): a drafter's Δτ on gsm8k is never mixed with its Δτ on mt-bench.
 """
 
 from __future__ import annotations
@@ -27,6 +28,44 @@ def _per_sample_tau(samples: list[dict], drafter: str, convention: str = HEADLIN
         if tau is not None:
             out[str(s.get("id"))] = tau
     return out
+
+
+def _of_dataset(samples: list[dict], dataset: str) -> list[dict]:
+    return [s for s in samples if _obj(s).get("dataset") == dataset]
+
+
+def _datasets(samples: list[dict]) -> list[str]:
+    return list(dict.fromkeys(d for s in samples if isinstance(d := _obj(s).get("dataset"), str)))
+
+
+def _by_dataset(sa: list[dict], sb: list[dict], name: str) -> dict:
+    """Per dataset both runs hold: the committed and zlab Δτ macro, paired by sample id inside the dataset."""
+    in_b = _datasets(sb)
+    out = {}
+    for dataset in [d for d in _datasets(sa) if d in in_b]:
+        da, db = _of_dataset(sa, dataset), _of_dataset(sb, dataset)
+        ta, tb = _per_sample_tau(da, name), _per_sample_tau(db, name)
+        out[dataset] = {"tau_a": mean(list(ta.values())), "tau_b": mean(list(tb.values())), **_paired(ta, tb),
+                        "zlab": _paired(_per_sample_tau(da, name, "zlab"), _per_sample_tau(db, name, "zlab"))}
+    return out
+
+
+def dataset_lines(report: dict) -> list[str]:
+    """The per-dataset pairs as lines under the table (drafter, dataset, Δτ with CI, pairs, verdict)."""
+    lines = []
+    for row in report.get("drafters") or []:
+        for dataset, d in (row.get("by_dataset") or {}).items():
+            ci = d.get("ci")
+            zlab = d.get("zlab") or {}
+            lines.append(f"{row['drafter']} on {dataset}: τ {_num(d.get('tau_a'))} → {_num(d.get('tau_b'))}, "
+                         f"Δ {_num(d.get('delta'), '+.2f')}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+                         + f" over {d.get('paired_samples')} pairs ({d.get('verdict')}); zlab Δ "
+                         f"{_num(zlab.get('delta'), '+.2f')}")
+    return lines
+
+
+def _num(x, spec: str = ".2f") -> str:
+    return format(x, spec) if _real(x) is not None else "–"
 
 
 def _drafters(results: dict) -> dict[str, dict]:
@@ -59,6 +98,20 @@ def _conventions(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str) 
     return out
 
 
+def _dataset_notes(sa: dict, sb: dict) -> list[str]:
+    """A dataset read from other rows (file digest) or with another selection is not the same prompts."""
+    recs_a = {r.get("name"): r for r in sa.get("datasets") or [] if isinstance(r, dict)}
+    recs_b = {r.get("name"): r for r in sb.get("datasets") or [] if isinstance(r, dict)}
+    notes = []
+    for name in [n for n in recs_a if n in recs_b]:
+        a, b = recs_a[name], recs_b[name]
+        if _obj(a.get("source")).get("sha256") != _obj(b.get("source")).get("sha256"):
+            notes.append(f"dataset {name}: the runs read different files (sha256 differs): rows may differ")
+        if a.get("selection") != b.get("selection") or a.get("split") != b.get("split"):
+            notes.append(f"dataset {name}: split or selection differs: only the common samples are paired")
+    return notes
+
+
 def compare_runs(a: Run, b: Run) -> dict:
     ra, rb = a.results(), b.results()
     sa, sb = a.samples(), b.samples()
@@ -67,6 +120,7 @@ def compare_runs(a: Run, b: Run) -> dict:
         va, vb = _obj(ra.get("settings")).get(key), _obj(rb.get("settings")).get(key)
         if va != vb:
             notes.append(f"settings differ: {key} = {va!r} in A, {vb!r} in B")
+    notes += _dataset_notes(_obj(ra.get("settings")), _obj(rb.get("settings")))
     ta, tb = _obj(ra.get("target")), _obj(rb.get("target"))
     da, db = digest_value(ta.get("weights_digest")), digest_value(tb.get("weights_digest"))
     if da and db and da != db:
@@ -89,6 +143,9 @@ def compare_runs(a: Run, b: Run) -> dict:
         paired = _paired(_per_sample_tau(sa, name), _per_sample_tau(sb, name))
         row.update(paired_samples=paired["paired_samples"], delta=paired["delta"], ci=paired["ci"],
                    note=paired["verdict"], conventions=_conventions(ra, rb, sa, sb, name))
+        by_dataset = _by_dataset(sa, sb, name)
+        if by_dataset:
+            row["by_dataset"] = by_dataset
         rows.append(row)
     return {"a": a.name, "b": b.name, "convention": HEADLINE, "drafters": rows, "notes": notes,
             "definition": f"Δτ = mean over prompts present in both runs of (τ_B − τ_A) per prompt (macro τ, {HEADLINE} "

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import Inventory
+from orchestrator.evaluation.datasets import plan_datasets
 from orchestrator.relay.plan import strip_dir_name
 from remote_payload.cli import build_parser
 from remote_payload.errors import PayloadError
@@ -72,6 +73,9 @@ class EvalRequest:
     target: str
     drafters: list[DrafterRef]
     prompts: str = "builtin"            # "builtin" or a local JSONL file (uploaded with the job)
+    datasets: list[str] = field(default_factory=list)  # NAME[:split][@N]: benchmark datasets instead of prompts
+    suite: str | None = None            # "zlab": z-lab's sets and counts
+    dataset_files: list[str] = field(default_factory=list)  # NAME=PATH on the eval host (exported rows)
     reference: str = "target"           # "target" (greedy on the eval host), "server" (the host's serve_url)
                                         # or an OpenAI-compatible URL (as seen from the eval host)
     device: str = "auto"
@@ -93,6 +97,7 @@ class EvalRequest:
     allow_insecure_reference: bool = False  # http:// to a non-loopback endpoint (the API key in clear text)
     payload_args: list[str] = field(default_factory=list)  # options of `remote_payload eval` dfo has none of
     engine: str | None = None            # "vllm": every drafter also served by vLLM after the offline eval
+    engine_concurrency: str | None = None  # "1,4,16": requests in flight per level of the engine sweep
 
     @property
     def uses_engine(self) -> bool:
@@ -120,6 +125,7 @@ class HostJob:
     drafters: dict[str, str]             # name -> path on this host
     args: list[str]                      # payload arguments after `python -m remote_payload`
     prompts_upload: str | None = None    # remote path the local prompts file is uploaded to
+    uploads: list[tuple[str, str]] = field(default_factory=list)  # (local file, remote path): dataset rows
 
 
 @dataclass
@@ -253,11 +259,19 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
               payload_args_extra: list[str] | None = None, prompt_count: int | None = None) -> EvalPlan:
     """``prompts_digest``: sha256 of the local prompts file (it is uploaded under a content name);
     ``prompt_count``: the prompts it holds (the set was parsed)."""
+    datasets = plan_datasets(req.datasets, req.suite, req.dataset_files)
+    if datasets:  # they replace the prompt set: shards split their rows
+        units = [d.units for d in datasets]
+        prompt_count = None if None in units else sum(u or 0 for u in units)
     validate_request(req, inventory, prompt_count=prompt_count)
     if req.prompts != "builtin" and not prompts_digest:
         raise InputError("a prompts file needs its digest to be planned")
     hosts = list(dict.fromkeys(req.hosts))
     relays, checks, per_host_paths = _place_drafters(req, inventory, hosts)
+    for d in datasets:
+        for h in hosts:
+            if d.host_path is not None:
+                checks[h].append(d.host_path)
     engine_pythons = {h: engine_python(inventory, h) for h in hosts} if req.uses_engine else {}
     for h, python in engine_pythons.items():
         checks[h].append(python)  # a clear error before anything changes when the venv is not provisioned
@@ -269,9 +283,12 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
                                             f"prompts-{(prompts_digest or '')[:16]}.jsonl")
         planned = _planned_values(req, inventory, h, per_host_paths[h], prompts_remote or req.prompts,
                                   (i, len(hosts)), engine_pythons.get(h))
+        workdir = inventory.hosts[h].workdir
+        planned["dataset_files"] = [f"{d.name}={d.remote(workdir)}" for d in datasets]
         args = payload_args(req, planned) + list(payload_args_extra or [])
         check_payload_argv(args)
-        jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote))
+        uploads = [(str(d.local), d.remote(workdir)) for d in datasets if d.local is not None]
+        jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote, uploads))
     # A relay with stripping deploys the payload to its source host itself.
     return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks,
                     engine_pythons=engine_pythons)

@@ -21,6 +21,8 @@ FIRST_POSITIONS = 4
 HEADLINE = "committed"  # the convention of the headline τ (metrics.tau_macro / tau_micro)
 # The figure shown per other convention: z-lab reports a mean over samples, vLLM's counters give 1 + accepted/drafts.
 SHOWN = {"zlab": "tau_macro", "vllm": "tau_micro"}
+DATASETS_NOTE = ("per dataset: τ macro in the committed convention over that dataset's samples (each turn of a "
+                 "multi-turn row one sample), 95% bootstrap CI; report.md's Benchmarks has zlab τ and categories.")
 CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens); zlab = z-lab's "
                     "benchmark loop, the one its published τ uses (drafts accepted past the end counted); vllm = "
                     "vLLM's spec-decode counters (1 + accepted/drafts). A committed τ and a model card's τ are "
@@ -116,6 +118,46 @@ def drafter_rows(results: dict) -> list[dict]:
     return rows
 
 
+def datasets_of(results: dict) -> list[str]:
+    """The benchmark datasets of a run, in its order (from the drafters' ``metrics.by_dataset``)."""
+    names: list[str] = []
+    for d in _obj(results.get("drafters")).values():
+        for name in _obj(_obj(_obj(d).get("metrics")).get("by_dataset")):
+            if name not in names:
+                names.append(str(name))
+    return names
+
+
+def dataset_figure(results: dict, drafter: str, dataset: str, key: str = "tau_macro",
+                   category: str | None = None) -> dict:
+    """One cell of the per-dataset table: {"value", "ci", "samples"} (values None when absent)."""
+    block = _obj(_obj(_obj(_obj(_obj(results.get("drafters")).get(drafter)).get("metrics")).get("by_dataset"))
+                 .get(dataset))
+    if category is not None:
+        block = _obj(_obj(block.get("by_category")).get(category))
+    fig = block.get(key)
+    if not isinstance(fig, dict):  # engine_tau / tau_micro are plain numbers
+        return {"value": fig, "ci": None, "samples": block.get("samples")}
+    ci = fig.get("ci")
+    return {"value": fig.get("value"), "ci": ci if isinstance(ci, list) and len(ci) == 2 else None,
+            "samples": fig.get("samples", block.get("samples"))}
+
+
+def fmt_with_ci(fig: dict) -> str:
+    """'6.55 [6.31, 6.80]', '6.55' without a CI, '–' when absent."""
+    if fig["value"] is None:
+        return "–"
+    return _fmt(fig["value"]) + (f" [{_fmt(fig['ci'][0])}, {_fmt(fig['ci'][1])}]" if fig["ci"] else "")
+
+
+def dataset_categories(results: dict, dataset: str) -> list[str]:
+    out: list[str] = []
+    for d in _obj(results.get("drafters")).values():
+        block = _obj(_obj(_obj(_obj(d).get("metrics")).get("by_dataset")).get(dataset))
+        out += [str(c) for c in _obj(block.get("by_category")) if c not in out]
+    return out
+
+
 def comparison_lines(results: dict) -> list[str]:
     comp = _obj(results.get("comparison"))
     level = comp.get("confidence", 0.95)
@@ -157,18 +199,23 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     rows = drafter_rows(results)
     k = next((r["ddtree_k"] for r in rows if r["ddtree_k"]), 8)
     conv = has_conventions(results)
-    caption = Text("\n".join([CONVENTIONS_NOTE, *convention_notes(results)])) if conv else None
+    notes = ([CONVENTIONS_NOTE, *convention_notes(results)] if conv else []) + (
+        [DATASETS_NOTE] if datasets_of(results) else [])
+    caption = Text("\n".join(notes)) if notes else None
     table = Table(title=Text(title) if title is not None else None, title_justify="left", caption=caption,
                   caption_justify="left")
+    datasets = datasets_of(results)
     columns = ["drafter", f"{HEADLINE} τ macro", "τ micro", *(["zlab τ macro", "vllm τ micro"] if conv else []),
-               f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s"]
+               f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s",
+               *[f"{d} τ [95% CI]" for d in datasets]]
     for col in columns:  # the headline's convention must stay readable in its header
         table.add_column(col, justify="left" if col == "drafter" else "right",
                          min_width=len(HEADLINE) if col.startswith(HEADLINE) else None)
     for r in rows:
         cells = [r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]),
                  *([fmt_convention(r["zlab"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),
-                 *[_fmt(p) for p in r["positions"]], _count(r["samples"]), _count(r["rounds"]), _fmt(r["eval_s"], 1)]
+                 *[_fmt(p) for p in r["positions"]], _count(r["samples"]), _count(r["rounds"]), _fmt(r["eval_s"], 1),
+                 *[fmt_with_ci(dataset_figure(results, r["drafter"], d)) for d in datasets]]
         table.add_row(*map(Text, cells))
     return table
 
@@ -233,6 +280,7 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     if conv:
         out += ["", f"p_k and the τ histogram below are the {HEADLINE} convention's.", ""]
         out += conventions_markdown(results)
+    out += benchmarks_markdown(results)
     engine = engine_lines(results, markdown=True)
     out += ["", *engine] if engine else []
     comparison = comparison_lines(results)
@@ -263,6 +311,55 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def benchmarks_markdown(results: dict) -> list[str]:
+    """``## Benchmarks``: z-lab's table shape (datasets as columns, drafters as rows, τ macro with its CI) in the
+    committed and zlab conventions, the engine's τ per dataset with --engine, each set's categories, and where
+    each set's prompts came from (file digest, selection)."""
+    datasets = datasets_of(results)
+    if not datasets:
+        return []
+    names = list(_obj(results.get("drafters")))
+    head = "| drafter | " + " | ".join(md_text(d) for d in datasets) + " |"
+    rule = "|---|" + "---|" * len(datasets)
+    out = ["", "## Benchmarks", ""]
+    tables = [("tau_macro", f"τ macro, {HEADLINE} convention (95% bootstrap CI over the dataset's samples)"),
+              ("zlab_tau_macro", "τ macro, zlab convention (the convention of z-lab's published tables)"),
+              ("engine_tau", "engine τ (1 + accepted / rounds of the engine's requests, vllm convention)")]
+    for key, title in tables:
+        rows = [[fmt_with_ci(dataset_figure(results, n, d, key)) for d in datasets] for n in names]
+        if all(c == "–" for row in rows for c in row) and key != "tau_macro":
+            continue
+        out += [f"{title}:", "", head, rule]
+        out += [f"| {md_text(n)} | " + " | ".join(row) + " |" for n, row in zip(names, rows, strict=True)]
+        out += [""]
+    samples_row = [_count(dataset_figure(results, names[0], d)["samples"]) if names else "–" for d in datasets]
+    out += ["samples per dataset: " + ", ".join(f"{md_text(d)} {c}" for d, c in zip(datasets, samples_row,
+                                                                                   strict=True)), ""]
+    for d in datasets:
+        cats = dataset_categories(results, d)
+        if not cats:
+            continue
+        out += [f"{md_text(d)} by category ({HEADLINE} τ macro [CI]; zlab τ macro):", "",
+                "| drafter | " + " | ".join(md_text(c) for c in cats) + " |", "|---|" + "---|" * len(cats)]
+        for n in names:
+            out.append(f"| {md_text(n)} | " + " | ".join(
+                f"{fmt_with_ci(dataset_figure(results, n, d, category=c))}; "
+                f"{_fmt(dataset_figure(results, n, d, 'zlab_tau_macro', category=c)['value'])}" for c in cats) + " |")
+        out += [""]
+    for rec in _objs(_obj(results.get("settings")).get("datasets")):
+        source, selection = _obj(rec.get("source")), _obj(rec.get("selection"))
+        package = _obj(source.get("package"))
+        origin = (f"package {package.get('distribution')} {package.get('version')} ({package.get('licence')})"
+                  if package else "file " + ", ".join(str(f) for f in source.get("files") or []))
+        config = f", {rec['config']}" if rec.get("config") else ""
+        out.append("- " + md_text(f"{rec.get('name')} ({rec.get('hub_id')}{config}, split {rec.get('split')}): "
+                                  f"{_count(rec.get('samples'))} sample(s) of "
+                                  f"{_count(rec.get('rows'))} rows, {origin}, sha256 "
+                                  f"{str(source.get('sha256'))[:16]}; selection {selection.get('rule')} seed "
+                                  f"{selection.get('seed')}, N {selection.get('requested')}"))
+    return out
 
 
 def conventions_markdown(results: dict) -> list[str]:

@@ -4,7 +4,8 @@ Pure: results.json and samples.jsonl content in, numbers out. The point values a
 (``results["drafters"][NAME]["metrics"]``); the 95% CIs are percentile bootstraps over samples (a
 sample's rounds stay together), computed here from the per-sample rounds because a run reports CIs only
 for differences between its own drafters. The verdict pairs the checkpoint with the previous best by
-prompt id: every checkpoint of a series is evaluated on the same prompts and reference continuations.
+prompt id: every checkpoint of a series is evaluated on the same prompts and reference continuations. On
+benchmark datasets each dataset also gets its own τ with CI and its own verdict (``by_dataset``).
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def _measure(results: dict, samples: list[dict], drafter: str) -> dict:
         ci = cis.get(name)
         return {"value": _number(v, name, drafter), "ci": [round(ci[0], 4), round(ci[1], 4)] if ci else None}
 
+    by_dataset = dataset_measures(samples, drafter)
     return {
+        **({"by_dataset": by_dataset} if by_dataset else {}),
         "samples": m.get("samples"), "rounds": m.get("rounds"),
         "tau_macro": value(m.get("tau_macro"), "tau_macro"),
         "tau_micro": value(m.get("tau_micro"), "tau_micro"),
@@ -145,3 +148,43 @@ def verdict_text(v: dict) -> str:
     text = {"up": "up", "flat": "flat", "down": "DOWN (regression)"}[v["verdict"]]
     out = f"{text}: Δτ macro {delta}{ci} vs best so far {v['against']}"
     return out + ("; plateau" if v.get("plateau") else "")
+
+
+# ------------------------------------------------------------------------------ per benchmark dataset
+
+
+def dataset_taus(samples: list[dict], drafter: str) -> dict[str, dict[str, float]]:
+    """{dataset: {sample id: τ}} for runs on benchmark datasets ({} for a prompt set)."""
+    groups: dict[str, list[dict]] = {}
+    for line in samples:
+        dataset = line.get("dataset") if isinstance(line, dict) else None
+        if isinstance(dataset, str):
+            groups.setdefault(dataset, []).append(line)
+    return {d: per_sample_tau(lines, drafter) for d, lines in groups.items()}
+
+
+def dataset_measures(samples: list[dict], drafter: str) -> dict:
+    """Per dataset: τ macro (committed) with its bootstrap CI over the dataset's samples: one curve each."""
+    out = {}
+    for dataset, taus in dataset_taus(samples, drafter).items():
+        values = list(taus.values())
+        ci = bootstrap_mean_ci(values)
+        out[dataset] = {"samples": len(values),
+                        "tau_macro": {"value": mean(values), "ci": [round(ci[0], 4), round(ci[1], 4)] if ci else None}}
+    return out
+
+
+def judge_datasets(current: dict[str, dict[str, float]], best: dict[str, dict[str, float]] | None, *,
+                   best_name: str | None, recent: dict[str, list[str]]) -> dict:
+    """A checkpoint's verdict on each dataset against the previous best, paired inside the dataset."""
+    return {d: judge(taus, (best or {}).get(d) if best is not None else None, best_name=best_name,
+                     recent=recent.get(d, [])) for d, taus in current.items()}
+
+
+def recent_dataset_verdicts(entries: list[dict]) -> dict[str, list[str]]:
+    """{dataset: verdicts oldest first} of earlier checkpoints (``entries``: done entries before this step)."""
+    out: dict[str, list[str]] = {}
+    for e in entries:
+        for d, v in ((e.get("verdict") or {}).get("by_dataset") or {}).items():
+            out.setdefault(d, []).append(v.get("verdict"))
+    return out

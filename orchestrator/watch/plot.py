@@ -43,6 +43,7 @@ def _draw(plt, folder: Path, series: dict, done: list[dict]) -> Path:
         if banded:
             ax.fill_between([s for s, _ in banded], [c[0] for _, c in banded], [c[1] for _, c in banded],
                             color=color, alpha=0.18, linewidth=0, label=f"{label} 95% CI")
+    _dataset_curves(ax, steps, done)
     _baselines(ax, (series.get("baselines") or {}).get("drafters") or {}, k)
     failed = failures(series)
     if failed:  # at the foot of the plot: a failed checkpoint has no τ
@@ -63,6 +64,18 @@ def _draw(plt, folder: Path, series: dict, done: list[dict]) -> Path:
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def _dataset_curves(ax, steps: list[int], done: list[dict]) -> None:
+    """Runs on benchmark datasets: τ macro of each dataset as its own thin curve (measures' ``by_dataset``)."""
+    names = list(dict.fromkeys(d for e in done for d in (e["measures"].get("by_dataset") or {})))
+    for i, name in enumerate(names):
+        pts = [(s, v) for s, e in zip(steps, done, strict=True)
+               if (v := (((e["measures"].get("by_dataset") or {}).get(name) or {}).get("tau_macro") or {})
+                   .get("value")) is not None]
+        if pts:
+            ax.plot([s for s, _ in pts], [v for _, v in pts], marker=".", linestyle="--", linewidth=1.2,
+                    color=f"C{(i + 2) % 10}", label=f"{clean(name)} τ macro")
 
 
 def _baselines(ax, base: dict, k: int) -> None:
