@@ -14,13 +14,17 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from orchestrator.evaluation.engine_report import engine_rows
+from orchestrator.evaluation.engine_report import engine_rows, engine_title
 from orchestrator.evaluation.plan import DrafterRef
+from remote_payload.engines.registry import NAMES
 
-ENGINES = ("vllm",)
 # --what for `python -m remote_payload fixtures` per host (dependencies are built too)
 FIXTURES = {None: {"ct129": "target,zlab-drafter,random-drafter", "kpro6": "training-checkpoint"},
             "vllm": {"ct129": "engine-target", "kpro6": "engine-trained-drafter"}}
+# The registry's engines that run on the demo's CPU hosts (SGLang's DFlash needs CUDA).
+ENGINES = tuple(n for n in NAMES if n in FIXTURES)
+# Requests in flight per level of the demo's engine sweep: one at a time, and all 6 prompts at once.
+CONCURRENCY = "1,6"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class DemoPlan:
     fixtures: dict[str, tuple[str, str]]   # host -> (folder, fixture items)
     target: str                            # on ct129
     drafters: list[DrafterRef]
+    engine_concurrency: str | None = None  # --engine-concurrency of the demo's eval
 
 
 def demo_plan(models: str, ckpts: str, engine: str | None = None) -> DemoPlan:
@@ -42,7 +47,8 @@ def demo_plan(models: str, ckpts: str, engine: str | None = None) -> DemoPlan:
             DrafterRef("zlab", None, posixpath.join(models, "zlab-drafter")),
             DrafterRef("random", None, posixpath.join(models, "random-drafter"))])
     return DemoPlan(engine, fixtures, posixpath.join(models, "engine-target"), [
-        DrafterRef("ours", "kpro6", posixpath.join(ckpts, "engine-trained-drafter", "checkpoint.pt"))])
+        DrafterRef("ours", "kpro6", posixpath.join(ckpts, "engine-trained-drafter", "checkpoint.pt"))],
+        engine_concurrency=CONCURRENCY)
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -73,7 +79,8 @@ def side_by_side(results: dict) -> list[str]:
         return []
     eng = results.get("engine") or {}
     lines = [f"offline vs engine ({eng.get('name') or 'vllm'} {eng.get('version') or '?'}); τ as macro / micro, "
-             "the vllm convention is 1 + accepted drafts / rounds, as vLLM's spec-decode metrics count"]
+             f"the vllm convention is 1 + accepted drafts / rounds, as {engine_title(results)}'s per-request "
+             "spec-decode metrics count"]
     table = [["drafter", "offline committed", "offline vllm", "engine vllm", "rounds off/eng", "agreement"]]
     details: list[str] = []
     for r in rows:
@@ -90,7 +97,29 @@ def side_by_side(results: dict) -> list[str]:
     starts = eng.get("start_seconds") or {}
     if starts:
         details.append("engine starts: " + ", ".join(f"{k} {_num(v, '.0f')} s" for k, v in starts.items()))
-    return lines + ["  " + x for x in _table(table)] + ["  " + x for x in details]
+    return lines + ["  " + x for x in _table(table)] + ["  " + x for x in details] + concurrency_table(rows)
+
+
+def concurrency_table(rows: list[dict]) -> list[str]:
+    """Speedup vs concurrency per drafter: tokens/s plain and dflash, speedup, mean acceptance length, time per
+    output token and whether every output equals the reference at that level ([] without a sweep)."""
+    table = [["drafter", "in flight", "tok/s plain", "tok/s dflash", "speedup", "accept len", "TPOT ms plain/dflash",
+              "outputs = reference"]]
+    for r in rows:
+        for c in r.get("concurrency") or []:
+            tpot = c.get("tpot_ms") or {}
+            miss = c.get("reference_mismatches") or {}
+            same = miss.get("plain") == [] and miss.get("dflash") == []
+            table.append([r["drafter"], str(c.get("concurrency")), _num(c.get("plain_tokens_per_s"), ".1f"),
+                          _num(c.get("dflash_tokens_per_s"), ".1f"),
+                          f"x{c['speedup']:.2f}" if isinstance(c.get("speedup"), (int, float)) else "—",
+                          _num(c.get("mean_acceptance_length"), ".2f"),
+                          f"{_num(tpot.get('plain'), '.1f')}/{_num(tpot.get('dflash'), '.1f')}",
+                          "all" if same else f"{len(miss.get('dflash') or [])} dflash, {len(miss.get('plain') or [])} "
+                          "plain differ"])
+    if len(table) == 1:
+        return []
+    return ["speedup vs concurrency (every prompt sent at each level, greedy):"] + ["  " + x for x in _table(table)]
 
 
 def _committed(drafter: dict) -> dict:

@@ -1,17 +1,20 @@
-"""Engine figures of a sharded eval (``--engine vllm`` on several hosts), merged like the offline metrics.
+"""Engine figures of a sharded eval (``--engine NAME`` on several hosts), merged like the offline metrics.
 
-Each host ran its own vLLM servers on its slice of the prompts, so the run-wide figures are recomputed
-over all samples: the engine's per-sample counters and the offline ``vllm``-convention rounds both travel in
-samples.jsonl (``drafters[NAME].engine`` and ``drafters[NAME].conventions``), and the agreement is the
-payload's own comparison (``remote_payload.metrics.engine_agreement``) over the union: its bounds follow from
-the union's differing rounds, so they are not the hosts' bounds combined. Per-host server facts (start
-seconds, logs, versions) are kept under ``engine.hosts``. The figures came from the hosts: a drafter whose
-figures are missing or not numbers gets an ``error`` instead of a merged block (the run's other figures stand).
+Each host ran its own engine servers on its slice of the prompts, so the run-wide figures are recomputed
+over all samples: the engine's per-request figures (and per-step lists) and the offline ``vllm``-convention
+rounds both travel in samples.jsonl (``drafters[NAME].engine`` and ``drafters[NAME].conventions``), and the
+agreement is the payload's own comparison (``remote_payload.metrics.engine_agreement``) over the union: its
+bounds follow from the union's differing rounds, so they are not the hosts' bounds combined. The
+concurrency table is summed per level: tokens over the hosts' seconds (as if the slices ran one after
+another, like the baseline), mismatches listed together; the hosts' counter cross-checks are kept per host
+and must all hold. Per-host server facts (start seconds, logs, versions) are kept under ``engine.hosts``.
+The figures came from the hosts: a drafter whose figures are missing or not numbers gets an ``error``
+instead of a merged block (the run's other figures stand).
 """
 
 from __future__ import annotations
 
-from remote_payload.metrics.engine_agreement import compare, engine_figures
+from remote_payload.metrics.engine_agreement import compare, engine_figures, per_step_differences
 
 CONVENTION = "vllm"
 COMMITTED = "committed (the vllm convention's rounds; the last round capped at the kept tokens, a lower bound there)"
@@ -56,20 +59,68 @@ def _offline_accepted(entry: dict) -> tuple[list[int], bool]:
 
 
 def _merged_or_error(name: str, host_results: dict[str, dict], samples: list[dict]) -> dict:
+    engine = next((r["engine"].get("name") for r in host_results.values() if isinstance(r.get("engine"), dict)),
+                  None) or "vllm"
     try:
         return _merge_drafter(name, host_results, samples)
     except KeyError as exc:
-        return {"engine": "vllm", "error": f"the hosts' engine figures of {name!r} cannot be merged: no {exc} field"}
-    except (TypeError, ValueError) as exc:
-        return {"engine": "vllm", "error": f"the hosts' engine figures of {name!r} cannot be merged: {exc}"}
+        return {"engine": engine, "error": f"the hosts' engine figures of {name!r} cannot be merged: no {exc} field"}
+    except (TypeError, ValueError, AttributeError) as exc:
+        return {"engine": engine, "error": f"the hosts' engine figures of {name!r} cannot be merged: {exc}"}
+
+
+def _merged_levels(tables: list[list[dict]]) -> list[dict]:
+    """The hosts' speedup tables summed per level (levels every host ran): tokens/s = tokens / seconds."""
+    common = set.intersection(*({r["concurrency"] for r in t} for t in tables)) if tables else set()
+    out = []
+    for c in sorted(common):
+        rows = [next(r for r in t if r["concurrency"] == c) for t in tables]
+        plain = _rate(sum(r["plain_tokens"] for r in rows), sum(r["plain_seconds"] for r in rows))["tokens_per_s"] \
+            if all(_counted(r, "plain") for r in rows) else None
+        dflash = _rate(sum(r["dflash_tokens"] for r in rows), sum(r["dflash_seconds"] for r in rows))["tokens_per_s"] \
+            if all(_counted(r, "dflash") for r in rows) else None
+        taus = [(r["mean_acceptance_length"], r["samples"]) for r in rows if r.get("mean_acceptance_length")]
+        out.append({"concurrency": c, "plain_tokens_per_s": plain, "dflash_tokens_per_s": dflash,
+                    "speedup": round(dflash / plain, 3) if plain and dflash else None,
+                    "mean_acceptance_length": sum(t * n for t, n in taus) / sum(n for _, n in taus) if taus else None,
+                    "tpot_ms": {k: _mean([(r["tpot_ms"] or {}).get(k) for r in rows]) for k in ("plain", "dflash")},
+                    "samples": sum(r["samples"] for r in rows),
+                    "reference_mismatches": {k: _joined([(r["reference_mismatches"] or {}).get(k) for r in rows])
+                                             for k in ("plain", "dflash")},
+                    "equal_plain": None if any(r.get("equal_plain") is None for r in rows)
+                    else all(r["equal_plain"] for r in rows)})
+    return out
+
+
+def _counted(row: dict, side: str) -> bool:
+    return isinstance(row.get(f"{side}_tokens"), int) and isinstance(row.get(f"{side}_seconds"), (int, float))
+
+
+def _mean(values: list) -> float | None:
+    nums = [v for v in values if isinstance(v, (int, float))]
+    return round(sum(nums) / len(nums), 3) if len(nums) == len(values) and nums else None
+
+
+def _joined(lists: list) -> list | None:
+    return None if any(x is None for x in lists) else [i for x in lists for i in x]
+
+
+def _merged_checks(checks: dict[str, dict]) -> dict:
+    return {"ok": all(c.get("ok") for c in checks.values()), "hosts": checks,
+            "requests": sum(c.get("requests") or 0 for c in checks.values()),
+            "concurrency": next(iter(checks.values())).get("concurrency"),
+            "counters": {k: sum(c.get("counters", {}).get(k) or 0 for c in checks.values())
+                         for k in ("rounds", "drafts_accepted")},
+            "differ": sorted({d for c in checks.values() for d in c.get("differ") or []})}
 
 
 def _merge_drafter(name: str, host_results: dict[str, dict], samples: list[dict]) -> dict:
     found = {h: ((r.get("drafters") or {}).get(name) or {}).get("engine") for h, r in host_results.items()}
     failed = {h: (b or {}).get("error") or "not run there" for h, b in found.items() if not b or b.get("error")}
     per_host: dict[str, dict] = {h: b for h, b in found.items() if b}
+    engine = next((b.get("engine") for b in per_host.values() if b.get("engine")), "vllm")
     if failed:
-        return {"engine": "vllm", "error": "; ".join(f"{h}: {e}" for h, e in failed.items())}
+        return {"engine": engine, "error": "; ".join(f"{h}: {e}" for h, e in failed.items())}
     positions = next(iter(per_host.values()))["num_speculative_tokens"]
     rows = [(line["id"], line["drafters"][name]) for line in samples
             if "engine" in (line.get("drafters") or {}).get(name, {})]
@@ -85,11 +136,16 @@ def _merge_drafter(name: str, host_results: dict[str, dict], samples: list[dict]
                       sum(p.get("seconds") or 0 for p in plain))["tokens_per_s"]
     mismatches = [m for b in per_host.values() for m in (b.get("outputs") or {}).get("mismatches") or []]
     equal_plain = [(b.get("outputs") or {}).get("equal_plain") for b in per_host.values()]
-    return {"engine": "vllm", "num_speculative_tokens": positions, "samples": eng,
+    agreement["per_step"] = per_step_differences([sid for sid, _, _ in kept], [e.get("per_step") for _, e, _ in kept],
+                                                 [o for o, _ in offline])
+    checks = {h: b.get("counter_check") for h, b in per_host.items() if b.get("counter_check")}
+    return {"engine": engine, "num_speculative_tokens": positions, "samples": eng,
             "total": engine_figures(eng, positions),
             "outputs": {"samples": len(eng), "match_reference": len(kept), "mismatches": mismatches,
                         "equal_plain": None if None in equal_plain else all(equal_plain)},
             "tokens_per_s": {"plain": plain_tps, "dflash": dflash,
                              "speedup": round(dflash / plain_tps, 3) if dflash and plain_tps else None},
             "agreement": agreement, "exported": next(iter(per_host.values())).get("exported"),
+            "concurrency": _merged_levels([b.get("concurrency") or [] for b in per_host.values()]),
+            "counter_check": _merged_checks(checks) if checks else None,
             "hosts": {h: {k: b.get(k) for k in ("folder", "server", "tokens_per_s")} for h, b in per_host.items()}}

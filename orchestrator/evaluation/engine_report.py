@@ -1,15 +1,23 @@
-"""The engine block of a run's report (``--engine vllm`` / ``--reference vllm``), from results.json alone.
+"""The engine block of a run's report (``--engine NAME`` / ``--reference NAME``), from results.json alone.
 
-Engine τ is shown next to the offline τ in the same convention (``vllm``: every accepted draft counted,
-τ = 1 + accepted / rounds), each figure with the bound the agreement rule allows it (``±``, computed from
-the rounds that differ: ``remote_payload.metrics.engine_agreement``), the verdict, the outputs against the
-reference continuations, tokens/s without and with the drafter, and the server start times and log names.
-Results written before the rule had bounds show the figures without ``±`` and the fixed tolerance of then.
+Engine τ (each request's own acceptance) is shown next to the offline τ in the same convention (``vllm``:
+every accepted draft counted, τ = 1 + accepted / rounds), each figure with the bound the agreement rule
+allows it (``±``, computed from the rounds that differ: ``remote_payload.metrics.engine_agreement``), the
+verdict, the outputs against the reference continuations, tokens/s without and with the drafter, the
+speedup against concurrency (a table and ``engine_speedup.png``), the samples whose per-step acceptance
+differs from the offline rounds, the once-per-run counter cross-check, and the server start times and log
+names. Results written before the rule had bounds show the figures without ``±`` and the fixed tolerance of
+then; results written before the sweep have no concurrency table.
 """
 
 from __future__ import annotations
 
-from orchestrator.core.host_text import fmt_number, md_code, md_text
+from pathlib import Path
+
+from orchestrator.core.host_text import clean, fmt_number, md_code, md_text
+from remote_payload.engines.registry import ENGINES
+
+PLOT = "engine_speedup.png"
 
 FIRST_POSITIONS = 4
 
@@ -82,8 +90,85 @@ def engine_rows(results: dict) -> list[dict]:
             "agrees": ag.get("within_tolerance"), "problems": ag.get("problems") or [], "notes": ag.get("notes") or [],
             "offline_source": ag.get("offline_source"), "exported": e.get("exported"),
             "per_position": positions, "tolerance": tolerance_text(ag) if ag else None,
+            "concurrency": [r for r in (e.get("concurrency") or []) if isinstance(r, dict)],
+            "counter_check": e.get("counter_check") if isinstance(e.get("counter_check"), dict) else None,
+            "per_step": ag.get("per_step") if isinstance(ag.get("per_step"), dict) else None,
         })
     return rows
+
+
+def engine_title(results: dict) -> str:
+    """The engine's name as written ("vLLM"): the registry's for a known name, else the host's text."""
+    run = results.get("engine") if isinstance(results.get("engine"), dict) else {}
+    name = run.get("name") or next((d["engine"].get("engine") for d in (results.get("drafters") or {}).values()
+                                    if isinstance(d, dict) and isinstance(d.get("engine"), dict)), None) or "vllm"
+    known = ENGINES.get(name) if isinstance(name, str) else None
+    return known.title if known else str(name)
+
+
+def _mismatch_text(ids) -> str:
+    return "all" if ids == [] else "–" if ids is None else f"{len(ids)} differ" if isinstance(ids, list) else "?"
+
+
+def concurrency_markdown(rows: list[dict]) -> list[str]:
+    """The speedup-vs-concurrency table: one line per drafter and level (empty without a sweep)."""
+    swept = [(r, c) for r in rows if "error" not in r for c in r["concurrency"]]
+    if not swept:
+        return []
+    out = ["", "Speedup vs concurrency (every prompt at each level; outputs against the reference at every level):",
+           "", "| drafter | requests in flight | tok/s plain | tok/s dflash | speedup | mean acceptance length | "
+           "time per output token plain / dflash (ms) | outputs = reference plain / dflash |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r, c in swept:
+        tpot = c.get("tpot_ms") if isinstance(c.get("tpot_ms"), dict) else {}
+        miss = c.get("reference_mismatches") if isinstance(c.get("reference_mismatches"), dict) else {}
+        out.append(f"| {md_text(r['drafter'])} | {md_text(c.get('concurrency'))} | "
+                   f"{_fmt(c.get('plain_tokens_per_s'), 1)} | {_fmt(c.get('dflash_tokens_per_s'), 1)} | "
+                   f"{_fmt(c.get('speedup'))}× | {_fmt(c.get('mean_acceptance_length'))} | "
+                   f"{_fmt(tpot.get('plain'), 1)} / {_fmt(tpot.get('dflash'), 1)} | "
+                   f"{_mismatch_text(miss.get('plain'))} / {_mismatch_text(miss.get('dflash'))} |")
+    return out
+
+
+def engine_plot(run_dir: Path, results: dict) -> list[Path]:
+    """``engine_speedup.png``: speedup (dflash / plain tokens/s) against requests in flight, one line per drafter;
+    [] without a sweep of at least one level or without matplotlib."""
+    series = {r["drafter"]: [(c.get("concurrency"), c.get("speedup")) for c in r["concurrency"]
+                             if _number(c.get("concurrency")) and c["concurrency"] > 0 and _number(c.get("speedup"))]
+              for r in engine_rows(results) if "error" not in r}
+    series = {name: pts for name, pts in series.items() if pts}
+    if not series:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    # Drafter names are the host's: as mathtext a '$' in one would be parsed, and a malformed one raises.
+    with matplotlib.rc_context({"text.parse_math": False}):
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+        for name, pts in series.items():
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", linewidth=2, label=clean(name))
+        ax.axhline(1.0, color="grey", linewidth=1, linestyle=":")
+        ax.set_xscale("log", base=2)
+        xs = sorted({x for pts in series.values() for x, _ in pts})
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("requests in flight")
+        ax.set_ylabel("speedup (tokens/s dflash / plain)")
+        ax.set_title(f"{clean(engine_title(results))}: speedup vs concurrency")
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False)
+        fig.tight_layout()
+        path = run_dir / PLOT
+        fig.savefig(path)
+        plt.close(fig)
+    return [path]
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
 def engine_markdown(results: dict) -> list[str]:
@@ -94,7 +179,7 @@ def engine_markdown(results: dict) -> list[str]:
         return []
     run = run or {}
     # Host text (names, versions, errors, notes) goes in through md_text/md_code: no HTML, link or extra cell.
-    out = ["## Engine (vLLM)", "",
+    out = [f"## Engine ({md_text(engine_title(results))})", "",
            f"- {md_text(run.get('name') or 'vllm')} {md_text(run.get('version') or '?')}, served as "
            f"{md_code(run.get('served_name'))}; used for: {', '.join(map(md_text, run.get('used_for') or [])) or '–'};"
            f" baseline (no drafter) {_fmt((run.get('plain') or {}).get('tokens_per_s'), 1)} tokens/s",
@@ -121,6 +206,7 @@ def engine_markdown(results: dict) -> list[str]:
                 f"{md_text(r['identical'])}/{md_text(r['compared'])} | {md_text(r['outputs'][0])}/"
                 f"{md_text(r['outputs'][1])} | {_fmt(r['plain_tps'], 1)} | {_fmt(r['dflash_tps'], 1)} | "
                 f"{_fmt(r['speedup'])}× | {_verdict(r)} |")
+        out += concurrency_markdown(ok_rows)
         out += [""] + [f"- {md_text(line)}" for line in notes(ok_rows)]
     out += [f"- {md_text(r['drafter'])}: engine run failed: {md_text(_first_line(r['error']))}"
             for r in rows if "error" in r]
@@ -145,7 +231,36 @@ def notes(rows: list[dict]) -> list[str]:
             out.append(f"{r['drafter']}: offline side from the {r['offline_source']}")
         if r["tolerance"]:
             out.append(f"{r['drafter']}: {r['tolerance']}")
+        out += _per_step_notes(r) + _counter_notes(r)
     return out
+
+
+def _per_step_notes(r: dict) -> list[str]:
+    steps = r["per_step"]
+    if not steps or not steps.get("available"):
+        return []
+    differ = [d for d in steps.get("differ") or [] if isinstance(d, dict)]
+    if not differ:
+        return [f"{r['drafter']}: per-step acceptance equal to the offline rounds in all {steps.get('compared')} "
+                "samples"]
+    shown = ", ".join(f"{d.get('id')} (from round {d.get('first_round')}, {d.get('engine_rounds')} vs "
+                      f"{d.get('offline_rounds')} rounds)" for d in differ[:8])
+    return [f"{r['drafter']}: per-step acceptance differs from the offline rounds in {len(differ)} of "
+            f"{steps.get('compared')} samples: {shown}" + (" …" if len(differ) > 8 else "")]
+
+
+def _counter_notes(r: dict) -> list[str]:
+    check = r["counter_check"]
+    if not check:
+        return []
+    counted = check.get("counters") if isinstance(check.get("counters"), dict) else {}
+    if check.get("ok"):
+        return [f"{r['drafter']}: per-request acceptance adds up to the server's counters exactly over the "
+                f"{check.get('requests')} requests at concurrency {check.get('concurrency')} "
+                f"({counted.get('rounds')} rounds, {counted.get('drafts_accepted')} accepted drafts)"]
+    return [f"{r['drafter']}: per-request acceptance does NOT add up to the server's counters "
+            f"({', '.join(map(str, check.get('differ') or []))}): per request {check.get('per_request')}, "
+            f"counters {counted}"]
 
 
 def engine_text(results: dict) -> list[str]:
@@ -159,4 +274,8 @@ def engine_text(results: dict) -> list[str]:
                      f"{_fmt(r['offline_tau_micro'])}{_pm(r['tau_micro_bound'])}, p1 {_fmt(r['positions'][0][0])} vs "
                      f"{_fmt(r['positions'][0][1])}{_pm(r['position_bounds'][0])}; {_fmt(r['dflash_tps'], 1)} vs "
                      f"{_fmt(r['plain_tps'], 1)} tokens/s plain; {_verdict(r).strip('*')}")
+        if len(r["concurrency"]) > 1:
+            lines.append(f"engine {r['drafter']} speedup: " + ", ".join(
+                f"×{_fmt(c.get('speedup'))} at {fmt_number(c.get('concurrency'), 'd')} in flight"
+                for c in r["concurrency"]))
     return lines

@@ -181,7 +181,8 @@ def validate_request(req: EvalRequest, inventory: Inventory, *, prompt_count: in
         raise InputError(f"{what} is fewer than the {len(req.hosts)} hosts it is sharded over",
                          hint="give fewer --host or more prompts")
     if req.reference not in ("target", "server", *ENGINES) and not re.match(r"^https?://", req.reference):
-        raise InputError(f"--reference {req.reference!r}: expected 'target', 'server', 'vllm' or an http(s):// URL")
+        raise InputError(f"--reference {req.reference!r}: expected 'target', 'server', "
+                         + ", ".join(f"'{e}'" for e in ENGINES) + " or an http(s):// URL")
     if req.reference == "server":
         missing = [h for h in req.hosts if not inventory.hosts[h].serve_url]
         if missing:

@@ -427,7 +427,10 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
         return []
     # Drafter names are the host's: as mathtext a '$' in one would be parsed, and a malformed one raises.
     with matplotlib.rc_context({"text.parse_math": False}):
-        return [_acceptance_plot(plt, run_dir, drafters), _histogram_plot(plt, run_dir, drafters)]
+        plots = [_acceptance_plot(plt, run_dir, drafters), _histogram_plot(plt, run_dir, drafters)]
+    from orchestrator.evaluation import engine_report  # the engine sweep's speedup plot (owned by the engine eval)
+
+    return plots + engine_report.engine_plot(run_dir, results)
 
 
 def _real(x) -> float | None:

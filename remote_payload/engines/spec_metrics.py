@@ -1,14 +1,16 @@
-"""vLLM's speculative-decoding counters from its Prometheus ``/metrics`` page, and per-request differences.
+"""An engine's server-wide speculative-decoding counters from its Prometheus ``/metrics`` page.
 
-vLLM counts per engine step (one draft + verify of one request = one "draft"):
-- ``vllm:spec_decode_num_drafts_total``: rounds;
-- ``vllm:spec_decode_num_draft_tokens_total``: drafted tokens (rounds x num_speculative_tokens);
-- ``vllm:spec_decode_num_accepted_tokens_total``: accepted drafts (bonus tokens excluded);
-- ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``: rounds whose draft at 0-based
+The names are vLLM's, behind the engine's prefix (``Engine.counters_prefix``, ``vllm:``); per engine step
+(one draft + verify of one request = one "draft"):
+- ``spec_decode_num_drafts_total``: rounds;
+- ``spec_decode_num_draft_tokens_total``: drafted tokens (rounds x num_speculative_tokens);
+- ``spec_decode_num_accepted_tokens_total``: accepted drafts (bonus tokens excluded);
+- ``spec_decode_num_accepted_tokens_per_pos_total{position="i"}``: rounds whose draft at 0-based
   position i was accepted, i.e. rounds that accepted >= i+1 drafts;
-- ``vllm:generation_tokens_total``: tokens generated (used to know a finished request is fully counted).
-Counters carry ``model_name`` and ``engine`` labels; they are summed over engines. Requests are sent one
-at a time, so the difference of two readings around a request is that request's figures.
+- ``generation_tokens_total``: tokens generated (used to know a finished request is fully counted).
+Counters carry ``model_name`` and ``engine`` labels; they are summed over engines. Acceptance is read per
+request (the reply's own figures); the difference of two readings around a whole batch of requests is the
+once-per-run cross-check that the per-request figures add up (engines.run.counter_check).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-PREFIX = "vllm:"
 DRAFTS = "spec_decode_num_drafts_total"
 DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
 ACCEPTED = "spec_decode_num_accepted_tokens_total"
@@ -79,15 +80,15 @@ class SpecCounters:
                 "tokens_generated": self.generated}
 
 
-def read_counters(text: str, model_name: str | None = None) -> SpecCounters:
-    """The counters of one /metrics page (only the samples of ``model_name`` when given)."""
+def read_counters(text: str, prefix: str, model_name: str | None = None) -> SpecCounters:
+    """The counters of one /metrics page under ``prefix`` (only the samples of ``model_name`` when given)."""
     c = SpecCounters()
     per_pos: dict[int, float] = {}
     totals = {DRAFTS: 0.0, DRAFT_TOKENS: 0.0, ACCEPTED: 0.0, GENERATED: 0.0}
     for name, labels, value in parse_prometheus(text):
-        if not name.startswith(PREFIX) or (model_name and labels.get("model_name", model_name) != model_name):
+        if not name.startswith(prefix) or (model_name and labels.get("model_name", model_name) != model_name):
             continue
-        short = name[len(PREFIX):]
+        short = name[len(prefix):]
         if short in totals:
             totals[short] += value
             c.spec_enabled = c.spec_enabled or short != GENERATED

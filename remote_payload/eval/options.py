@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from remote_payload.engines.registry import NAMES as ENGINES  # serving engines, declared once in their registry
 from remote_payload.errors import PayloadError
 from remote_payload.inputs.datasets.registry import SPEC_FORM, SUITES, dataset_specs
 from remote_payload.inputs.prompts import parse_shard
 
 EVAL, WATCH = "eval", "watch"  # the dfo commands that run an eval
 BOTH = (EVAL, WATCH)
-ENGINES = ("vllm",)
 DTYPES = ("bfloat16", "float32", "float16")
 FP16_REFUSED = ("--dtype float16 is refused: DFlash drafters and Qwen3.x targets are trained in bfloat16, and "
                 "fp16's narrow range gives near-0% acceptance (pitfall 5)")
@@ -110,6 +110,21 @@ def parse_datasets(values: list[str] | None) -> list[str]:
     """``--dataset NAME[:split][@N]`` values, each checked (a known set and split, N >= 1, none twice)."""
     dataset_specs(values)
     return list(values or [])
+
+
+def parse_concurrency(value: str | None) -> tuple[int, ...]:
+    """``--engine-concurrency 1,4,16`` -> (1, 4, 16): whole numbers >= 1, each once, lowest first."""
+    text = "1" if value is None else str(value)
+    try:
+        levels = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise PayloadError(f"--engine-concurrency {text!r}: expected whole numbers >= 1 separated by commas, "
+                           "e.g. 1,4,16") from None
+    if not levels or min(levels) < 1:
+        raise PayloadError(f"--engine-concurrency {text!r}: every level must be at least 1 request in flight")
+    if len(set(levels)) != len(levels):
+        raise PayloadError(f"--engine-concurrency {text!r}: a level is given twice")
+    return tuple(sorted(levels))
 
 
 def _reference_settings(value: str | None) -> dict:
@@ -206,16 +221,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("--reference-strict-roundtrip", "reference_strict_roundtrip", "Stop when the server's text does not "
            "re-tokenise to its token ids (default: report it).", kind=bool, default=False),
     Option("--engine", "engine", "After the offline eval, serve the target with each drafter as DFlash "
-           "speculative config in this engine (on loopback here, stopped afterwards): engine acceptance, outputs "
-           "and tokens/s beside the offline figures (needs --engine-python).", choices=ENGINES, commands=(EVAL,),
-           planned=True,
-           dfo_help="Also serve the target with each drafter as DFlash speculative config in vLLM on the eval "
-           "host: engine τ next to offline τ, outputs, tokens/s plain vs dflash (needs `dfo provision --host H "
-           "--engine vllm`)."),
-    Option("--engine-python", "engine_python", "Python of the engine's own venv (`dfo provision --engine vllm` "
+           "speculative config in this engine (on loopback here, stopped afterwards): engine acceptance per request, "
+           "outputs and tokens/s beside the offline figures (needs --engine-python).", choices=ENGINES,
+           commands=(EVAL,), planned=True,
+           dfo_help="Also serve the target with each drafter as DFlash speculative config in this engine on the "
+           "eval host (vllm; sglang on GPU hosts): engine τ per request next to offline τ, outputs, tokens/s plain "
+           "vs dflash at each --engine-concurrency (needs `dfo provision --host H --engine NAME`)."),
+    Option("--engine-concurrency", "engine_concurrency", "Requests in flight, one level per value, comma-separated "
+           "(e.g. 1,4,16): every prompt is sent at each level to the plain and the DFlash server; tokens/s, "
+           "speedup, mean acceptance length and time per output token per level; outputs must equal the "
+           "reference at every level.", default="1", metavar="N[,N...]", parse=parse_concurrency, commands=(EVAL,),
+           dfo_help="With --engine: requests in flight, one level per value (e.g. 1,4,16); the report shows tokens/s "
+           "plain vs dflash, the speedup, mean acceptance length and time per output token at each level."),
+    Option("--engine-python", "engine_python", "Python of the engine's own venv (`dfo provision --engine NAME` "
            "makes it).", metavar="PATH", planned=True),
-    Option("--engine-arg", "engine_args", "Extra argument for the engine server, e.g. "
-           "--engine-arg=--gpu-memory-utilization=0.8 (repeatable).", metavar="ARG", repeatable=True,
+    Option("--engine-arg", "engine_args", "Extra argument for the engine server, passed unchanged after dfo's own, "
+           "e.g. --engine-arg=--tensor-parallel-size=2 (repeatable).", metavar="ARG", repeatable=True,
            parse=lambda v: list(v or [])),
     Option("--engine-start-timeout", "engine_start_timeout", "Seconds an engine server may take to become "
            "healthy.", kind=float, default=900.0, positive=True, metavar="S"),

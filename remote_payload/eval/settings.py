@@ -72,6 +72,7 @@ class EvalSettings:
     reference_engine: str | None = None  # "vllm": references from an engine server this run starts itself
     engine_python: str | None = None  # the engine venv's interpreter (vLLM has its own venv)
     engine_args: list = field(default_factory=list)  # extra engine server arguments, verbatim
+    engine_concurrency: tuple = (1,)  # requests in flight per level of the engine sweep, lowest first
     engine_start_timeout: float = 900.0
 
     @property
@@ -158,9 +159,10 @@ def check_engine_values(s: EvalSettings) -> None:
         if value is not None and value not in ENGINES:
             raise PayloadError(f"{flag} {value!r}: unknown engine (known: {', '.join(ENGINES)})")
     if (s.engine or s.reference_engine) and not s.engine_python:
-        what = "--engine vllm" if s.engine else "--reference vllm"
-        raise PayloadError(f"{what} needs --engine-python PATH (the python of the vLLM engine venv, made by "
-                           "`dfo provision --engine vllm`)")
+        name = s.engine or s.reference_engine
+        what = f"--engine {name}" if s.engine else f"--reference {name}"
+        raise PayloadError(f"{what} needs --engine-python PATH (the python of the {name} engine venv, made by "
+                           f"`dfo provision --engine {name}`)")
     if s.reference_engine and s.reference_url:
         raise PayloadError("--reference takes one source: an engine name (vllm) or a URL, not both")
 

@@ -51,6 +51,12 @@ b_τ the τ bound); it is checked all the same, for counters that do not add up 
 keeps τ and p_k and doubles the rounds). Per sample, rounds beyond 5 % + 1 are listed in ``notes`` (one
 flip can move a sample by two rounds): information, not the verdict.
 
+Fed per request: the engine figures are each reply's own (vLLM's ``metrics.speculative_decoding``,
+SGLang's ``meta_info``), not counter differences, so they hold at any concurrency. Where the engine also
+lists each round's accepted drafts (vLLM's ``per_step_accepted``), ``per_step_differences`` names the
+samples whose sequence is not the offline one, with the first round that differs: information beside the
+verdict (a near-tie flip is a differing sample the rule allows).
+
 Pure Python: no torch; tests build the inputs by hand.
 """
 
@@ -266,6 +272,17 @@ def compare(ids: Sequence[str], engine: Sequence[dict], offline: Sequence[Sequen
             "tolerance": {"rule": RULE, "alpha": alpha, "figures_tested": positions + 1, "z": z,
                           "differing_rounds": [n_e, n_o], "share": share, "sample_note": SAMPLE_NOTE, "why": WHY},
             "problems": problems, "notes": notes, "within_tolerance": not problems}
+
+
+def per_step_differences(ids: Sequence[str], engine_steps: Sequence[Sequence[int] | None],
+                         offline: Sequence[Sequence[int]]) -> dict:
+    """Each sample's per-round accepted drafts, engine vs offline (samples whose engine gave none are skipped):
+    ``compared``, ``equal`` and ``differ`` ({id, first_round, engine_rounds, offline_rounds}, in order)."""
+    pairs = [(sid, list(e), list(o)) for sid, e, o in zip(ids, engine_steps, offline, strict=True) if e is not None]
+    differ = [{"id": sid, "first_round": next((i for i, (a, b) in enumerate(zip(e, o, strict=False)) if a != b),
+                                              min(len(e), len(o))),
+               "engine_rounds": len(e), "offline_rounds": len(o)} for sid, e, o in pairs if e != o]
+    return {"available": bool(pairs), "compared": len(pairs), "equal": len(pairs) - len(differ), "differ": differ}
 
 
 def _rounds_check(e_rounds: int, o_rounds: int, sub: dict | None, differing: int, positions: int) -> dict:

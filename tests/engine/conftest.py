@@ -25,7 +25,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch = pytest.importorskip("torch", reason="engine tests need the payload stack (pip install -e '.[payload]')")
 pytest.importorskip("transformers")
 
-from remote_payload.engines.vllm_server import ServerConfig, VllmServer  # noqa: E402
+from remote_payload.engines.server import EngineServer, ServerConfig  # noqa: E402
 from remote_payload.models import kernels  # noqa: E402
 
 kernels.apply_policy("cpu")
@@ -93,18 +93,18 @@ class Servers:
 
     def __init__(self, python: str, fixtures: Path, logs: Path):
         self.python, self.fixtures, self.logs = python, fixtures, logs
-        self.running: dict[str, VllmServer] = {}
+        self.running: dict[str, EngineServer] = {}
         self.starts = 0
 
     def config(self, kind: str) -> ServerConfig:
         drafter = str(self.fixtures / "zlab-drafter") if kind == "dflash" else None
         return ServerConfig(python=self.python, target=str(self.fixtures / "target"), drafter=drafter)
 
-    def get(self, kind: str) -> VllmServer:
+    def get(self, kind: str) -> EngineServer:
         srv = self.running.get(kind)
         if srv is None or srv.proc is None or srv.proc.poll() is not None:
             self.starts += 1
-            srv = VllmServer(self.config(kind), self.logs / f"vllm-{kind}-{self.starts}.log")
+            srv = EngineServer(self.config(kind), self.logs / f"vllm-{kind}-{self.starts}.log")
             srv.start(timeout_s=START_TIMEOUT_S)
             TIMINGS[f"start {kind} #{self.starts}"] = f"{srv.start_seconds:.1f} s"
             self.running[kind] = srv

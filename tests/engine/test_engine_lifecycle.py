@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from remote_payload.engines import vllm_server as vs
+from remote_payload.engines import server as vs
+from remote_payload.engines import vllm
+from remote_payload.engines.base import drafter_block_size
 from remote_payload.engines.spec_metrics import SpecCounters, parse_prometheus, read_counters
 
 FAKE_SERVER = """
@@ -60,7 +62,7 @@ def _alive(pid: int) -> bool:
 
 def test_engine_that_dies_at_start_gives_the_log_tail(tmp_path):
     py = _fake_python(tmp_path, "#!/bin/sh\necho 'RuntimeError: operator torchvision::nms does not exist'\nexit 3\n")
-    srv = vs.VllmServer(vs.ServerConfig(python=py, target=str(tmp_path)), tmp_path / "log" / "vllm.log")
+    srv = vs.EngineServer(vs.ServerConfig(python=py, target=str(tmp_path)), tmp_path / "log" / "vllm.log")
     with pytest.raises(vs.EngineError) as err:
         srv.start(timeout_s=60)
     msg = str(err.value)
@@ -71,7 +73,7 @@ def test_engine_that_dies_at_start_gives_the_log_tail(tmp_path):
 
 def test_engine_never_healthy_times_out_and_is_stopped(tmp_path):
     py = _fake_python(tmp_path, "#!/bin/sh\necho loading weights\nexec sleep 600\n")
-    srv = vs.VllmServer(vs.ServerConfig(python=py, target=str(tmp_path)), tmp_path / "vllm.log")
+    srv = vs.EngineServer(vs.ServerConfig(python=py, target=str(tmp_path)), tmp_path / "vllm.log")
     started = time.monotonic()
     with pytest.raises(vs.EngineError, match=r"(?s)not healthy on 127\.0\.0\.1:\d+ within 2 s.*loading weights"):
         srv.start(timeout_s=2)
@@ -83,7 +85,7 @@ def test_stop_ends_the_server_and_its_engine_core(tmp_path, monkeypatch):
     py = _fake_python(tmp_path, f"#!{sys.executable}\n{FAKE_SERVER}")
     pid_file = tmp_path / "child.pid"
     cfg = vs.ServerConfig(python=py, target=str(tmp_path), extra_env={"FAKE_CHILD_PID_FILE": str(pid_file)})
-    with vs.VllmServer(cfg, tmp_path / "vllm.log") as srv:
+    with vs.EngineServer(cfg, tmp_path / "vllm.log") as srv:
         assert srv.start_seconds is not None and srv.url == f"http://127.0.0.1:{srv.port}/v1"
         child = int(pid_file.read_text())
         assert _alive(child)
@@ -95,7 +97,7 @@ def test_stop_ends_the_server_and_its_engine_core(tmp_path, monkeypatch):
 
 
 def test_missing_engine_python(tmp_path):
-    srv = vs.VllmServer(vs.ServerConfig(python=str(tmp_path / "nope" / "python"), target=str(tmp_path)),
+    srv = vs.EngineServer(vs.ServerConfig(python=str(tmp_path / "nope" / "python"), target=str(tmp_path)),
                         tmp_path / "vllm.log")
     with pytest.raises(vs.EngineError, match="engine python .* not found"):
         srv.start()
@@ -105,30 +107,34 @@ def test_server_argv_and_env(tmp_path):
     drafter = tmp_path / "drafter"
     drafter.mkdir()
     (drafter / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 16}}))
-    cfg = vs.ServerConfig(python="py", target="/t", drafter=str(drafter), threads=1)
-    argv = vs.server_argv(cfg, 1234)
+    cfg = vs.ServerConfig(python="py", target="/t", drafter=str(drafter), threads=1,
+                          extra_args=("--tensor-parallel-size", "2"))
+    argv = vllm.server_argv(cfg, 1234)
     assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--no-enable-prefix-caching" in argv
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "detailed"  # per-step acceptance
+    assert argv[-2:] == ["--tensor-parallel-size", "2"]  # --engine-arg: last, unchanged
     (drafter / "config.json").write_text(json.dumps({"block_size": 8}))  # older z-lab configs: top level
-    assert vs.speculative_config(cfg)["num_speculative_tokens"] == 7
+    assert vllm.speculative_config(cfg)["num_speculative_tokens"] == 7 and drafter_block_size(drafter) == 8
     (drafter / "config.json").write_text(json.dumps({"dflash_config": {}}))
     with pytest.raises(vs.EngineError, match=r"config\.json: block_size .* found None"):
-        vs.server_argv(cfg, 1)
-    env = vs.server_env(cfg, "k")
+        vllm.server_argv(cfg, 1)
+    env = vllm.server_env(cfg, "k")
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and "PYTHONPATH" not in env
-    assert "--speculative-config" not in vs.server_argv(vs.ServerConfig(python="py", target="/t"), 1)
+    plain = vllm.server_argv(vs.ServerConfig(python="py", target="/t"), 1)
+    assert "--speculative-config" not in plain and "--per-request-spec-decode-metrics" not in plain
 
 
 def test_the_api_key_goes_in_the_environment_never_in_argv(monkeypatch):
     """argv is readable by every local user (ps); a process's environment only by its own user."""
     monkeypatch.setenv("VLLM_API_KEY", "the-callers-own")
     cfg = vs.ServerConfig(python="py", target="/t", extra_env={"VLLM_API_KEY": "from-extra-env"})
-    one, two = vs.VllmServer(cfg, "/dev/null"), vs.VllmServer(cfg, "/dev/null")
+    one, two = vs.EngineServer(cfg, "/dev/null"), vs.EngineServer(cfg, "/dev/null")
     assert one.api_key != two.api_key and len(one.api_key) >= 40  # random per server (32 bytes)
-    assert vs.server_env(cfg, one.api_key)["VLLM_API_KEY"] == one.api_key  # neither the caller's nor extra_env
-    assert not any(one.api_key in arg for arg in vs.server_argv(cfg, one.port))
+    assert vllm.server_env(cfg, one.api_key)["VLLM_API_KEY"] == one.api_key  # neither the caller's nor extra_env
+    assert not any(one.api_key in arg for arg in vllm.server_argv(cfg, one.port))
 
 
 PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -147,11 +153,12 @@ vllm:spec_decode_num_drafts_created 1.7e9
 
 
 def test_read_counters_sums_engines_and_filters_the_model():
-    c = read_counters(PAGE, "m")
+    c = read_counters(PAGE, "vllm:", "m")
     assert (c.drafts, c.draft_tokens, c.accepted, c.generated) == (15, 105, 30, 47)
     assert c.per_position == [14, 9, 7] and c.spec_enabled
-    assert read_counters(PAGE).generated == 1047
-    assert not read_counters("vllm:generation_tokens_total 5\n").spec_enabled
+    assert read_counters(PAGE, "vllm:").generated == 1047
+    assert not read_counters("vllm:generation_tokens_total 5\n", "vllm:").spec_enabled
+    assert read_counters(PAGE, "sglang:").generated == 0  # another engine's prefix reads none of vLLM's
     assert parse_prometheus('x{a="q\\"uote"} 1 1700000000\nbad line\n') == [("x", {"a": 'q\\"uote'}, 1.0)]
 
 
@@ -199,9 +206,9 @@ def test_engine_failing_after_its_health_check_names_the_log(tmp_path):
     py = _fake_python(tmp_path, f"#!{sys.executable}\n{FAKE_SERVER}")  # serves /health only
     cfg = vs.ServerConfig(python=py, target=str(tmp_path), extra_env={"FAKE_CHILD_PID_FILE": str(tmp_path / "c")})
     with pytest.raises(vs.EngineError) as err:
-        engine_run._served(cfg, tmp_path / "vllm.log", [engine_run.EnginePrompt("a", [1, 2])], 4, [0], 60)
+        engine_run._served(cfg, tmp_path / "vllm.log", [engine_run.EnginePrompt("a", [1, 2])], 4, [0], [1], 60)
     msg = str(err.value)
-    assert "HTTP 404 from GET" in msg and "/metrics" in msg and "engine core started" in msg, msg
+    assert "HTTP 501 from POST" in msg and "/v1/completions" in msg and "engine core started" in msg, msg
     assert "Bearer" not in msg and "VLLM_API_KEY=" not in (tmp_path / "vllm.log").read_text()
     child = int((tmp_path / "c").read_text())
     deadline = time.monotonic() + 10  # the group was signalled; a loaded machine may take a moment to reap it

@@ -78,8 +78,8 @@ def test_reference_server_uses_the_inventory_url():
     assert job.args[job.args.index("--reference") + 1] == "http://127.0.0.1:30000/v1"
     with pytest.raises(InputError, match="no serve_url in the inventory for ct130"):
         plan_eval(request(hosts=["ct130"], reference="server"), INV)
-    with pytest.raises(InputError, match="expected 'target', 'server', 'vllm' or an http"):
-        plan_eval(request(reference="sglang"), INV)
+    with pytest.raises(InputError, match="expected 'target', 'server', 'vllm', 'sglang' or an http"):
+        plan_eval(request(reference="tgi"), INV)
 
 
 def test_prompts_file_goes_under_a_content_name():
@@ -162,7 +162,7 @@ def test_reference_vllm_alone_and_with_the_engine():
 
 
 def test_unknown_engine_is_refused():
-    with pytest.raises(InputError, match="--engine 'sglang': expected one of vllm"):
-        plan_eval(request(engine="sglang"), INV)
-    with pytest.raises(InputError, match="expected 'target', 'server', 'vllm' or an http"):
+    with pytest.raises(InputError, match="--engine 'tgi': expected one of vllm, sglang"):
+        plan_eval(request(engine="tgi"), INV)
+    with pytest.raises(InputError, match="expected 'target', 'server', 'vllm', 'sglang' or an http"):
         plan_eval(request(reference="tgi"), INV)

@@ -32,7 +32,7 @@ from payload.openai_server import OpenAIServer, load_model  # noqa: E402
 
 from remote_payload.engines.listener import Listener, PortCheck, check_port  # noqa: E402
 from remote_payload.engines.run import EnginePrompt, run_prompts  # noqa: E402
-from remote_payload.engines.vllm_server import EngineError, ServerConfig, VllmServer  # noqa: E402
+from remote_payload.engines.server import EngineError, EngineServer, ServerConfig  # noqa: E402
 from remote_payload.errors import PayloadError  # noqa: E402
 from remote_payload.eval import engine_stage, stages  # noqa: E402
 from remote_payload.eval.context import EvalContext  # noqa: E402
@@ -121,7 +121,7 @@ def _thief(tmp_path, tiny, monkeypatch) -> tuple[str, PortThief]:
 def test_a_port_thief_gets_no_prompt(tmp_path, tiny, monkeypatch):
     """--engine: the thief on the engine's port is refused before anything is sent (it got the prompts)."""
     engine_python, thief = _thief(tmp_path, tiny, monkeypatch)
-    srv = VllmServer(ServerConfig(python=engine_python, target=str(tiny[0] / "target")), tmp_path / "vllm.log")
+    srv = EngineServer(ServerConfig(python=engine_python, target=str(tiny[0] / "target")), tmp_path / "vllm.log")
     prompt = EnginePrompt("secret-prompt", list(tiny[2]("the prompt only the engine may see")["input_ids"]))
     refused = None
     try:
@@ -203,7 +203,7 @@ def test_an_engine_that_ignores_the_key_is_refused_before_the_key_is_sent(tmp_pa
     monkeypatch.setenv("FAKE_ENGINE_IGNORES_KEY", "1")
     stand_in = _script(tmp_path / "engine-python", STAND_IN_ENGINE.format(python=sys.executable,
                                                                           tests=str(PAYLOAD_TESTS)))
-    srv = VllmServer(ServerConfig(python=stand_in, target=str(tiny[0] / "target")), tmp_path / "vllm.log")
+    srv = EngineServer(ServerConfig(python=stand_in, target=str(tiny[0] / "target")), tmp_path / "vllm.log")
     with pytest.raises(EngineError) as err:
         srv.start(timeout_s=START_TIMEOUT_S)
     msg = str(err.value)

