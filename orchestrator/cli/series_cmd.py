@@ -10,20 +10,22 @@ from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
+from orchestrator.core import plotting
 from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import fmt_number
 from orchestrator.evaluation.runs import runs_root
 from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
-from orchestrator.watch.measures import verdict_text
 from orchestrator.watch.plot import write_plot
-from orchestrator.watch.render import fmt_ci, series_markdown
+from orchestrator.watch.render import fmt_ci, series_markdown, verdict_cell
 
 series_app = typer.Typer(help="Series of checkpoint evals kept by `dfo watch` (runs/series/NAME/).",
                          no_args_is_help=True)
 app.add_typer(series_app, name="series")
 
-RunsDir = typer.Option(None, "--runs-dir", help="Where run folders are (default ./runs or $DFO_RUNS_DIR).")
+RunsDir = typer.Option(None, "--runs-dir", metavar="DIR", envvar="DFO_RUNS_DIR",
+                       help="Where run folders are; series are under DIR/series (default ./runs).")
+NAME_ARG = typer.Argument(..., metavar="NAME", help="The series (its folder's name under runs/series/).")
 
 
 def _load(runs_dir: Optional[str], name: str) -> tuple:
@@ -38,12 +40,18 @@ def _load(runs_dir: Optional[str], name: str) -> tuple:
 
 @series_app.command("list")
 def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
-             json_out: bool = typer.Option(False, "--json")) -> None:
-    """Every series with its source, checkpoints evaluated/failed and the latest τ."""
+             json_out: bool = typer.Option(False, "--json", help="Print the list as JSON on stdout.")) -> None:
+    """Every series with its source, checkpoints evaluated/failed and the latest τ.
+
+    A series whose series.json cannot be read is listed as unreadable, with its path and what is wrong."""
     app_ctx: AppContext = ctx.obj
-    rows = []
+    rows: list[dict] = []
     for folder in sorted(series_state.series_root(runs_root(runs_dir)).glob("*")):
-        doc = series_state.load_series(folder) if (folder / "series.json").is_file() else None
+        try:
+            doc = series_state.load_series(folder) if (folder / "series.json").is_file() else None
+        except InputError as exc:  # one damaged series: say so and list the others
+            rows.append({"series": folder.name, "error": exc.message})
+            continue
         if doc is None:
             continue
         pts = series_state.points(doc)
@@ -57,15 +65,21 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
         return
     table = Table("series", "source", "eval host", "evaluated", "failed", "last step", "τ macro", "supervisor")
     for r in rows:
+        if "error" in r:
+            table.add_row(Text(r["series"]), Text("unreadable", style="red"), *[""] * 6)
+            continue
         cells = (r["series"], r["source"], r["eval_host"], r["evaluated"], r["failed"], r["last_step"] or "–",
                  fmt_number(r["last_tau_macro"]), r["watcher"] or "–")
         table.add_row(*(Text(str(cell)) for cell in cells))
     app_ctx.out.print(table)
+    for r in rows:
+        if "error" in r:
+            app_ctx.err.print(Text.assemble(("unreadable:", "red"), f" {r['error']}"))
 
 
 @series_app.command("show")
-def show_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"), runs_dir: Optional[str] = RunsDir,
-             json_out: bool = typer.Option(False, "--json", help="Print series.json.")) -> None:
+def show_cmd(ctx: typer.Context, name: str = NAME_ARG, runs_dir: Optional[str] = RunsDir,
+             json_out: bool = typer.Option(False, "--json", help="Print series.json on stdout.")) -> None:
     """One series: every checkpoint by step with τ, DDTree-8, CIs and the verdict; baselines; failures."""
     app_ctx: AppContext = ctx.obj
     folder, doc = _load(runs_dir, name)
@@ -87,7 +101,7 @@ def render_series(app_ctx: AppContext, folder, doc: dict) -> None:
             m = e["measures"]
             p1 = next((p["value"] for p in m["p"] if p["k"] == 1 and p["value"] is not None), None)
             cells = [e["step"], e["name"], fmt_ci(m["tau_macro"]), fmt_ci(m["tau_micro"]), fmt_ci(m["ddtree"]),
-                     fmt_number(p1), verdict_text(e["verdict"])]
+                     fmt_number(p1), verdict_cell(e)]
         else:
             detail = e.get("error") if e["status"] == "failed" else "in progress"
             cells = [e["step"], e["name"], e["status"], "", "", "", detail]
@@ -96,18 +110,21 @@ def render_series(app_ctx: AppContext, folder, doc: dict) -> None:
     for bname, m in ((doc.get("baselines") or {}).get("drafters") or {}).items():
         out.print(Text(f"  baseline {bname}: τ macro {fmt_ci(m['tau_macro'])}, DDTree-8 {fmt_ci(m['ddtree'])}"))
     pid = supervisor.running_pid(folder)
-    out.print(Text(f"folder: {folder} (series.json, series.md, tau_vs_step.png)"
-                   + (f"; supervisor pid {pid}" if pid else "")))
+    files = ", ".join(f for f in ("series.json", "series.md", "tau_vs_step.png") if (folder / f).is_file())
+    out.print(Text(f"folder: {folder} ({files})" + (f"; supervisor pid {pid}" if pid else "")))
 
 
 @series_app.command("plot")
-def plot_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
-             runs_dir: Optional[str] = RunsDir) -> None:
+def plot_cmd(ctx: typer.Context, name: str = NAME_ARG, runs_dir: Optional[str] = RunsDir) -> None:
     """Redraw tau_vs_step.png and rewrite series.md from series.json."""
     app_ctx: AppContext = ctx.obj
     folder, doc = _load(runs_dir, name)
-    (folder / "series.md").write_text(series_markdown(doc), encoding="utf-8")
     path = write_plot(folder, doc)
+    tmp = folder / ".series.md.tmp"
+    tmp.write_text(series_markdown(doc, plotted=path is not None), encoding="utf-8")
+    tmp.replace(folder / "series.md")
+    if path is None and not plotting.available():
+        raise InputError(f"series {name!r}: series.md rewritten; {plotting.MISSING}", hint=plotting.install_line())
     if path is None:
-        raise InputError(f"series {name!r}: nothing to plot yet (no evaluated checkpoint, or matplotlib missing)")
+        raise InputError(f"series {name!r}: nothing to plot yet (no evaluated checkpoint); series.md rewritten")
     app_ctx.out.print(Text(str(path)))

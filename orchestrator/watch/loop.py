@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.core import plotting
 from orchestrator.core.errors import DfoError, InputError
 from orchestrator.core.events import Events
 from orchestrator.core.inventory import Inventory
@@ -168,6 +169,7 @@ class Watcher:
         self.idle = idle or (lambda text, seconds: time.sleep(seconds))
         self.folder = series_state.series_dir(cfg.runs_dir, cfg.series)
         self.series: dict = {}
+        self._said_no_plots = False
 
     # -- the loop
 
@@ -366,10 +368,13 @@ class Watcher:
 
     def _publish(self) -> None:
         series_state.save(self.folder, self.series)
+        plotted = write_plot(self.folder, self.series)
+        if plotted is None and not self._said_no_plots and not plotting.available():
+            self._said_no_plots = True  # once per watcher, not at every checkpoint
+            self.events.warn(f"{plotting.MISSING}: series.md links no tau_vs_step.png; {plotting.install_line()}")
         tmp = self.folder / ".series.md.tmp"
-        tmp.write_text(series_markdown(self.series), encoding="utf-8")
+        tmp.write_text(series_markdown(self.series, plotted=plotted is not None), encoding="utf-8")
         tmp.replace(self.folder / "series.md")
-        write_plot(self.folder, self.series)
 
 
 def _fmt(value: float | None) -> str:

@@ -2,32 +2,41 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Any
 
+from orchestrator.core import plotting
 from orchestrator.core.host_text import clean
 from orchestrator.watch.series import done_entries, failures
 
+MARKERS_UP_TO = 60  # checkpoints drawn with a marker each; beyond, the line alone (markers would merge)
+
 
 def write_plot(folder: Path, series: dict) -> Path | None:
-    """None when matplotlib is missing or nothing is evaluated yet."""
-    try:
-        import matplotlib
+    """tau_vs_step.png in FOLDER (temp name, then renamed); None when nothing is evaluated yet or matplotlib
+    is missing (``plotting.available()`` tells which)."""
+    plt = plotting.pyplot()
+    if plt is None or not done_entries(series):
+        return None
+    fig = tau_figure(plt, series)
+    path = folder / "tau_vs_step.png"
+    tmp = folder / ".tau_vs_step.png.tmp"
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    done = done_entries(series)
-    if not done:
-        return None
+
+def tau_figure(plt: Any, series: dict) -> Any:
+    """The figure of a series with at least one evaluated checkpoint."""
+    import matplotlib
+
     # Baseline and series names are text, not mathtext: a '$' in one would be parsed (and a bad one raises).
     with matplotlib.rc_context({"text.parse_math": False}):
-        return _draw(plt, folder, series, done)
+        return _draw(plt, series, done_entries(series))
 
 
-def _draw(plt, folder: Path, series: dict, done: list[dict]) -> Path:
+def _draw(plt: Any, series: dict, done: list[dict]) -> Any:
     fig, ax = plt.subplots(figsize=(8, 5.0), dpi=120)
     steps = [e["step"] for e in done]
     k = next((e["measures"]["ddtree"].get("k") for e in done if e["measures"]["ddtree"].get("k")), 8)
@@ -38,7 +47,8 @@ def _draw(plt, folder: Path, series: dict, done: list[dict]) -> Path:
         if not pts:
             continue
         xs = [s for s, _ in pts]
-        ax.plot(xs, [st["value"] for _, st in pts], marker=marker, color=color, linewidth=2, label=label)
+        ax.plot(xs, [st["value"] for _, st in pts], marker=marker if len(pts) <= MARKERS_UP_TO else None,
+                color=color, linewidth=2 if len(pts) <= MARKERS_UP_TO else 1.2, label=label)
         banded = [(s, st["ci"]) for s, st in pts if st.get("ci")]
         if banded:
             ax.fill_between([s for s, _ in banded], [c[0] for _, c in banded], [c[1] for _, c in banded],
@@ -52,18 +62,13 @@ def _draw(plt, folder: Path, series: dict, done: list[dict]) -> Path:
     ax.set_xlabel("training step")
     ax.set_ylabel("tokens per verify round (τ)")
     ax.set_title(f"Series {series['name']}: acceptance over training")
-    ax.set_xticks(sorted(set(steps) | {e["step"] for e in failed}))
+    plotting.integer_ticks(ax.xaxis, steps + [e["step"] for e in failed])
     ax.ticklabel_format(axis="x", style="plain", useOffset=False)
     ax.grid(alpha=0.3)
     # Below the axes: inside, it would hide the bands it explains.
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=5, frameon=False, fontsize=8)
     fig.tight_layout()
-    path = folder / "tau_vs_step.png"
-    tmp = folder / ".tau_vs_step.png.tmp"
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return fig
 
 
 def _dataset_curves(ax, steps: list[int], done: list[dict]) -> None:

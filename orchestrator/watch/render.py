@@ -20,6 +20,11 @@ def fmt_ci(stat: dict | None, digits: int = 2) -> str:
     return fmt_number(stat["value"], spec) + bounds
 
 
+def verdict_cell(entry: dict) -> str:
+    """A done checkpoint's verdict as words; '–' when series.json has none for it."""
+    return verdict_text(entry["verdict"]) if entry.get("verdict") else "–"
+
+
 def _p(stat_list: list[dict], k: int) -> str:
     for s in stat_list:
         if s["k"] == k and s.get("value") is not None:
@@ -27,7 +32,8 @@ def _p(stat_list: list[dict], k: int) -> str:
     return "–"
 
 
-def series_markdown(series: dict) -> str:
+def series_markdown(series: dict, *, plotted: bool) -> str:
+    """series.md; ``plotted``: tau_vs_step.png was just drawn beside it (else it is not linked)."""
     s = series["settings"]
     lines = [f"# Series {md_text(series['name'])}", "",
              f"Checkpoints from {md_code(series['source'])}, evaluated on {md_text(series['eval_host'])} against "
@@ -53,7 +59,7 @@ def series_markdown(series: dict) -> str:
             lines.append(f"| {md_text(e['step'])} | {md_text(e['name'])} | {fmt_ci(m['tau_macro'])} | "
                          f"{fmt_ci(m['tau_micro'])} | {fmt_ci(m['ddtree'])} | "
                          + " | ".join(_p(m["p"], k) for k in range(1, 5))
-                         + f" | {md_text(verdict_text(e['verdict']))} | {md_code(e['run'], in_table=True)} |")
+                         + f" | {md_text(verdict_cell(e))} | {md_code(e['run'], in_table=True)} |")
         elif e["status"] == "failed":
             lines.append(f"| {md_text(e['step'])} | {md_text(e['name'])} | failed | | | | | | | "
                          f"{_one_line(e.get('error'))} | "
@@ -65,9 +71,10 @@ def series_markdown(series: dict) -> str:
              if e["status"] == "done" and (e.get("verdict") or {}).get("regression")]
     if drops:
         lines += ["## Regressions", ""]
-        lines += ["- " + md_text(f"step {e['step']} ({e['name']}): {verdict_text(e['verdict'])}") for e in drops]
+        lines += ["- " + md_text(f"step {e['step']} ({e['name']}): {verdict_cell(e)}") for e in drops]
         lines += [""]
-    lines += ["![τ over training steps](tau_vs_step.png)", ""]
+    if plotted:
+        lines += ["![τ over training steps](tau_vs_step.png)", ""]
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from orchestrator.core.errors import InputError
 from orchestrator.evaluation.runs import write_json_atomic
 from orchestrator.watch.discovery import Checkpoint
+from orchestrator.watch.measures import VERDICTS
 
 SCHEMA = "dfo.series/1"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -48,18 +49,110 @@ def new_series(name: str, *, source: str, eval_host: str, settings: dict) -> dic
 
 
 def load_series(folder: Path) -> dict | None:
+    """The series in FOLDER (None when it has no series.json); a file dfo cannot read is an InputError
+    naming the file and the field, so no command meets a missing key or a wrong type later."""
     path = folder / "series.json"
     if not path.exists():
         return None
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})",
-                         hint="restore it or move the folder away; the run folders it points to are intact") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc})", hint=_DAMAGED_HINT) from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise InputError(f"{path}: schema {doc.get('schema') if isinstance(doc, dict) else None!r}, "
-                         f"expected {SCHEMA!r}")
+                         f"expected {SCHEMA!r}", hint=_DAMAGED_HINT)
+    problem = series_problem(doc)
+    if problem:
+        raise InputError(f"{path}: {problem}", hint=_DAMAGED_HINT)
     return doc
+
+
+_DAMAGED_HINT = "restore it or move the folder away; the run folders it points to are intact"
+
+
+def series_problem(doc: dict) -> str | None:
+    """What makes DOC unusable as a series ('checkpoints.step_7.pt.step: expected an integer, got str'), or None.
+
+    Checks the fields the commands read; a verdict may be missing (shown as '–'), extra keys are kept."""
+    for key in ("name", "source", "eval_host", "updated_utc"):
+        if not isinstance(doc.get(key), str):
+            return _expected(key, "a string", doc.get(key))
+    for key in ("settings", "checkpoints"):
+        if not isinstance(doc.get(key), dict):
+            return _expected(key, "an object", doc.get(key))
+    for name, e in doc["checkpoints"].items():
+        problem = _entry_problem(e)
+        if problem:
+            return f"checkpoints.{name}{problem}"
+    base = doc.get("baselines")
+    if base is not None:
+        if not isinstance(base, dict) or not isinstance(base.get("drafters"), dict):
+            return _expected("baselines.drafters", "an object", base)
+        for name, m in base["drafters"].items():
+            problem = _measures_problem(m)
+            if problem:
+                return f"baselines.drafters.{name}{problem}"
+    return None
+
+
+def _entry_problem(e: object) -> str | None:
+    if not isinstance(e, dict):
+        return _expected("", "an object", e)
+    if not isinstance(e.get("name"), str):
+        return _expected(".name", "a string", e.get("name"))
+    if not _is_int(e.get("step")):
+        return _expected(".step", "an integer", e.get("step"))
+    if e.get("status") not in STATUSES:
+        return _expected(".status", " or ".join(STATUSES), e.get("status"))
+    if e["status"] != "done":
+        return None
+    if not isinstance(e.get("run"), str):
+        return _expected(".run", "the run folder's name", e.get("run"))
+    problem = _measures_problem(e.get("measures"))
+    if problem:
+        return f".measures{problem}"
+    v = e.get("verdict")
+    if v is not None and not (isinstance(v, dict) and v.get("verdict") in VERDICTS):
+        return _expected(".verdict", "an object with verdict " + "/".join(VERDICTS), v)
+    if v and v.get("verdict") != "first" and not (_is_stat_ci(v.get("ci")) and _is_number(v.get("delta"))):
+        return _expected(".verdict", "delta and ci as numbers (or null)", v)
+    return None
+
+
+def _measures_problem(m: object) -> str | None:
+    if not isinstance(m, dict):
+        return _expected("", "an object", m)
+    for key in ("tau_macro", "tau_micro", "ddtree"):
+        if not _is_stat(m.get(key)):
+            return _expected(f".{key}", "{value, ci} with numbers (or null)", m.get(key))
+    if not isinstance(m.get("p"), list) or not all(_is_stat(p) and _is_int(p.get("k")) for p in m["p"]):
+        return _expected(".p", "a list of {k, value, ci}", m.get("p"))
+    by_dataset = m.get("by_dataset", {})  # runs on benchmark datasets only
+    if not isinstance(by_dataset, dict) or not all(isinstance(d, dict) and _is_stat(d.get("tau_macro"))
+                                                   for d in by_dataset.values()):
+        return _expected(".by_dataset", "{dataset: {tau_macro: {value, ci}}}", by_dataset)
+    return None
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+
+def _is_stat_ci(ci: object) -> bool:
+    return ci is None or (isinstance(ci, list) and len(ci) == 2 and all(_is_number(c) and c is not None for c in ci))
+
+
+def _is_stat(stat: object) -> bool:
+    return isinstance(stat, dict) and _is_number(stat.get("value")) and _is_stat_ci(stat.get("ci"))
+
+
+def _expected(field: str, what: str, got: object) -> str:
+    shown = "null" if got is None else type(got).__name__
+    return f"{field}: expected {what}, got {shown}"
 
 
 def save(folder: Path, series: dict) -> None:

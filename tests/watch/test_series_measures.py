@@ -134,7 +134,7 @@ def test_settings_must_stay_the_same_and_a_corrupt_state_file_is_a_clear_error(t
 
 def test_series_markdown_and_plot(tmp_path):
     s = make_series()
-    md = series_markdown(s)
+    md = series_markdown(s, plotted=True)
     assert "| 100 | step_100.pt |" in md and "| 250 | step_250.pt | failed |" in md
     assert "not a torch checkpoint" in md and "## Baselines" in md and "| zlab |" in md
     assert "tau_vs_step.png" in md
