@@ -5,7 +5,10 @@ from __future__ import annotations
 from rich.text import Text
 
 from orchestrator.cli.context import AppContext
+from orchestrator.core import plotting
 from orchestrator.evaluation.report import comparison_lines, engine_lines, summary_table
+
+RUN_FILES = ("report.md", "results.json", "samples.jsonl", "acceptance.png", "tau_histogram.png", "logs/")
 
 
 def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
@@ -20,4 +23,8 @@ def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
     app_ctx.out.print(summary_table(results, title=f"run {run.name}"))
     for line in comparison_lines(results) + engine_lines(results):  # they quote the host's names: Text
         app_ctx.out.print(Text(f"  {line}"))
-    app_ctx.out.print(Text(f"run folder: {run.path}  (report.md, results.json, samples.jsonl, plots, logs/)"))
+    # The files that are there: without matplotlib there are no PNGs, and the summary says so once.
+    made = [f for f in RUN_FILES if (run.path / f.rstrip("/")).exists()]
+    app_ctx.out.print(Text(f"run folder: {run.path}  ({', '.join(made)})"))
+    if not any(f.endswith(".png") for f in made) and not plotting.available():
+        app_ctx.err.print(Text.assemble(("note:", "yellow"), f" {plotting.MISSING}; install it: {plotting.install_line()}"))

@@ -16,30 +16,36 @@ from orchestrator.core.host_text import fmt_number
 from orchestrator.evaluation.compare import compare_runs, dataset_lines
 from orchestrator.evaluation.operation import Detached, reattach_hint, wait_and_collect
 from orchestrator.evaluation.report import drafter_rows
-from orchestrator.evaluation.runs import find_run, list_runs, runs_root
+from orchestrator.evaluation.runs import find_run, runs_root, scan_runs
 
 runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull.",
                        no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 
-RunsDir = typer.Option(None, "--runs-dir", help="Where run folders are (default ./runs or $DFO_RUNS_DIR).")
+RunsDir = typer.Option(None, "--runs-dir", metavar="DIR", envvar="DFO_RUNS_DIR",
+                       help="Where run folders are (default ./runs).")
+RUN_ARG = typer.Argument("last", metavar="RUN", help="Run name, prefix, folder or 'last'.")
 
 
 @runs_app.command("list")
 def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
-             json_out: bool = typer.Option(False, "--json")) -> None:
-    """All runs, oldest first, with their status and headline τ."""
+             json_out: bool = typer.Option(False, "--json", help="Print the list as JSON on stdout.")) -> None:
+    """All runs, oldest first, with their status and headline τ.
+
+    A run whose run.json or results.json cannot be read is listed as such, with its path and what is wrong."""
     app_ctx: AppContext = ctx.obj
-    runs = list_runs(runs_root(runs_dir))
-    rows = []
+    runs, unreadable = scan_runs(runs_root(runs_dir))
+    rows: list[dict] = [{"run": path.name, "status": "unreadable", "hosts": None, "tau_macro": {}, "error": why}
+                        for path, why in unreadable]
     for run in runs:
-        taus = {}
+        row = {"run": run.name, "status": run.status, "hosts": run.record.get("hosts"), "tau_macro": {}}
         if run.has_results():
             try:
-                taus = {r["drafter"]: r["tau_macro"] for r in drafter_rows(run.results())}
-            except InputError:  # a damaged results.json: `dfo runs show` says what is wrong with it
-                taus = {}
-        rows.append({"run": run.name, "status": run.status, "hosts": run.record.get("hosts"), "tau_macro": taus})
+                row["tau_macro"] = {r["drafter"]: r["tau_macro"] for r in drafter_rows(run.results())}
+            except InputError as exc:
+                row["error"] = exc.message
+        rows.append(row)
+    rows.sort(key=lambda r: r["run"])
     if json_out:
         app_ctx.print_json({"runs": rows})
         return
@@ -48,14 +54,20 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
         table.add_column(col)
     for r in rows:  # drafter names and figures are the eval host's: Text cells, "?" for a τ that is no number
         hosts = r["hosts"] if isinstance(r["hosts"], list) else []
-        table.add_row(Text(str(r["run"])), Text(str(r["status"])), Text(",".join(map(str, hosts))),
+        status = Text(str(r["status"]))
+        if "error" in r and r["status"] != "unreadable":
+            status.append(" (results unreadable)", style="red")
+        table.add_row(Text(str(r["run"])), status, Text(",".join(map(str, hosts))),
                       Text("  ".join(f"{n} {_f(t)}" for n, t in r["tau_macro"].items())))
     app_ctx.out.print(table)
+    for r in rows:
+        if "error" in r:
+            app_ctx.err.print(Text.assemble(("unreadable:", "red"), f" {r['error']}"))
 
 
 @runs_app.command("show")
-def show_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run name, prefix, folder or 'last'."),
-             runs_dir: Optional[str] = RunsDir, json_out: bool = typer.Option(False, "--json")) -> None:
+def show_cmd(ctx: typer.Context, run: str = RUN_ARG, runs_dir: Optional[str] = RunsDir,
+             json_out: bool = typer.Option(False, "--json", help="Print the run's figures as JSON on stdout.")) -> None:
     """The comparison table of one run and where its files are."""
     app_ctx: AppContext = ctx.obj
     found = find_run(runs_root(runs_dir), run)
@@ -74,8 +86,8 @@ def show_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run nam
 
 
 @runs_app.command("pull")
-def pull_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run name, prefix, folder or 'last'."),
-             runs_dir: Optional[str] = RunsDir, json_out: bool = typer.Option(False, "--json")) -> None:
+def pull_cmd(ctx: typer.Context, run: str = RUN_ARG, runs_dir: Optional[str] = RunsDir,
+             json_out: bool = typer.Option(False, "--json", help="Print the run's figures as JSON on stdout.")) -> None:
     """Reattach to a detached run: follow its jobs to the end, pull, merge and report."""
     app_ctx: AppContext = ctx.obj
     found = find_run(runs_root(runs_dir), run)
@@ -88,10 +100,14 @@ def pull_cmd(ctx: typer.Context, run: str = typer.Argument("last", help="Run nam
 
 
 @runs_app.command("compare")
-def compare_cmd(ctx: typer.Context, run_a: str = typer.Argument(..., metavar="RUN_A"),
-                run_b: str = typer.Argument(..., metavar="RUN_B"), runs_dir: Optional[str] = RunsDir,
-                json_out: bool = typer.Option(False, "--json")) -> None:
-    """Compare two runs drafter by drafter (e.g. step 20k vs 25k): Δτ with a paired bootstrap CI."""
+def compare_cmd(ctx: typer.Context,
+                run_a: str = typer.Argument(..., metavar="RUN_A", help="The earlier run (name, prefix, folder or 'last')."),
+                run_b: str = typer.Argument(..., metavar="RUN_B", help="The run compared with it."),
+                runs_dir: Optional[str] = RunsDir,
+                json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout.")) -> None:
+    """Compare two runs drafter by drafter: Δτ (B − A) with a paired bootstrap CI over their common prompts.
+
+    For example the checkpoints of step 20k and step 25k of one training run, evaluated on the same prompts."""
     app_ctx: AppContext = ctx.obj
     root = runs_root(runs_dir)
     a, b = find_run(root, run_a), find_run(root, run_b)

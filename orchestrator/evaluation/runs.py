@@ -128,24 +128,27 @@ def load_run(path: Path) -> Run:
     return Run(path, record)
 
 
-def list_runs(root: Path) -> list[Run]:
-    if not root.is_dir():
-        return []
-    runs = []
-    for child in sorted(root.iterdir()):
+def scan_runs(root: Path) -> tuple[list[Run], list[tuple[Path, str]]]:
+    """The run folders under ROOT, oldest first, and those whose run.json cannot be read (with what is wrong)."""
+    runs, unreadable = [], []
+    for child in sorted(root.iterdir()) if root.is_dir() else []:
         if child.is_dir() and (child / RUN_RECORD).is_file():
             try:
                 runs.append(load_run(child))
-            except InputError:
-                continue
-    return runs
+            except InputError as exc:
+                unreadable.append((child, exc.message))
+    return runs, unreadable
+
+
+def list_runs(root: Path) -> list[Run]:
+    return scan_runs(root)[0]
 
 
 def find_run(root: Path, ref: str) -> Run:
     """A run by folder path, exact name, unique prefix/substring, or ``last``."""
-    direct = Path(ref)
-    if (direct / RUN_RECORD).is_file():
-        return load_run(direct)
+    for direct in (Path(ref), root / ref):  # named exactly: a damaged run.json is reported, not passed over
+        if (direct / RUN_RECORD).is_file():
+            return load_run(direct)
     runs = list_runs(root)
     if not runs:
         raise InputError(f"no runs in {root}/", hint="run `dfo eval` first, or set DFO_RUNS_DIR")
