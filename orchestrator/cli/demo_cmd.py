@@ -19,19 +19,23 @@ from orchestrator.testing.sandbox import SandboxError
 def demo_cmd(
     ctx: typer.Context,
     keep: bool = typer.Option(False, "--keep", help="Leave the sandbox hosts running afterwards (prints how to stop them)."),
-    root: Optional[Path] = typer.Option(None, "--root", help="Sandbox directory (default: a new temporary one)."),
-    samples: int = typer.Option(6, "--samples", help="Prompts to evaluate."),
-    max_new_tokens: int = typer.Option(96, "--max-new-tokens"),
-    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", help="Where the run folder goes (default ./runs)."),
+    root: Optional[Path] = typer.Option(None, "--root", metavar="DIR", help="Sandbox directory (default: a new temporary one)."),
+    samples: int = typer.Option(6, "--samples", metavar="N", min=1, help="Prompts to evaluate."),
+    max_new_tokens: int = typer.Option(96, "--max-new-tokens", metavar="N", min=1,
+                                       help="Length of each reference continuation, in tokens."),
+    runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", envvar="DFO_RUNS_DIR",
+                                           help="Where the run folder goes (default ./runs)."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary as JSON on stdout."),
     watch: bool = typer.Option(False, "--watch", help="Instead: a fake training run on kpro6 followed by `dfo watch` "
                                "(τ over training steps, runs/series/run7/)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Also serve the relayed drafter in this engine on "
+    engine: Optional[str] = typer.Option(None, "--engine", metavar="NAME", help="Also serve the relayed drafter in this engine on "
                                          "ct129 (vllm: its venv provisioned there, ~650 MiB of wheels once) and show "
                                          "offline and engine τ side by side."),
 ) -> None:
-    """Start sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), build a tiny target and
-    drafters on them, and run `dfo eval --host ct129` with a checkpoint relayed from kpro6."""
+    """Run the whole loop on two local sandbox hosts, no real host needed.
+
+    Starts sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), builds a tiny target and
+    drafters on them, and runs `dfo eval --host ct129` with a checkpoint relayed from kpro6."""
     from orchestrator.core.errors import InputError
     from orchestrator.demo.engine_story import ENGINES
     from orchestrator.demo.operation import run_demo

@@ -15,7 +15,8 @@ from orchestrator.deploy.operation import deploy, rollback
 @app.command("deploy")
 def deploy_cmd(
     ctx: typer.Context,
-    host: list[str] = typer.Option([], "--host", "-H", help="Deploy to these hosts (repeatable; default: all)."),
+    host: list[str] = typer.Option([], "--host", "-H", metavar="HOST",
+                                   help="Deploy to these hosts (repeatable; default: all)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be uploaded; change nothing."),
     rollback_: bool = typer.Option(False, "--rollback", help="Switch back to the previous release."),
     json_out: bool = typer.Option(False, "--json", help="Print per-host results as JSON on stdout."),

@@ -140,10 +140,11 @@ def add_host_cmd(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Name used on the command line, e.g. ct130."),
     address: str = typer.Option(..., "--address", help="Hostname, IP or ssh_config alias."),
-    user: Optional[str] = typer.Option(None, "--user"),
-    port: Optional[int] = typer.Option(None, "--port"),
+    user: Optional[str] = typer.Option(None, "--user", help="SSH user (default: ssh_config's, else yours)."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="SSH port (default: ssh_config's, else 22)."),
     workdir: str = typer.Option("/data/dfo", "--workdir", help="Where dfo keeps its files on the host."),
-    identity_file: Optional[str] = typer.Option(None, "--identity-file"),
+    identity_file: Optional[str] = typer.Option(None, "--identity-file", metavar="PATH",
+                                                help="Private key for this host (default: ssh_config's IdentityFile)."),
     role: list[str] = typer.Option([], "--role", help="train or eval (repeatable)."),
 ) -> None:
     """Add a host at the end of `hosts:`."""

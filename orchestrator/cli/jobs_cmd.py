@@ -39,7 +39,9 @@ jobs_app = typer.Typer(
 )
 app.add_typer(jobs_app, name="jobs")
 
-HOST_OPT = typer.Option(None, "--host", "-H", help="Host of the job (or write JOB as HOST:JOB_ID).")
+HOST_OPT = typer.Option(None, "--host", "-H", metavar="HOST", help="Host of the job (or write JOB as HOST:JOB_ID).")
+JOB_ARG = typer.Argument(..., metavar="JOB", help="HOST:JOB_ID as `dfo jobs list` prints it (an id prefix is enough; "
+                         "HOST:last is the newest job), or JOB_ID with --host.")
 STATE_STYLE = {"running": "cyan", "starting": "cyan", "succeeded": "green", "failed": "red", "cancelled": "yellow",
                "lost": "red", "refused": "yellow"}
 
@@ -85,13 +87,13 @@ def _report_end(app_ctx: AppContext, st: JobStatus) -> None:
 @jobs_app.command("run")
 def run_cmd(
     ctx: typer.Context,
-    command: list[str] = typer.Argument(..., help="The command and its arguments (put them after --)."),
-    host: str = typer.Option(..., "--host", "-H", help="Host to run on."),
-    name: Optional[str] = typer.Option(None, "--name", help="A label for the job."),
-    cwd: Optional[str] = typer.Option(None, "--cwd", help="Working directory on the host (default: its workdir)."),
+    command: list[str] = typer.Argument(..., metavar="COMMAND", help="The command and its arguments (put them after --)."),
+    host: str = typer.Option(..., "--host", "-H", metavar="HOST", help="Host to run on."),
+    name: Optional[str] = typer.Option(None, "--name", metavar="LABEL", help="A label for the job."),
+    cwd: Optional[str] = typer.Option(None, "--cwd", metavar="DIR", help="Working directory on the host (default: its workdir)."),
     env: list[str] = typer.Option([], "--env", "-e", metavar="KEY=VALUE", help="Extra environment (repeatable)."),
-    lock: str = typer.Option(DEFAULT_LOCK, "--lock", help="Host lock to hold while running ('' for none)."),
-    force: bool = typer.Option(False, "--force", help="Run even when another live job holds the lock."),
+    lock: str = typer.Option(DEFAULT_LOCK, "--lock", metavar="NAME", help="Host lock to hold while running ('' for none)."),
+    force: bool = typer.Option(False, "--force", help="Run although another live job holds the lock."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the log until the job ends."),
     json_out: bool = typer.Option(False, "--json", help="Print the job as JSON (not with --follow)."),
 ) -> None:
@@ -127,8 +129,8 @@ def run_cmd(
 @jobs_app.command("list")
 def list_cmd(
     ctx: typer.Context,
-    host: list[str] = typer.Option([], "--host", "-H", help="Hosts to list (repeatable; default: all)."),
-    limit: int = typer.Option(20, "--limit", "-n", help="Newest N jobs per host."),
+    host: list[str] = typer.Option([], "--host", "-H", metavar="HOST", help="Hosts to list (repeatable; default: all)."),
+    limit: int = typer.Option(20, "--limit", "-n", metavar="N", min=1, help="Newest N jobs per host (-n as head's, never a dry run)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Jobs on hosts, newest first."""
@@ -164,9 +166,9 @@ def list_cmd(
 @jobs_app.command("status")
 def status_cmd(
     ctx: typer.Context,
-    job: str = typer.Argument(..., help="HOST:JOB_ID"),
+    job: str = JOB_ARG,
     host: Optional[str] = HOST_OPT,
-    tail: int = typer.Option(10, "--tail", help="Log lines to show."),
+    tail: int = typer.Option(10, "--tail", metavar="N", min=0, help="Log lines to show."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """State of one job: running / succeeded / failed (exit code) / cancelled / lost, and its last log lines."""
@@ -194,7 +196,7 @@ def status_cmd(
 @jobs_app.command("logs")
 def logs_cmd(
     ctx: typer.Context,
-    job: str = typer.Argument(..., help="HOST:JOB_ID"),
+    job: str = JOB_ARG,
     host: Optional[str] = HOST_OPT,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep following until the job ends (reattach)."),
     raw: bool = typer.Option(False, "--raw", help="Print the log bytes as they are (no progress rendering)."),
@@ -246,9 +248,9 @@ def logs_cmd(
 @jobs_app.command("cancel")
 def cancel_cmd(
     ctx: typer.Context,
-    job: str = typer.Argument(..., help="HOST:JOB_ID"),
+    job: str = JOB_ARG,
     host: Optional[str] = HOST_OPT,
-    grace: float = typer.Option(5.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+    grace: float = typer.Option(5.0, "--grace", metavar="SECONDS", min=0, help="Seconds between SIGTERM and SIGKILL."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Stop a job: SIGTERM to its whole process group, SIGKILL after --grace seconds."""
@@ -268,10 +270,10 @@ def cancel_cmd(
 @jobs_app.command("pull")
 def pull_cmd(
     ctx: typer.Context,
-    job: str = typer.Argument(..., help="HOST:JOB_ID"),
-    dest: Optional[Path] = typer.Argument(None, help="Local folder (default: runs/<JOB_ID>-<HOST>)."),
+    job: str = JOB_ARG,
+    dest: Optional[Path] = typer.Argument(None, metavar="DEST", help="Local folder (default: runs/<JOB_ID>-<HOST>)."),
     host: Optional[str] = HOST_OPT,
-    force: bool = typer.Option(False, "--force", help="Replace DEST when it holds different results."),
+    force: bool = typer.Option(False, "--force", help="Replace DEST although it holds different results."),
     allow_running: bool = typer.Option(False, "--allow-running", help="Pull although the job still runs."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:

@@ -39,8 +39,10 @@ def relay_checkpoint_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would move (and check space); move nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
 ) -> None:
-    """Relay a checkpoint between two hosts through this machine: parallel streams, sha256 verified on
-    the source and on the destination, resumable, atomic (NAME.dfo-partial, then rename).
+    """Relay a checkpoint between two hosts through this machine, verified and resumable.
+
+    Parallel streams, sha256 verified on the source and on the destination, atomic (NAME.dfo-partial,
+    then rename).
 
     Re-run the same command after an interruption: verified chunks are kept and only the rest moves.
     """

@@ -38,7 +38,7 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
     rows: list[dict] = [{"run": path.name, "status": "unreadable", "hosts": None, "tau_macro": {}, "error": why}
                         for path, why in unreadable]
     for run in runs:
-        row = {"run": run.name, "status": run.status, "hosts": run.record.get("hosts"), "tau_macro": {}}
+        row: dict = {"run": run.name, "status": run.status, "hosts": run.record.get("hosts"), "tau_macro": {}}
         if run.has_results():
             try:
                 row["tau_macro"] = {r["drafter"]: r["tau_macro"] for r in drafter_rows(run.results())}

@@ -6,13 +6,12 @@ without it dfo works and writes no PNG, links none, and says so once per command
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import sys
 from typing import Any
 
 MISSING = "no plots: matplotlib is not installed for this Python"
-FEW_TICKS = 12  # up to this many values get a tick each; more get at most this many round ones
+FEW_TICKS = 12  # up to this many values get a tick each; more get about ten round ones
 
 
 def install_line() -> str:
@@ -21,7 +20,7 @@ def install_line() -> str:
 
 
 def available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
+    return pyplot() is not None
 
 
 def pyplot() -> Any | None:

@@ -189,7 +189,7 @@ def plan_provision(name: str, host: Host, venv: str, facts: ProbeFacts, lock: Lo
     expected = marker_fields(lock, python_version, flavour, backend, uv.version, engine)
     reasons = []
     if force:
-        reasons.append("--force")
+        reasons.append("--rebuild")
     if not facts.venv.python:
         reasons.append(f"no venv at {venv}")
     reasons += [r for r in marker_differences(stored, expected) if not (r.startswith("no dfo marker") and

@@ -330,7 +330,7 @@ def test_force_rebuilds_and_dry_run_changes_nothing(sandbox, connector, local_wh
     provision(connector, "kpro6", offline=True, lock=lock, venv=venv, wheelhouse_cache=cache)
     (Path(venv) / "stray-file").write_text("left by someone")
     forced = provision(connector, "kpro6", offline=True, lock=lock, venv=venv, force=True, wheelhouse_cache=cache)
-    assert forced.status == "installed" and "--force" in forced.reasons
+    assert forced.status == "installed" and "--rebuild" in forced.reasons
     assert not (Path(venv) / "stray-file").exists()  # recreated (uv venv --clear)
     assert read_marker(venv)["lock_sha256"] == forced.lock_sha256
 
