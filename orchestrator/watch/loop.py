@@ -38,7 +38,15 @@ from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
 from orchestrator.watch.discovery import STEP_FROM, Checkpoint, is_entry_name, parse_listing
 from orchestrator.watch.hooks import run_hook
-from orchestrator.watch.measures import judge, measure, per_sample_tau, verdict_text
+from orchestrator.watch.measures import (
+    dataset_taus,
+    judge,
+    judge_datasets,
+    measure,
+    per_sample_tau,
+    recent_dataset_verdicts,
+    verdict_text,
+)
 from orchestrator.watch.plot import write_plot
 from orchestrator.watch.probe import list_folder
 from orchestrator.watch.render import series_markdown
@@ -300,10 +308,16 @@ class Watcher:
             self._failed(e["name"], f"eval: {exc.message}")
             return
         best = series_state.best_before(self.series, e["step"])
-        best_taus = per_sample_tau(load_run(self.cfg.runs_dir / best["run"]).samples(), best["drafter"]) \
-            if best else None
+        best_samples = load_run(self.cfg.runs_dir / best["run"]).samples() if best else None
+        best_taus = per_sample_tau(best_samples, best["drafter"]) if best and best_samples is not None else None
         verdict = judge(taus, best_taus, best_name=best["name"] if best else None,
                         recent=series_state.recent_verdicts(self.series, e["step"]))
+        by_dataset = dataset_taus(samples, name)
+        if by_dataset:  # benchmark datasets: a verdict per dataset too, paired inside each
+            earlier = [x for x in series_state.done_entries(self.series) if x["step"] < e["step"]]
+            verdict["by_dataset"] = judge_datasets(
+                by_dataset, dataset_taus(best_samples, best["drafter"]) if best and best_samples is not None else None,
+                best_name=best["name"] if best else None, recent=recent_dataset_verdicts(earlier))
         timings = dict(e.get("timings") or {}, total_s=round(time.monotonic() - started, 1))
         series_state.mark(self.series, e["name"], "done", run=run.name, drafter=name, measures=measures,
                           verdict=verdict, timings=timings, reuse=_reuse(results),
