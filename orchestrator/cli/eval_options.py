@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import click
 import typer
 
 from orchestrator.core.errors import InputError
@@ -39,7 +38,8 @@ def with_eval_options(command: str) -> Callable:
         @functools.wraps(func)
         def command_func(**kwargs: Any) -> Any:
             values = {o.field: kwargs.pop(o.field) for o in declared}
-            return func(**kwargs, options=with_suite_defaults(values))
+            context = next((v for v in kwargs.values() if hasattr(v, "get_parameter_source")), None)
+            return func(**kwargs, options=with_suite_defaults(values, context))
 
         command_func.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
         command_func.__annotations__ = {p.name: p.annotation for p in params}
@@ -48,12 +48,13 @@ def with_eval_options(command: str) -> Callable:
     return decorate
 
 
-def with_suite_defaults(values: dict[str, Any]) -> dict[str, Any]:
-    """--suite's own output length (z-lab's 2048) where --max-new-tokens was not given on the command line."""
+def with_suite_defaults(values: dict[str, Any], context: typer.Context | None) -> dict[str, Any]:
+    """--suite's own output length (z-lab's 2048) where --max-new-tokens was not given on the command line
+    (``context``: the command's, which says where each value came from)."""
     suite_max_new = suite_max_new_tokens(values.get("suite"))
     if suite_max_new is not None and "max_new_tokens" in values:
-        source = click.get_current_context().get_parameter_source("max_new_tokens")
-        if source in (None, click.core.ParameterSource.DEFAULT):
+        source = context.get_parameter_source("max_new_tokens") if context is not None else None
+        if source is None or source.name == "DEFAULT":
             values = {**values, "max_new_tokens": suite_max_new}
     return values
 
