@@ -256,28 +256,29 @@ def prepare_venv(uv, venv, interpreter, workdir, clear, allow_download, offline)
 # Appended to torchvision_stub.py's source (sent by the controller) and run with the venv's Python.
 STUB_CALL = "\nimport sysconfig as _sc\nprint(install(_sc.get_paths()['purelib']))\n"
 
-# An engine venv's import check, run with that venv's Python behind `FORBIDDEN = [...]` (engine_check_code):
-# `import vllm` works and none of the FORBIDDEN distributions is installed. The controller hashes the same
-# text into the venv's marker (provision/engine.py), so a changed check re-provisions.
+# An engine venv's import check, run with that venv's Python behind `FORBIDDEN = [...]` and `MODULE = '...'`
+# (engine_check_code): `import MODULE` works and none of the FORBIDDEN distributions is installed. The
+# controller hashes the same text into the venv's marker (provision/engine_venv.py), so a changed check
+# re-provisions.
 ENGINE_CHECK = r"""
-import importlib.metadata as md, json, sys
-import vllm
+import importlib, importlib.metadata as md, json, sys
+engine = importlib.import_module(MODULE)
 def dist(name):
     try:
         return md.version(name)
     except md.PackageNotFoundError:
         return None
 bad = [n for n in FORBIDDEN if dist(n)]
-print(json.dumps({"vllm": vllm.__version__, "forbidden_installed": bad}))
+print(json.dumps({MODULE: getattr(engine, "__version__", None), "forbidden_installed": bad}))
 sys.exit(3 if bad else 0)
 """
 
 
-def engine_check_code(forbidden):
-    return "FORBIDDEN = %r\n" % (list(forbidden),) + ENGINE_CHECK.lstrip("\n")
+def engine_check_code(forbidden, module):
+    return "FORBIDDEN = %r\nMODULE = %r\n" % (list(forbidden), module) + ENGINE_CHECK.lstrip("\n")
 
 
-def engine_setup(python, stub_source, forbidden):
+def engine_setup(python, stub_source, forbidden, module):
     """After an engine venv's sync: write the torchvision stub (when given), then run the import check.
     {"ok": True, "check": what the check printed, "seconds"} or the failure (step, command, message)."""
     started = time.time()
@@ -286,9 +287,12 @@ def engine_setup(python, stub_source, forbidden):
         if code != 0:
             return {"ok": False, "step": "torchvision stub", "command": [python, "-c", "<torchvision_stub.py>"],
                     "message": _tail(err or out)}
-    code, out, err = _run([python, "-c", engine_check_code(forbidden)], timeout=900)  # `import vllm`: ~10-30 s
+    if not (isinstance(module, str) and all(part.isidentifier() for part in module.split("."))):
+        return {"ok": False, "step": "engine import check", "command": [python, "-c", "<import check>"],
+                "message": "not a module name: %r" % (module,)}
+    code, out, err = _run([python, "-c", engine_check_code(forbidden, module)], timeout=900)  # import: ~10-30 s
     if code != 0:
-        return {"ok": False, "step": "engine import check", "command": [python, "-c", "<import vllm check>"],
+        return {"ok": False, "step": "engine import check", "command": [python, "-c", "<import %s check>" % module],
                 "message": _tail((out + "\n" + err).strip())}
     try:
         check = json.loads(out.strip().splitlines()[-1])
@@ -332,7 +336,7 @@ def sync(uv, venv, workdir, lock_name, lock_text, marker, offline, find_links, t
                 "message": "installed but must not be on this host: %s" % ", ".join(present)}
     record = dict(marker)
     if engine:
-        setup = engine_setup(python, engine.get("stub_source"), forbidden)
+        setup = engine_setup(python, engine.get("stub_source"), forbidden, engine.get("module", "vllm"))
         if not setup["ok"]:
             return setup
         record["engine_check"] = dict(setup["check"], seconds=setup["seconds"])

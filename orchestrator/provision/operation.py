@@ -52,7 +52,6 @@ from orchestrator.core.units import human_bytes
 from orchestrator.provision.engine_venv import (
     ONLINE_MIN_FREE,
     ONLINE_TORCH_BACKEND,
-    REPORTED,
     EngineSpec,
     engine_lock_path,
     engine_spec,
@@ -133,8 +132,9 @@ def _failure(name: str, venv: str, res: StepFailure) -> HostError:
         hint = ("set 'python:' for this host in the inventory to an interpreter that exists, or "
                 "'allow_python_download: true' (needs internet on the host)")
     elif res.step in ("torchvision stub", "engine import check"):
-        hint = ("the engine venv is not marked as provisioned; check remote_payload/requirements-vllm-<flavour>.lock "
-                "(torchvision/torchaudio/torchcodec must stay excluded) and run dfo provision --engine again")
+        hint = ("the engine venv is not marked as provisioned; check remote_payload/requirements-<engine>-<flavour>"
+                ".lock (on CPU hosts torchvision/torchaudio/torchcodec must stay excluded) and run dfo provision "
+                "--engine again")
     elif res.step == "uv pip sync":
         hint = ("fix remote_payload/requirements-<flavour>.in and regenerate the lock (python -m "
                 "orchestrator.provision.lock_compiler compile-lock ...); the venv is not marked as provisioned")
@@ -483,8 +483,8 @@ def _sync(hp: _HostProvision, fields: dict, use_offline: bool) -> dict:
         lock_name=f"{hp.lock.sha256[:16]}-{hp.lock.name}", lock_text=hp.lock.text, marker=fields,
         offline=use_offline, find_links=hp.pool, torch_backend=None if use_offline else hp.online_backend,
         forbidden=list(spec.forbidden) if spec else FORBIDDEN.get(hp.flavour, []),
-        report=list(REPORTED) if spec else None,
-        engine={"stub_source": spec.stub_source} if spec else None))
+        report=list(spec.reported) if spec else None,
+        engine={"stub_source": spec.stub_source, "module": spec.module} if spec else None))
     if isinstance(res, StepFailure):
         raise _failure(hp.host, hp.venv, res)
     hp.note(f"venv ready: {posixpath.join(hp.venv, 'bin', 'python')} ({res.seconds:.1f}s in uv pip sync"

@@ -3,7 +3,7 @@
 What is checked: the argv dfo gives ``sglang.launch_server`` (DFlash flags from the drafter folder, the
 key in a 0600 ``--config`` file, never in argv; ``--engine-arg`` last), the greedy ``/generate`` request, and
 the reading of replies in SGLang's documented shape. The replies in tests/engine/sglang_replies/ were
-written by hand from that shape (tokenizer_manager.py's ``meta_info`` fields, current names and the older
+written by hand from that shape (the ``meta_info`` fields of SGLang's tokenizer manager, current names and the older
 ones), not captured from a running SGLang. A stand-in server process (real HTTP, real key checks) serves
 them through ``EngineServer`` and ``run_prompts`` as SGLang would.
 """

@@ -63,8 +63,10 @@ BAD_EVAL = [
     ("max-new-tokens 0", ["--max-new-tokens", "0"], 2, "--max-new-tokens 0: expected an integer of at least 1"),
     ("diagnose-samples 0", ["--diagnose-samples", "0"], 2, "--diagnose-samples 0"),
     ("device tpu", ["--device", "tpu"], 2, "--device 'tpu': expected one of auto, cuda, cpu"),
-    ("engine sglang", ["--engine", "sglang"], 2, "--engine 'sglang': expected one of vllm"),
-    ("reference sglang", ["--reference", "sglang"], 2, "expected 'target', 'server', 'vllm' or an http"),
+    ("engine tgi", ["--engine", "tgi"], 2, "--engine 'tgi': expected one of vllm, sglang"),
+    ("reference tgi", ["--reference", "tgi"], 2, "expected 'target', 'server', 'vllm', 'sglang' or an http"),
+    ("engine-concurrency 0", ["--engine-concurrency", "1,0"], 2, "every level must be at least 1 request"),
+    ("engine-concurrency twice", ["--engine-concurrency", "4,4"], 2, "--engine-concurrency '4,4': a level is given"),
     ("payload-arg unknown", ["--payload-arg=--bogus"], 2, "`remote_payload eval` has no option --bogus"),
     ("payload-arg typo", ["--payload-arg=--reference-timout=3"], 2, "(did you mean --reference-timeout?)"),
     ("payload-arg of dfo", ["--payload-arg=--tree-k=3"], 2, "give it as dfo's own --tree-k"),
@@ -204,6 +206,8 @@ def _non_default(o: declared.Option):
         return 3
     if o.field == "expect_p1":
         return ["ours=0.5"]
+    if o.field == "engine_concurrency":
+        return "1,4"
     return ["--x"] if o.repeatable else "x"
 
 
