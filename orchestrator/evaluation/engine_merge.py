@@ -138,7 +138,8 @@ def _merge_drafter(name: str, host_results: dict[str, dict], samples: list[dict]
     equal_plain = [(b.get("outputs") or {}).get("equal_plain") for b in per_host.values()]
     agreement["per_step"] = per_step_differences([sid for sid, _, _ in kept], [e.get("per_step") for _, e, _ in kept],
                                                  [o for o, _ in offline])
-    checks = {h: b.get("counter_check") for h, b in per_host.items() if b.get("counter_check")}
+    checks: dict[str, dict] = {h: b["counter_check"] for h, b in per_host.items()
+                               if isinstance(b.get("counter_check"), dict)}
     return {"engine": engine, "num_speculative_tokens": positions, "samples": eng,
             "total": engine_figures(eng, positions),
             "outputs": {"samples": len(eng), "match_reference": len(kept), "mismatches": mismatches,
