@@ -52,7 +52,7 @@ ZLAB_FORMAT = {
 
 
 def zlab_turns(name: str, row: dict) -> list[str]:
-    """benchmark.py's _prepare_dataset: [format(row)], or format(row) itself for the multi-turn set."""
+    """dflash/benchmark.py's _prepare_dataset: [format(row)], or format(row) itself for the multi-turn set."""
     return ZLAB_FORMAT[name](row) if name == "mt-bench" else [ZLAB_FORMAT[name](row)]
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from remote_payload.errors import PayloadError
 
-# z-lab's suffix for the math sets (benchmark.py's gsm8k and math500 "format")
+# z-lab's suffix for the math sets (dflash/benchmark.py's gsm8k and math500 "format")
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -29,7 +29,7 @@ class PackageFile:
 
 @dataclass(frozen=True)
 class Adapter:
-    name: str                       # dfo's name (z-lab's key in benchmark.py's DATASETS)
+    name: str                       # dfo's name (z-lab's key in dflash/benchmark.py's DATASETS)
     hub_id: str                     # the HF dataset z-lab loads
     config: str | None              # its config (load_dataset's second argument)
     split: str                      # z-lab's split

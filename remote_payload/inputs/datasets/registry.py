@@ -13,7 +13,7 @@ from remote_payload.inputs.datasets.adapter import Adapter
 
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (gsm8k.ADAPTER, math500.ADAPTER, humaneval.ADAPTER,
                                                      mbpp.ADAPTER, mt_bench.ADAPTER)}
-# z-lab's suite: its sets in its order, the paper's counts, its output length (benchmark.py's default).
+# z-lab's suite: its sets in its order, the paper's counts, its output length (dflash/benchmark.py's default).
 SUITES = {"zlab": ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")}
 SUITE_MAX_NEW_TOKENS = {"zlab": 2048}
 SPEC_FORM = "NAME[:SPLIT][@N]"

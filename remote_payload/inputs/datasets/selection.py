@@ -15,7 +15,7 @@ from typing import Sequence, TypeVar
 T = TypeVar("T")
 SEED = 0
 RULE = "zlab-transformers"
-RULE_TEXT = ("z-lab benchmark.py, transformers backend: random.seed(0); random.shuffle(rows); rows[:N] "
+RULE_TEXT = ("z-lab dflash/benchmark.py, transformers backend: random.seed(0); random.shuffle(rows); rows[:N] "
              "(every row in file order when N is none or at least the row count)")
 
 

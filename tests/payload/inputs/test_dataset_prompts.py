@@ -1,5 +1,5 @@
 """The token ids each benchmark prompt is rendered to are the ids z-lab's benchmark feeds its target: the
-target's chat template with the generation prompt, ``tokenizer.encode`` of that text (benchmark.py's
+target's chat template with the generation prompt, ``tokenizer.encode`` of that text (dflash/benchmark.py's
 transformers backend), and for mt-bench's second turn the first turn's answer decoded with
 ``skip_special_tokens=True`` in the history. On the fixture target and tokenizer."""
 
@@ -16,7 +16,7 @@ from remote_payload.models.target import render_prompt
 
 
 def zlab_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """benchmark.py: _apply_chat_template(tokenizer, messages, enable_thinking) then tokenizer.encode(text)."""
+    """dflash/benchmark.py: _apply_chat_template(tokenizer, messages, enable_thinking) then tokenizer.encode(text)."""
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     return tokenizer.encode(text)
 
@@ -50,7 +50,7 @@ def test_the_second_mt_bench_turn_is_asked_with_the_first_turns_answer(fixture_d
     stages.local_references(ctx)
     first, second = ctx.references.refs
     row = ROWS["mt-bench"][[r["prompt_id"] for r in ROWS["mt-bench"]].index(int(ctx.prompts[0].row_id))]
-    answer = target.tokenizer.decode(first.continuation, skip_special_tokens=True)  # benchmark.py's output_text
+    answer = target.tokenizer.decode(first.continuation, skip_special_tokens=True)  # dflash/benchmark.py's output_text
     messages = [{"role": "user", "content": row["prompt"][0]}, {"role": "assistant", "content": answer},
                 {"role": "user", "content": row["prompt"][1]}]
     assert ctx.prompts[1].message_dicts() == messages
