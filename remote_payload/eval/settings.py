@@ -170,7 +170,7 @@ def check_engine_values(s: EvalSettings) -> None:
 def _check_engine_python(s: EvalSettings) -> None:
     if s.engine_python and not Path(s.engine_python).is_file():
         raise PayloadError(f"--engine-python {s.engine_python}: no such file (is the engine venv provisioned? "
-                           "`dfo provision --host HOST --engine vllm`)")
+                           f"`dfo provision --host HOST --engine {s.engine or s.reference_engine or 'vllm'}`)")
 
 
 def planted_fault() -> str | None:

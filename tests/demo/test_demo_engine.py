@@ -85,3 +85,25 @@ def test_cli_refuses_an_unknown_engine_and_engine_with_watch():
     assert bad.returncode == 2 and "--engine sglang: unknown engine" in bad.stderr and "vllm" in bad.stderr
     both = dfo("demo", "--engine", "vllm", "--watch")
     assert both.returncode == 2 and "--engine and --watch" in both.stderr
+
+
+def test_side_by_side_ends_with_the_speedup_vs_concurrency_table():
+    from orchestrator.demo.engine_story import CONCURRENCY, concurrency_table
+
+    assert demo_plan("/m", "/c", "vllm").engine_concurrency == CONCURRENCY == "1,6"
+    assert demo_plan("/m", "/c").engine_concurrency is None
+    rounds = [[3, 0, 7, 1], [2, 2, 5]]
+    results = _results(rounds, rounds)
+    results["drafters"]["ours"]["engine"]["concurrency"] = [
+        {"concurrency": 1, "plain_tokens_per_s": 40.0, "dflash_tokens_per_s": 90.0, "speedup": 2.25,
+         "mean_acceptance_length": 4.5, "tpot_ms": {"plain": 25.0, "dflash": 11.1},
+         "reference_mismatches": {"plain": [], "dflash": []}},
+        {"concurrency": 6, "plain_tokens_per_s": 160.0, "dflash_tokens_per_s": 170.0, "speedup": 1.06,
+         "mean_acceptance_length": 4.5, "tpot_ms": {"plain": 30.0, "dflash": 20.0},
+         "reference_mismatches": {"plain": [], "dflash": ["s1"]}}]
+    lines = side_by_side(results)
+    start = lines.index("speedup vs concurrency (every prompt sent at each level, greedy):")
+    rows = [" ".join(line.split()) for line in lines[start + 2:]]
+    assert rows == ["ours 1 40.0 90.0 x2.25 4.50 25.0/11.1 all", "ours 6 160.0 170.0 x1.06 4.50 30.0/20.0 1 dflash, 0 "
+                    "plain differ"]
+    assert concurrency_table([{"drafter": "ours", "concurrency": []}]) == []  # results from before the sweep

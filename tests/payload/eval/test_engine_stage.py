@@ -25,8 +25,8 @@ def test_engine_settings_are_checked(tmp_path):
         check_engine_settings(_settings(engine="vllm"))
     with pytest.raises(PayloadError, match="--reference vllm needs --engine-python"):
         check_engine_settings(_settings(reference_engine="vllm"))
-    with pytest.raises(PayloadError, match="--engine 'sglang': unknown engine"):
-        check_engine_settings(_settings(engine="sglang", engine_python="/x"))
+    with pytest.raises(PayloadError, match="--engine 'tgi': unknown engine"):
+        check_engine_settings(_settings(engine="tgi", engine_python="/x"))
     with pytest.raises(PayloadError, match=f"--engine-python {tmp_path}/py: no such file"):
         check_engine_settings(_settings(engine="vllm", engine_python=str(tmp_path / "py")))
     py = tmp_path / "python"
