@@ -25,7 +25,8 @@ def _rec(sid: str, tokens: int, seconds: float, per_step: list[int] | None = Non
 
 def _table(plain_s: tuple[float, float], dflash_s: tuple[float, float], miss_at_4: bool = False) -> list[dict]:
     steps = [[3, 0, 7, 1], [2, 2, 5]]
-    plain = [level_summary(c, [_rec("a", 40, s / 2), _rec("b", 40, s / 2)], s, 0) for c, s in zip((1, 4), plain_s, strict=True)]
+    plain = [level_summary(c, [_rec("a", 40, s / 2), _rec("b", 40, s / 2)], s, 0)
+             for c, s in zip((1, 4), plain_s, strict=True)]
     dflash = [level_summary(1, [_rec("a", 40, dflash_s[0] / 2, steps[0]), _rec("b", 40, dflash_s[0] / 2, steps[1])],
                             dflash_s[0], POSITIONS),
               level_summary(4, [_rec("a", 40, dflash_s[1] / 2, steps[0], ok=not miss_at_4),
