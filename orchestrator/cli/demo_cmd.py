@@ -20,7 +20,7 @@ def demo_cmd(
     ctx: typer.Context,
     keep: bool = typer.Option(False, "--keep", help="Leave the sandbox hosts running afterwards (prints how to stop them)."),
     root: Optional[Path] = typer.Option(None, "--root", metavar="DIR", help="Sandbox directory (default: a new temporary one)."),
-    samples: int = typer.Option(6, "--samples", metavar="N", min=1, help="HumanEval problems to evaluate (z-lab's selection; the built-in prompts with --engine)."),
+    samples: int = typer.Option(6, "--samples", metavar="N", min=1, help="HumanEval problems to evaluate beside the built-in prompts (z-lab's selection; --engine: the built-in prompts alone)."),
     max_new_tokens: int = typer.Option(96, "--max-new-tokens", metavar="N", min=1,
                                        help="Length of each reference continuation, in tokens."),
     runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", envvar="DFO_RUNS_DIR",

@@ -32,6 +32,7 @@ class PlannedDataset:
     local: Path | None         # the package's data file read here, uploaded with the job
     sha256: str | None
     units: int | None          # rows selected (what shards split), when read here
+    bundled: bool = False      # rows that ship with the payload: the host reads its own copy
 
     def remote(self, workdir: str) -> str:
         """Where the upload lands: a content name, so a changed file never reuses an old upload."""
@@ -67,7 +68,9 @@ def plan_datasets(datasets: list[str], suite: str | None, dataset_files: list[st
         except PayloadError as exc:
             raise InputError(str(exc), hint=f"or export {spec.adapter.hub_id} on a machine with hub access "
                              f"and give --dataset-file {spec.name}=PATH (README, Datasets)") from None
-        out.append(PlannedDataset(spec.name, None, local, record["source"]["sha256"], conversations(prompts)))
+        bundled = spec.adapter.bundled is not None  # every host has the payload's own rows: nothing to upload
+        out.append(PlannedDataset(spec.name, None, None if bundled else local, record["source"]["sha256"],
+                                  conversations(prompts), bundled))
     return out
 
 

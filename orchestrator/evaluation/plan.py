@@ -285,7 +285,7 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
         planned = _planned_values(req, inventory, h, per_host_paths[h], prompts_remote or req.prompts,
                                   (i, len(hosts)), engine_pythons.get(h))
         workdir = inventory.hosts[h].workdir
-        planned["dataset_files"] = [f"{d.name}={d.remote(workdir)}" for d in datasets]
+        planned["dataset_files"] = [f"{d.name}={d.remote(workdir)}" for d in datasets if not d.bundled]
         args = payload_args(req, planned) + list(payload_args_extra or [])
         check_payload_argv(args)
         uploads = [(str(d.local), d.remote(workdir)) for d in datasets if d.local is not None]

@@ -127,3 +127,14 @@ def test_rows_are_found_in_a_hub_cache_folder_and_read_gzipped(tmp_path):
     assert train[0].messages[0][1].startswith("other\n")
     with pytest.raises(PayloadError, match="no file of split 'test'"):
         load_one(parse_spec("mbpp"), str(tmp_path))
+
+
+def test_the_builtin_prompts_as_a_dataset_are_the_prompt_set_itself():
+    from remote_payload.inputs.prompts import load_prompts
+
+    prompts, record = load_one(parse_spec("builtin"), None)
+    plain, facts = load_prompts("builtin")
+    assert [p.messages for p in prompts] == [p.messages for p in plain]
+    assert [p.id for p in prompts] == [f"builtin/{p.id}" for p in plain]
+    assert record["source"]["sha256"] == facts["sha256"] and record["source"]["package"]["distribution"] == \
+        "dfo payload"

@@ -94,3 +94,10 @@ def test_the_suite_takes_zlabs_output_length_unless_one_is_given_and_exported_fi
     assert sorted(u[1].rsplit("/", 1)[1].split("-")[0] for u in job["uploads"]) == ["humaneval", "mt"]
     (short,) = _plan(inventory, "--suite", "zlab", *files, "--max-new-tokens", "16")["jobs"]
     assert _value(short["args"], "--max-new-tokens") == ["16"]
+
+
+def test_the_builtin_set_is_read_by_each_host_from_its_own_payload(inventory):
+    (job,) = _plan(inventory, "--dataset", "builtin", "--dataset", "humaneval@2")["jobs"]
+    assert _value(job["args"], "--dataset") == ["builtin", "humaneval@2"]
+    assert [f.split("=")[0] for f in _value(job["args"], "--dataset-file")] == ["humaneval"]
+    assert [u[1].rsplit("/", 1)[1].split("-")[0] for u in job["uploads"]] == ["humaneval"]

@@ -41,6 +41,7 @@ class Adapter:
     category: Callable[[dict], str | None] = lambda row: None  # the second level of the per-dataset results
     package: PackageFile | None = None   # where the rows ship without a hub (None: a file the user exports)
     alternatives: tuple[tuple[str, ...], ...] = ()  # other schemas of the same rows (field sets), e.g. FastChat's
+    bundled: str | None = None           # rows that ship with the payload itself (a path under remote_payload/)
 
     @property
     def multi_turn(self) -> bool:

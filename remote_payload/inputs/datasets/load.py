@@ -32,8 +32,9 @@ def load_one(spec: DatasetSpec, file: str | None, start: int = 0) -> tuple[list[
     package = None
     if file is None:
         path, version = package_source(adapter)
-        package = {"distribution": adapter.package.distribution, "version": version,
-                   "file": adapter.package.path, "licence": adapter.package.licence}
+        package = {"distribution": "dfo payload", "version": version, "file": adapter.bundled, "licence": None} \
+            if adapter.bundled else {"distribution": adapter.package.distribution, "version": version,
+                                     "file": adapter.package.path, "licence": adapter.package.licence}
     else:
         path = Path(file)
     try:

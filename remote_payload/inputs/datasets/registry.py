@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from remote_payload.errors import PayloadError
-from remote_payload.inputs.datasets import gsm8k, humaneval, math500, mbpp, mt_bench
+from remote_payload.inputs.datasets import builtin, gsm8k, humaneval, math500, mbpp, mt_bench
 from remote_payload.inputs.datasets.adapter import Adapter
 
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (gsm8k.ADAPTER, math500.ADAPTER, humaneval.ADAPTER,
-                                                     mbpp.ADAPTER, mt_bench.ADAPTER)}
+                                                     mbpp.ADAPTER, mt_bench.ADAPTER, builtin.ADAPTER)}
+PAYLOAD_ROOT = Path(__file__).resolve().parents[2]
 # z-lab's suite: its sets in its order, the paper's counts, its output length (dflash/benchmark.py's default).
 SUITES = {"zlab": ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")}
 SUITE_MAX_NEW_TOKENS = {"zlab": 2048}
@@ -69,7 +70,12 @@ def dataset_specs(values: list[str] | None, suite: str | None = None) -> list[Da
 
 
 def package_source(adapter: Adapter) -> tuple[Path, str]:
-    """The installed file of a dataset that ships in a package, and the installed version; never imports it."""
+    """The installed file of a dataset that ships in a package (or with the payload), and its version; never
+    imports the package."""
+    if adapter.bundled is not None:
+        from remote_payload import __version__
+
+        return PAYLOAD_ROOT / adapter.bundled, __version__
     pkg = adapter.package
     if pkg is None:
         raise PayloadError(f"{adapter.name} ships in no package: give its rows with --dataset-file "
