@@ -73,12 +73,13 @@ def _global(
     ctx.call_on_close(ctx.obj.close)
 
 
-# Command name -> the module that adds it to `app`, in `dfo --help` order. Only the module of the command
-# being run is imported (a relay never loads paramiko, an inventory edit never loads rich's progress).
+# Command name -> the module that adds it to `app`, in `dfo --help` order (commands, then groups). Only the
+# module of the command being run is imported (a relay never loads paramiko, an inventory edit never loads
+# rich's progress). tests/test_cli_conventions.py checks it against orchestrator/cli/*_cmd.py.
 COMMAND_MODULES = {
     "deploy": "deploy_cmd", "relay-checkpoint": "relay_cmd", "provision": "provision_cmd", "eval": "eval_cmd",
-    "demo": "demo_cmd", "inventory": "inventory_cmd", "jobs": "jobs_cmd", "runs": "runs_cmd",
-    "watch": "watch_cmd", "series": "series_cmd",
+    "demo": "demo_cmd", "watch": "watch_cmd", "inventory": "inventory_cmd", "jobs": "jobs_cmd", "runs": "runs_cmd",
+    "series": "series_cmd",
 }
 _OPTIONS_WITH_VALUES = {"-i", "--inventory", "--connect-timeout"}
 

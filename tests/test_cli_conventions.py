@@ -1,0 +1,296 @@
+"""CLI conventions, run in-process through `orchestrator.cli.main.main` (no host, no subprocess but one):
+
+- bad input and damaged local state: a table of command, exit code, phrases of the message, no traceback;
+- every command's --help: its first sentence whole where commands are listed, no Python type as a metavar,
+  help on every option and argument;
+- COMMAND_MODULES: one entry per cli/*_cmd.py module, each registering the command it is listed under.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import typer
+
+from orchestrator.cli import main as cli_main
+from orchestrator.evaluation.runs import new_run, write_json_atomic
+from orchestrator.watch import series as series_state
+
+CLI_DIR = Path(cli_main.__file__).parent
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def dfo(capsys, monkeypatch):
+    """dfo ARGV in this process, wide output; an exception other than dfo's own exits fails the test."""
+
+    def invoke(argv: list[str], env: dict[str, str] | None = None) -> Result:
+        monkeypatch.setenv("COLUMNS", "250")
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        try:
+            code = cli_main.main(list(argv))
+        except SystemExit as exc:  # shell completion ends the process the way click does
+            code = exc.code if isinstance(exc.code, int) else 0
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return invoke
+
+
+# ------------------------------------------------------------------------------ local state on disk
+
+
+def stat(value: float) -> dict:
+    return {"value": value, "ci": [value - 0.2, value + 0.2]}
+
+
+def series_doc(name: str) -> dict:
+    doc = series_state.new_series(name, source="kpro6:/ck/run7", eval_host="ct129",
+                                  settings={"target": "/m/t", "samples": 8, "prompts": "builtin",
+                                            "max_new_tokens": 64, "dtype": "float32"})
+    doc["checkpoints"] = {f"step_{s}.pt": {"name": f"step_{s}.pt", "step": s, "status": "done", "run": f"r{s}",
+                                           "measures": {"tau_macro": stat(3.0), "tau_micro": stat(3.1),
+                                                        "ddtree": {"k": 8, **stat(4.0)},
+                                                        "p": [{"k": 1, **stat(0.6)}]},
+                                           "verdict": {"verdict": "first"}} for s in (100, 200)}
+    return doc
+
+
+def write_series(runs: Path, name: str, doc: dict | str) -> None:
+    folder = runs / "series" / name
+    folder.mkdir(parents=True)
+    (folder / "series.json").write_text(doc if isinstance(doc, str) else json.dumps(doc), encoding="utf-8")
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> dict[str, str]:
+    """A runs folder (DFO_RUNS_DIR) with good and damaged runs and series; names to put into the table."""
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("DFO_RUNS_DIR", str(runs))
+    good = new_run(runs, ["ct129"], {"request": {}})
+    write_json_atomic(good.results_path, {"drafters": {"ours": {"metrics": {"tau_macro": 3.25}}}})
+    good.set(status="succeeded")
+    bad_record = new_run(runs, ["ct129"], {"request": {}})
+    (bad_record.path / "run.json").write_text("{not json", encoding="utf-8")
+    bad_results = new_run(runs, ["ct129"], {"request": {}})
+    bad_results.set(status="succeeded")
+    bad_results.results_path.write_text("[1, 2", encoding="utf-8")
+
+    write_series(runs, "fine", series_doc("fine"))
+    write_series(runs, "broken", "{not json")
+    no_verdict = series_doc("noverdict")
+    for e in no_verdict["checkpoints"].values():
+        del e["verdict"]  # an older or hand-edited series.json
+    write_series(runs, "noverdict", no_verdict)
+    no_measures = series_doc("nomeasures")
+    no_measures["checkpoints"]["step_100.pt"]["measures"] = None
+    write_series(runs, "nomeasures", no_measures)
+    bad_step = series_doc("badstep")
+    bad_step["checkpoints"]["step_200.pt"]["step"] = "200"
+    write_series(runs, "badstep", bad_step)
+    return {"runs": str(runs), "good": good.name, "bad_record": bad_record.name, "bad_results": bad_results.name}
+
+
+# ------------------------------------------------------------------------------ the table
+
+OUT, ERR = "out", "err"
+VERSION = importlib.metadata.version("dfo")
+NO_INVENTORY = {"DFO_INVENTORY": "/nonexistent/dfo-inventory.yaml"}
+
+# id, argv, environment, exit code, [(stream, phrase)]. Placeholders {…} are the `state` fixture's names.
+CASES = [
+    # --bwlimit: units as rsync's, a bare number refused (checked before the inventory is even read)
+    ("bwlimit-bare-number", ["relay-checkpoint", "kpro6:/c/a.pt", "ct129:/d/", "--bwlimit", "50000"], NO_INVENTORY,
+     2, [(ERR, "a bare number is ambiguous"), (ERR, "--bwlimit 50000K (KiB/s, rsync's meaning)")]),
+    ("bwlimit-not-a-rate", ["relay-checkpoint", "kpro6:/c/a.pt", "ct129:/d/", "--bwlimit", "fast"], NO_INVENTORY,
+     2, [(ERR, "expected a rate like 800K, 50M or 1.5G")]),
+    ("bwlimit-zero", ["relay-checkpoint", "kpro6:/c/a.pt", "ct129:/d/", "--bwlimit", "0M"], NO_INVENTORY,
+     2, [(ERR, "must be more than 0")]),
+    # short flags: -n is never a dry run and never --streams; --streams has its range
+    ("relay-n-is-no-option", ["relay-checkpoint", "-n", "4", "kpro6:/c/a.pt", "ct129:/d/"], NO_INVENTORY,
+     2, [(ERR, "No such option: -n")]),
+    ("relay-streams-range", ["relay-checkpoint", "--streams", "0", "kpro6:/c/a.pt", "ct129:/d/"], NO_INVENTORY,
+     2, [(ERR, "--streams")]),
+    ("jobs-list-n-is-a-count", ["jobs", "list", "-n", "0"], NO_INVENTORY,
+     2, [(ERR, "'--limit' / '-n'"), (ERR, "greater than or equal to 1")]),
+    # global options from DFO_ variables, --version, shell completion
+    ("connect-timeout-env", ["runs", "list"], {"DFO_CONNECT_TIMEOUT": "soon"},
+     2, [(ERR, "DFO_CONNECT_TIMEOUT"), (ERR, "--connect-timeout")]),
+    ("connect-timeout-zero", ["--connect-timeout", "0", "runs", "list"], {},
+     2, [(ERR, "greater than or equal to 0.1")]),
+    ("version", ["--version"], {}, 0, [(OUT, f"dfo {VERSION}")]),
+    ("completion", [], {"_DFO_COMPLETE": "complete_bash", "COMP_WORDS": "dfo ser", "COMP_CWORD": "1"},
+     0, [(OUT, "series")]),
+    ("completion-of-options", [], {"_DFO_COMPLETE": "complete_bash", "COMP_WORDS": "dfo relay-checkpoint --bw",
+                                   "COMP_CWORD": "2"}, 0, [(OUT, "--bwlimit")]),
+    # --force means overriding a refusal; provision's old --force (rebuild) still works, with a notice
+    ("provision-force-is-rebuild", ["provision", "--force"], NO_INVENTORY,
+     2, [(ERR, "provision --force is now --rebuild"), (ERR, "inventory file not found")]),
+    # local state: damaged runs are named with their path, the others still listed
+    ("runs-list-damaged", ["runs", "list"], {},
+     0, [(ERR, "unreadable: {runs}/{bad_record}/run.json is not valid JSON"),
+         (ERR, "unreadable: {runs}/{bad_results}/results.json is not valid JSON"),
+         (OUT, "{good}"), (OUT, "ours 3.25"), (OUT, "succeeded (results unreadable)")]),
+    ("runs-list-json-damaged", ["runs", "list", "--json"], {},
+     0, [(OUT, '"status": "unreadable"'), (OUT, '"error": "{runs}/{bad_record}/run.json is not valid JSON')]),
+    ("runs-show-damaged-record", ["runs", "show", "{bad_record}"], {},
+     2, [(ERR, "{runs}/{bad_record}/run.json is not valid JSON")]),
+    ("runs-show-damaged-results", ["runs", "show", "{bad_results}"], {},
+     2, [(ERR, "{runs}/{bad_results}/results.json is not valid JSON"), (ERR, "dfo runs pull")]),
+    ("runs-compare-damaged", ["runs", "compare", "{good}", "{bad_results}"], {},
+     2, [(ERR, "results.json is not valid JSON")]),
+    ("runs-show-unknown", ["runs", "show", "nosuchrun"], {}, 2, [(ERR, "no run matches 'nosuchrun'")]),
+    # local state: series
+    ("series-list-damaged", ["series", "list"], {},
+     0, [(ERR, "unreadable: {runs}/series/broken/series.json: not readable JSON"),
+         (ERR, "unreadable: {runs}/series/nomeasures/series.json: checkpoints.step_100.pt.measures"),
+         (OUT, "fine"), (OUT, "noverdict"), (OUT, "unreadable")]),
+    ("series-list-json-damaged", ["series", "list", "--json"], {},
+     0, [(OUT, '"series": "broken"'), (OUT, '"error": "{runs}/series/broken/series.json: not readable JSON')]),
+    ("series-show-no-verdict", ["series", "show", "noverdict"], {}, 0, [(OUT, "step_200.pt"), (OUT, "3.00")]),
+    ("series-plot-no-verdict", ["series", "plot", "noverdict"], {},
+     0, [(OUT, "{runs}/series/noverdict/tau_vs_step.png")]),
+    ("series-show-no-measures", ["series", "show", "nomeasures"], {},
+     2, [(ERR, "nomeasures/series.json: checkpoints.step_100.pt.measures: expected an object, got null"),
+         (ERR, "restore it or move the folder away")]),
+    ("series-plot-step-not-a-number", ["series", "plot", "badstep"], {},
+     2, [(ERR, "badstep/series.json: checkpoints.step_200.pt.step: expected an integer, got str")]),
+    ("series-show-unknown", ["series", "show", "nosuch"], {}, 2, [(ERR, "no series 'nosuch'"), (ERR, "known series")]),
+]
+
+
+@pytest.mark.parametrize("argv, env, code, phrases", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_and_damaged_state_are_one_clear_message(dfo, state, argv, env, code, phrases):
+    result = dfo([a.format(**state) for a in argv], env)
+    both = result.out + result.err
+    assert "Traceback" not in both
+    assert result.code == code, both[-2000:]
+    for stream, phrase in phrases:
+        text = " ".join((result.out if stream == OUT else result.err).split())  # rich wraps long lines
+        assert " ".join(phrase.format(**state).split()) in text, (phrase, both[-2000:])
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """A controller without the plots extra: importing matplotlib fails."""
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def test_without_matplotlib_the_run_summary_claims_no_plots_and_says_why_once(dfo, state, no_matplotlib):
+    result = dfo(["runs", "show", state["good"]])
+    assert result.code == 0, result.err
+    folder_line = next(line for line in result.out.splitlines() if line.startswith("run folder:"))
+    assert "plots" not in folder_line and ".png" not in folder_line and "results.json" in folder_line
+    assert result.err.count("no plots: matplotlib is not installed") == 1
+    assert "-m pip install 'matplotlib>=3.8'" in " ".join(result.err.split())
+
+
+def test_without_matplotlib_series_plot_says_so_and_series_md_links_no_png(dfo, state, no_matplotlib):
+    result = dfo(["series", "plot", "fine"])
+    assert result.code == 2 and "Traceback" not in result.err
+    assert "no plots: matplotlib is not installed" in result.err and "pip install" in result.err
+    md = (Path(state["runs"]) / "series" / "fine" / "series.md").read_text(encoding="utf-8")
+    assert "| 100 | step_100.pt |" in md and "tau_vs_step.png" not in md
+
+
+def test_with_matplotlib_series_plot_draws_and_links_the_png(dfo, state):
+    pytest.importorskip("matplotlib")
+    result = dfo(["series", "plot", "fine"])
+    assert result.code == 0, result.err
+    folder = Path(state["runs"]) / "series" / "fine"
+    assert (folder / "tau_vs_step.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![τ over training steps](tau_vs_step.png)" in (folder / "series.md").read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------ --help of every command
+
+
+def all_commands() -> list[tuple[list[str], object]]:
+    """Every command and group of the app as (path, click command), the root first."""
+    for module in cli_main.COMMAND_MODULES.values():
+        importlib.import_module(f"orchestrator.cli.{module}")
+    found = []
+
+    def walk(command, path):
+        found.append((path, command))
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(cli_main.app), [])
+    return found
+
+
+def first_sentence(text: str) -> str:
+    """The first paragraph up to the first full stop that a new sentence (capital, backtick) or the end follows."""
+    words = " ".join(text.split("\n\n", 1)[0].split())
+    end = re.search(r"\.(?=\s+[A-Z`'\"(]|\s*$)", words)
+    return words[: end.end()] if end else words
+
+
+# How typer shows a value whose metavar names only its Python type.
+PYTHON_TYPE = re.compile(r"<(?:str|int|float|bool|path|file|text|uuid|datetime|list\[[^>]*\]|[a-z]+ range)>")
+COMMANDS = all_commands()
+
+
+@pytest.mark.parametrize("path, command", COMMANDS, ids=[" ".join(p) or "dfo" for p, _ in COMMANDS])
+def test_help_lists_whole_first_sentences_names_values_and_explains_every_option(dfo, path, command):
+    result = dfo([*path, "--help"])
+    assert result.code == 0 and "Traceback" not in result.out + result.err, result.err
+    shown = " ".join(result.out.split())
+    assert command.help and first_sentence(command.help).endswith("."), f"no full first sentence: {command.help!r}"
+    for name, sub in (getattr(command, "commands", None) or {}).items():
+        summary = first_sentence(sub.help or "")
+        assert summary in shown, f"`dfo {' '.join(path)} --help` cuts the summary of {name}: {summary!r}"
+    assert not PYTHON_TYPE.findall(result.out), PYTHON_TYPE.findall(result.out)
+    no_help = [p.opts[0] if p.opts else p.name for p in command.params if not (p.help or "").strip()]
+    assert not no_help, f"without help: {no_help}"
+
+
+def test_help_shows_the_dfo_variables_and_what_force_means(dfo):
+    shown = " ".join(dfo(["--help"]).out.split())
+    for name in ("DFO_INVENTORY", "DFO_CONNECT_TIMEOUT", "DFO_RUNS_DIR", "DFO_DEBUG"):
+        assert name in shown
+    assert "--force always means" in shown and "--version" in shown and "--install-completion" in shown
+    assert "[env var: DFO_RUNS_DIR]" in " ".join(dfo(["runs", "list", "--help"]).out.split())
+
+
+# ------------------------------------------------------------------------------ COMMAND_MODULES
+
+
+def test_command_modules_name_every_cli_command_module_and_the_command_it_adds():
+    modules = {p.stem for p in CLI_DIR.glob("*_cmd.py")}
+    assert set(cli_main.COMMAND_MODULES.values()) == modules, "COMMAND_MODULES and orchestrator/cli/*_cmd.py differ"
+    for module in modules:
+        importlib.import_module(f"orchestrator.cli.{module}")
+    app = cli_main.app
+    added = {info.name: info.callback.__module__ for info in app.registered_commands}
+    added |= {info.name: next(c.callback.__module__ for c in info.typer_instance.registered_commands)
+              for info in app.registered_groups}
+    assert added == {name: f"orchestrator.cli.{m}" for name, m in cli_main.COMMAND_MODULES.items()}
+    listed = list(typer.main.get_command(app).commands)  # type: ignore[attr-defined]  # a group
+    assert listed == list(cli_main.COMMAND_MODULES), "COMMAND_MODULES is not in `dfo --help` order"
+
+
+def test_a_command_loads_only_its_own_module():
+    probe = ("import sys; from orchestrator.cli import main; main._register(['--connect-timeout', '5', 'runs', 'list'])"
+             "; print(sorted(m for m in sys.modules if m.startswith('orchestrator.cli.') and m.endswith('_cmd')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['orchestrator.cli.runs_cmd']"
