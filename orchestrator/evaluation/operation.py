@@ -42,12 +42,12 @@ from orchestrator.jobs.operation import (
 )
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.relay.operation import RelayOptions, relay
-from orchestrator.transport import Connector, for_each_host
+from orchestrator.transport import Connector, for_each_host, hostcall
 from orchestrator.transport.hostlock import host_lock
 
 ENGINE_DIR = "engine"  # the payload's engine logs, inside a host's pulled results
 MIN_FREE_BYTES = 2 * 2**30  # results are small, but the feature cache of a real target is not
-_CHECK_SCRIPT = 'for p in "$@"; do if [ -e "$p" ]; then echo "OK $p"; else echo "MISSING $p"; fi; done'
+HOST_SCRIPT = Path(__file__).with_name("host_script.py")
 
 
 class Detached(Exception):
@@ -70,21 +70,12 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
     eval_hosts = set(plan.provision_hosts)
 
     def check(host: str) -> dict:
-        session = connector.session(host)
+        inv_host = connector.inventory.hosts[host]
         paths = plan.checks.get(host, [])
-        res = session.run(["sh", "-c", _CHECK_SCRIPT, "sh", *paths]) if paths else None
-        missing = [line[len("MISSING "):] for line in (res.text.splitlines() if res else [])
-                   if line.startswith("MISSING ")]
-        facts: dict[str, Any] = {"missing": missing}
-        if host in eval_hosts:
-            workdir = connector.inventory.hosts[host].workdir
-            df = session.run(["sh", "-c", 'p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
-                              'df -Pk "$p" | awk \'NR==2 {print $4}\'', "sh", workdir], check=False)
-            facts["free_bytes"] = int(df.text.strip()) * 1024 if df.text.strip().isdigit() else None
-            if plan.request.device == "cuda":
-                gpus = session.run("nvidia-smi -L 2>/dev/null || true", check=False).text.strip().splitlines()
-                facts["gpus"] = gpus
-        return facts
+        reply = hostcall.call(connector.session(host), HOST_SCRIPT, "input_facts", python=inv_host.python,
+                              timeout=120, paths=paths, workdir=inv_host.workdir if host in eval_hosts else None,
+                              list_gpus=host in eval_hosts and plan.request.device == "cuda")
+        return _input_facts(host, reply, paths)
 
     outcomes: dict[str, Any] = for_each_host(list(plan.checks), check)
     failures = [o for o in outcomes.values() if not o.ok]
@@ -113,6 +104,20 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
                          "\n".join(f"  {p}" for p in problems),
                          hint="fix the paths (they are paths on the named host) and run again")
     return {h: o.value for h, o in outcomes.items()}
+
+
+def _input_facts(host: str, reply: object, paths: list[str]) -> dict[str, Any]:
+    """input_facts's reply, checked: a host names only paths it was asked about, counts are counts."""
+    if not isinstance(reply, dict) or not isinstance(reply.get("missing"), list):
+        raise HostError(host, f"input_facts: unexpected reply from the host: {str(reply)[:200]}")
+    facts: dict[str, Any] = {"missing": [p for p in paths if p in reply["missing"]]}
+    if "free_bytes" in reply:
+        free = reply["free_bytes"]
+        facts["free_bytes"] = free if isinstance(free, int) and not isinstance(free, bool) and free >= 0 else None
+    if "gpus" in reply:
+        gpus = reply["gpus"]
+        facts["gpus"] = [g[:200] for g in gpus if isinstance(g, str)] if isinstance(gpus, list) else []
+    return facts
 
 
 # ------------------------------------------------------------------------------ preparation
@@ -180,7 +185,8 @@ def _upload_datasets(connector: Connector, plan: EvalPlan) -> None:
 def _put_file(connector: Connector, host: str, data: bytes, digest: str, remote: str, what: str) -> None:
     session = connector.session(host)
     folder, name = posixpath.split(remote)
-    session.run(["mkdir", "-p", folder])
+    python = connector.inventory.hosts[host].python
+    hostcall.call(session, HOST_SCRIPT, "make_folder", python=python, path=folder)
     # Someone else who can write the folder cannot choose what the upload writes through: the temporary
     # name is fresh and created exclusively (O_CREAT|O_EXCL fails on any existing name, a planted link
     # too), and rename(2) replaces whatever is at REMOTE (a link included) instead of writing through it.
@@ -190,9 +196,7 @@ def _put_file(connector: Connector, host: str, data: bytes, digest: str, remote:
         with session.sftp.open(tmp, "wx") as fh:
             fh.set_pipelined(True)
             fh.write(data)
-        check = session.run(["sh", "-c", 'openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1"', "sh",
-                             tmp])
-        if (check.text.split() or [""])[0].lstrip("*") != digest:
+        if hostcall.call(session, HOST_SCRIPT, "file_sha256", python=python, path=tmp) != digest:
             raise HostError(host, f"{what} {remote} failed sha256 verification after upload")
         session.sftp.posix_rename(tmp, remote)
         renamed = True

@@ -203,6 +203,12 @@ def pool_listing(pool):
     return out
 
 
+def discard(folder):
+    """Remove an upload's staging folder after a broken transfer (nothing in it was accepted)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
 def accept(staging, dest, files, executable=False):
     """Verify files that arrived in ``staging`` against their sha256, then move them into ``dest``."""
     bad = []

@@ -31,6 +31,7 @@ How (facts in, plan out, then execute; which uv a host uses: plan.py ``choose_uv
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.core.errors import HostError, InputError
+from orchestrator.core.errors import DfoError, HostError, InputError
 from orchestrator.core.events import Events, QuietEvents
 from orchestrator.core.inventory import Host
 from orchestrator.core.units import human_bytes
@@ -87,7 +88,7 @@ from orchestrator.provision.replies import (
 )
 from orchestrator.provision.wheelhouse import Target, Wheelhouse, build_wheelhouse, cached_wheelhouse
 from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
-from orchestrator.transport.bulk import FAST_CIPHER, ssh_argv, ssh_binary
+from orchestrator.transport.bulk import FAST_CIPHER, ssh_binary, untar_argv
 from orchestrator.transport.hostlock import host_lock
 
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")  # sent to the host on stdin, see transport.hostcall
@@ -166,8 +167,7 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
     if ssh_binary() is None:
         raise HostError(name, "the system `ssh` binary is needed for uploads and was not found",
                         hint="install openssh-client on the controller")
-    remote = f"mkdir -p {shlex.quote(staging)} && tar -x -f - -C {shlex.quote(staging)}"
-    proc = subprocess.Popen(ssh_argv(connector.resolved(name), remote, cipher=FAST_CIPHER),
+    proc = subprocess.Popen(untar_argv(connector.resolved(name), staging, cipher=FAST_CIPHER),
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     errors = bytearray()
     reader = threading.Thread(target=lambda: errors.extend(proc.stderr.read()), daemon=True)
@@ -201,7 +201,8 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
     reader.join(10)
     if code != 0:
         detail = errors.decode("utf-8", "replace").strip()[-1500:]
-        session.run(["rm", "-rf", staging], check=False)  # tar wrote only into the staging folder
+        with contextlib.suppress(DfoError):  # tar wrote only into the staging folder
+            hostcall.call(session, HOST_SCRIPT, "discard", python=python, folder=staging)
         raise HostError(name, f"upload into {staging} failed (ssh exit {code}): {detail or 'no message'}")
     accepted = hostcall.call(session, HOST_SCRIPT, "accept", python=python, staging=staging, dest=remote_dir,
                              files={n: sha for n, (_p, sha) in files.items()}, executable=executable)

@@ -88,3 +88,9 @@ def ssh_argv(host: ResolvedHost, remote_command: str | Sequence[str], *, cipher:
     ``--`` ends the options: nothing after it (the destination, the command) can be read as one."""
     cmd = remote_command if isinstance(remote_command, str) else shlex.join(str(p) for p in remote_command)
     return [ssh_binary() or "ssh", *ssh_options(host, cipher=cipher), "--", destination(host), cmd]
+
+
+def untar_argv(host: ResolvedHost, folder: str, *, cipher: str | None = None) -> list[str]:
+    """argv of ``ssh HOST`` unpacking the tar stream on its stdin into FOLDER (created): bulk uploads go as
+    one stream through the system ssh, no Python in the byte path. FOLDER reaches the shell quoted."""
+    return ssh_argv(host, f"mkdir -p {shlex.quote(folder)} && tar -x -f - -C {shlex.quote(folder)}", cipher=cipher)

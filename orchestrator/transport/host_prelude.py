@@ -34,6 +34,34 @@ def _write_json(path, data, mode=0o644):
     os.replace(tmp, path)
 
 
+def _free_bytes(path):
+    """Free bytes where PATH is or, not existing yet, would be created (its nearest existing parent); None
+    when that cannot be measured."""
+    where = path
+    while not os.path.exists(where) and where not in ("/", ""):
+        where = os.path.dirname(where)
+    try:
+        st = os.statvfs(where or "/")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _command_lines(argv, timeout=60):
+    """ARGV's stdout lines (stripped, non-empty), or [] when it is not installed or fails to run."""
+    import shutil
+    import subprocess
+
+    if not shutil.which(argv[0]):
+        return []
+    try:
+        out = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             timeout=timeout).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def _confine(root, rel):
     """ROOT/REL after checking that REL is a clean relative name that stays under ROOT (symlinks resolved).
 

@@ -3,38 +3,16 @@
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
 
 def host_facts(paths):
-    """This interpreter's version, the GPUs nvidia-smi lists, and the free bytes where each of PATHS is (or,
-    not existing yet, would be created: its nearest existing parent)."""
+    """This interpreter's version, the GPUs nvidia-smi lists, and the free bytes where each of PATHS is."""
     import platform
-    import shutil
 
-    gpus = []
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                 timeout=60).stdout.decode("utf-8", "replace")
-            gpus = [line.strip() for line in out.splitlines() if line.strip()]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    free = {}
-    for path in paths:
-        where = path
-        while not os.path.exists(where) and where not in ("/", ""):
-            where = os.path.dirname(where)
-        try:
-            st = os.statvfs(where or "/")
-            free[path] = st.f_bavail * st.f_frsize
-        except OSError:
-            free[path] = None
-    return {"python": platform.python_version(), "gpus": gpus, "free_disk": free}
+    gpus = _command_lines(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
+    return {"python": platform.python_version(), "gpus": gpus, "free_disk": {p: _free_bytes(p) for p in paths}}
 
 
 def _say(obj):

@@ -52,3 +52,16 @@ def list_folder(folder):
         except OSError:
             pass  # removed while listing: the next look sees the folder as it is then
     return doc
+
+
+def remove_relayed(root, name):
+    """Remove the relayed checkpoint ROOT/NAME and its manifest (the weights were evaluated; the series keeps
+    their digests). NAME is confined under ROOT here too: the host does not trust the controller either."""
+    import shutil
+
+    for path in (_confine(root, name), _confine(root, name + ".dfo-manifest.json")):
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+    return True

@@ -48,7 +48,7 @@ from orchestrator.watch.measures import (
     verdict_text,
 )
 from orchestrator.watch.plot import write_plot
-from orchestrator.watch.probe import list_folder
+from orchestrator.watch.probe import list_folder, remove_relayed
 from orchestrator.watch.render import series_markdown
 from orchestrator.watch.selection import Options, RoundPlan, plan_round
 from remote_payload.eval.options import WATCH, request_options
@@ -346,7 +346,7 @@ class Watcher:
             self.events.warn(f"not removing {path!r} from {self.cfg.eval_host}: not one checkpoint inside {root}")
             return None
         try:
-            self.connector.session(self.cfg.eval_host).run(["rm", "-rf", "--", path, path + ".dfo-manifest.json"])
+            remove_relayed(self.connector, self.cfg.eval_host, root, path[len(root.rstrip("/")) + 1:])
         except DfoError as exc:
             self.events.warn(f"could not remove {path}: {exc.message}")
             return None

@@ -1,7 +1,8 @@
-"""List a checkpoint folder on the training host (the only I/O discovery needs).
+"""The watcher's calls on hosts: list a checkpoint folder on the training host (the only I/O discovery needs),
+remove a relayed checkpoint from the eval host once it was evaluated.
 
-The listing is ``host_script.list_folder``, run with the host's own Python through ``hostcall`` (the
-folder travels as a JSON argument, never through a shell). Its answer is data from another machine:
+Both are ``host_script`` functions run with the host's own Python through ``hostcall`` (folders and names
+travel as JSON arguments, never through a shell). The listing is data from another machine:
 ``discovery.parse_listing`` checks every field before anything uses it.
 """
 
@@ -19,3 +20,10 @@ def list_folder(connector: Connector, host: str, folder: str) -> object:
     python = connector.inventory.hosts[host].python
     return hostcall.call(connector.session(host), HOST_SCRIPT, "list_folder", python=python, timeout=120,
                          folder=folder)
+
+
+def remove_relayed(connector: Connector, host: str, root: str, name: str) -> None:
+    """Remove ROOT/NAME (a relayed checkpoint folder) and its manifest from HOST."""
+    python = connector.inventory.hosts[host].python
+    hostcall.call(connector.session(host), HOST_SCRIPT, "remove_relayed", python=python, timeout=300, root=root,
+                  name=name)
