@@ -155,7 +155,11 @@ class Host(_Strict):
 
     @property
     def engine_venv(self) -> str:
-        return self.paths.engine_venv or posixpath.join(self.workdir, "engines", "vllm")
+        return self.engine_venv_for("vllm")
+
+    def engine_venv_for(self, engine: str) -> str:
+        """An engine's venv: ``paths.engine_venv`` when set, else ``<workdir>/engines/<engine>`` (one per engine)."""
+        return self.paths.engine_venv or posixpath.join(self.workdir, "engines", engine)
 
 
 class Inventory(_Strict):

@@ -273,7 +273,8 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
         for h in hosts:
             if d.host_path is not None:
                 checks[h].append(d.host_path)
-    engine_pythons = {h: engine_python(inventory, h) for h in hosts} if req.uses_engine else {}
+    engine = req.engine or (req.reference if req.reference in ENGINES else None)
+    engine_pythons = {h: engine_python(inventory, h, engine) for h in hosts} if engine else {}
     for h, python in engine_pythons.items():
         checks[h].append(python)  # a clear error before anything changes when the venv is not provisioned
     jobs = []
@@ -295,9 +296,9 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
                     engine_pythons=engine_pythons)
 
 
-def engine_python(inventory: Inventory, host: str) -> str:
-    """The engine venv's interpreter on ``host`` (``dfo provision --host HOST --engine vllm`` builds it)."""
-    return posixpath.join(inventory.hosts[host].engine_venv, "bin", "python")
+def engine_python(inventory: Inventory, host: str, engine: str = "vllm") -> str:
+    """The engine venv's interpreter on ``host`` (``dfo provision --host HOST --engine ENGINE`` builds it)."""
+    return posixpath.join(inventory.hosts[host].engine_venv_for(engine), "bin", "python")
 
 
 def _place_drafters(req: EvalRequest, inventory: Inventory, hosts: list[str]):

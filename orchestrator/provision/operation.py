@@ -324,7 +324,7 @@ def _gather(connector: Connector, host: str, events: Events, *, lock, venv: str 
     if host not in connector.inventory.hosts:
         raise InputError(f"unknown host {host!r}", hint=f"known hosts: {', '.join(connector.inventory.hosts)}")
     inv_host = connector.inventory.hosts[host]
-    venv = venv or (inv_host.engine_venv if engine else inv_host.venv)
+    venv = venv or (inv_host.engine_venv_for(engine) if engine else inv_host.venv)
     cuv = controller_uv()
     dfo_uv = posixpath.join(inv_host.workdir, "tools", f"uv-{cuv.version}", "uv")
     session = connector.session(host)

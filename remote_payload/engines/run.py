@@ -6,10 +6,10 @@ engine outputs compare token for token with references. Acceptance is the reply'
 (``Engine.parse_completion``: vLLM's ``metrics.speculative_decoding``, SGLang's ``meta_info``), so it is
 per request at any concurrency.
 
-A level of the sweep sends every prompt with ``concurrency`` requests in flight and records, in prompt
-order, each request's output, seconds and acceptance, and for the level: output tokens/s (the level's
-tokens over its wall time), time per output token (each request's seconds / its tokens, averaged: TTFT
-included), the acceptance totals (τ micro = mean acceptance length, 1 + accepted / rounds) and the samples
+A level of the sweep (after one untimed warm-up request) sends every prompt with ``concurrency`` requests in
+flight and records, in prompt order, each request's output, seconds and acceptance, and for the level:
+output tokens/s (the level's tokens over its wall time), time per output token (each request's seconds /
+its tokens, averaged: TTFT included), the acceptance totals (τ micro = mean acceptance length, 1 + accepted / rounds) and the samples
 whose output is not the reference. ``counter_check`` is the once-per-run proof that the per-request figures
 add up: the difference of the server-wide counters (``spec_metrics``) around one whole level must equal
 their sum exactly (rounds, drafted, accepted, per position).
@@ -177,10 +177,13 @@ def counter_check(level: dict, delta: SpecCounters, positions: int) -> dict:
 
 def sweep(server: EngineServer, prompts: Sequence[EnginePrompt], max_tokens: int, stop_ids: Sequence[int],
           levels: Sequence[int], on_sample: Callable[[int, int, int, dict], None] | None = None) -> dict:
-    """One level per concurrency (lowest first); with a drafter and an engine whose counters dfo reads, the
-    first level is bracketed by two counter readings (``counter_check``)."""
+    """One level per concurrency (lowest first), after one untimed warm-up request (a fresh server's first
+    request pays one-off costs that would count against whichever level came first); with a drafter and an
+    engine whose counters dfo reads, the first level is bracketed by two counter readings (``counter_check``)."""
     positions = positions_of(server.cfg)
     checked = server.cfg.drafter is not None and server.engine.counters_prefix is not None
+    if prompts:
+        run_one(server, prompts[0], max_tokens, stop_ids, positions)
     out: list[dict] = []
     check = None
     for c in sorted(levels):

@@ -95,7 +95,8 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
 
     eng = results["drafters"]["ours"]["engine"]
     assert eng["exported"] == "training format"  # stripped to the z-lab folder vLLM loaded
-    assert eng["outputs"] == {"samples": SAMPLES, "match_reference": SAMPLES, "mismatches": [], "equal_plain": True}
+    assert eng["outputs"] == {"samples": SAMPLES, "match_reference": SAMPLES, "mismatches": [], "equal_plain": True,
+                              "mismatches_by_concurrency": {"1": [], "4": []}}
     assert eng["tokens_per_s"]["plain"] > 0 and eng["tokens_per_s"]["dflash"] > 0
     table = eng["concurrency"]
     assert [r["concurrency"] for r in table] == [1, 4]

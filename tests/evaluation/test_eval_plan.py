@@ -146,6 +146,11 @@ hosts:
         assert "--reference" not in job.args  # references: the target's own greedy decoding
         assert plan.engine_pythons[job.host] in plan.checks[job.host]  # pre-flight: missing venv, clear error
     assert "engine_pythons" in plan.as_dict()
+    sglang = plan_eval(EvalRequest(hosts=["ct130"], target="/models/t", drafters=[parse_drafter("z=/models/d", inv)],
+                                   engine="sglang", engine_concurrency="1,16"), inv)
+    (job,) = sglang.jobs  # each engine its own default venv: the two never overwrite each other
+    assert _after(job.args, "--engine-python") == ["/srv/dfo/engines/sglang/bin/python"]
+    assert _after(job.args, "--engine") == ["sglang"] and _after(job.args, "--engine-concurrency") == ["1,16"]
 
 
 def test_reference_vllm_alone_and_with_the_engine():
