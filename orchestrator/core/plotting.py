@@ -44,4 +44,4 @@ def integer_ticks(axis: Any, values: list[int]) -> None:
     if len(distinct) <= FEW_TICKS:
         axis.set_ticks(distinct)
     else:
-        axis.set_major_locator(MaxNLocator(nbins=FEW_TICKS - 2, integer=True, min_n_ticks=3))
+        axis.set_major_locator(MaxNLocator(nbins=FEW_TICKS - 2, steps=[1, 2, 2.5, 5, 10], integer=True, min_n_ticks=3))
