@@ -21,7 +21,7 @@ FIRST_POSITIONS = 4
 HEADLINE = "committed"  # the convention of the headline τ (metrics.tau_macro / tau_micro)
 # The figure shown per other convention: z-lab reports a mean over samples, vLLM's counters give 1 + accepted/drafts.
 SHOWN = {"zlab": "tau_macro", "vllm": "tau_micro"}
-DATASETS_NOTE = ("per dataset: τ macro in the committed convention over that dataset's samples (each turn of a "
+DATASETS_NOTE = ("NAME τ [CI]: τ macro in the committed convention over that dataset's samples (each turn of a "
                  "multi-turn row one sample), 95% bootstrap CI; report.md's Benchmarks has zlab τ and categories.")
 CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens); zlab = z-lab's "
                     "benchmark loop, the one its published τ uses (drafts accepted past the end counted); vllm = "
@@ -207,9 +207,9 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     datasets = datasets_of(results)
     columns = ["drafter", f"{HEADLINE} τ macro", "τ micro", *(["zlab τ macro", "vllm τ micro"] if conv else []),
                f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s",
-               *[f"{d} τ [95% CI]" for d in datasets]]
-    for col in columns:  # the headline's convention must stay readable in its header
-        table.add_column(col, justify="left" if col == "drafter" else "right",
+               *[f"{d} τ [CI]" for d in datasets]]
+    for col in columns:  # the headline's convention must stay readable in its header; a τ with its CI on one line
+        table.add_column(col, justify="left" if col == "drafter" else "right", no_wrap=col.endswith("[CI]"),
                          min_width=len(HEADLINE) if col.startswith(HEADLINE) else None)
     for r in rows:
         cells = [r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]),
@@ -351,7 +351,8 @@ def benchmarks_markdown(results: dict) -> list[str]:
     for rec in _objs(_obj(results.get("settings")).get("datasets")):
         source, selection = _obj(rec.get("source")), _obj(rec.get("selection"))
         package = _obj(source.get("package"))
-        origin = (f"package {package.get('distribution')} {package.get('version')} ({package.get('licence')})"
+        licence = f" ({package['licence']})" if package.get("licence") else ""
+        origin = (f"package {package.get('distribution')} {package.get('version')}{licence}"
                   if package else "file " + ", ".join(str(f) for f in source.get("files") or []))
         config = f", {rec['config']}" if rec.get("config") else ""
         out.append("- " + md_text(f"{rec.get('name')} ({rec.get('hub_id')}{config}, split {rec.get('split')}): "

@@ -59,7 +59,7 @@ def test_the_report_has_zlabs_table_shape_datasets_as_columns():
     assert "engine τ" in md and "| d | – | 3.00 |" in md
     assert "zlab-transformers seed 0" in md and "sha256 abababababababab" in md
     header = [c.header for c in summary_table(_results(LINES)).columns]
-    assert "gsm8k τ [95% CI]" in header and "mt-bench τ [95% CI]" in header
+    assert "gsm8k τ [CI]" in header and "mt-bench τ [CI]" in header
 
 
 def _run(tmp_path, name, lines):
