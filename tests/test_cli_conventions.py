@@ -3,7 +3,7 @@
 - bad input and damaged local state: a table of command, exit code, phrases of the message, no traceback;
 - every command's --help: its first sentence whole where commands are listed, no Python type as a metavar,
   help on every option and argument;
-- COMMAND_MODULES: one entry per cli/*_cmd.py module, each registering the command it is listed under.
+- COMMAND_MODULES: one entry per orchestrator/cli/<name>_cmd.py module, each registering the command it is listed under.
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def test_help_shows_the_dfo_variables_and_what_force_means(dfo):
 
 def test_command_modules_name_every_cli_command_module_and_the_command_it_adds():
     modules = {p.stem for p in CLI_DIR.glob("*_cmd.py")}
-    assert set(cli_main.COMMAND_MODULES.values()) == modules, "COMMAND_MODULES and orchestrator/cli/*_cmd.py differ"
+    assert set(cli_main.COMMAND_MODULES.values()) == modules, "COMMAND_MODULES and cli/<name>_cmd.py differ"
     for module in modules:
         importlib.import_module(f"orchestrator.cli.{module}")
     app = cli_main.app

@@ -75,7 +75,7 @@ def _global(
 
 # Command name -> the module that adds it to `app`, in `dfo --help` order (commands, then groups). Only the
 # module of the command being run is imported (a relay never loads paramiko, an inventory edit never loads
-# rich's progress). tests/test_cli_conventions.py checks it against orchestrator/cli/*_cmd.py.
+# rich's progress). tests/test_cli_conventions.py checks it against orchestrator/cli/<name>_cmd.py.
 COMMAND_MODULES = {
     "deploy": "deploy_cmd", "relay-checkpoint": "relay_cmd", "provision": "provision_cmd", "eval": "eval_cmd",
     "demo": "demo_cmd", "watch": "watch_cmd", "inventory": "inventory_cmd", "jobs": "jobs_cmd", "runs": "runs_cmd",
