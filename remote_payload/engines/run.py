@@ -10,9 +10,9 @@ A level of the sweep (after one untimed warm-up request) sends every prompt with
 flight and records, in prompt order, each request's output, seconds and acceptance, and for the level:
 output tokens/s (the level's tokens over its wall time), time per output token (each request's seconds /
 its tokens, averaged: TTFT included), the acceptance totals (τ micro = mean acceptance length, 1 + accepted
-/ rounds) and the samples whose output is not the reference. ``counter_check`` is the once-per-run proof that the per-request figures
-add up: the difference of the server-wide counters (``spec_metrics``) around one whole level must equal
-their sum exactly (rounds, drafted, accepted, per position).
+/ rounds) and the samples whose output is not the reference. ``counter_check`` is the once-per-run proof
+that the per-request figures add up: the difference of the server-wide counters (``spec_metrics``) around
+one whole level must equal their sum exactly (rounds, drafted, accepted, per position).
 
 Every request carries the server's per-run API key (``EngineServer.api_key``), and before each one the server
 is checked to be alive and the only process on its port (``EngineServer.check_serving``).
