@@ -27,8 +27,15 @@ from orchestrator.core.inventory import HOST_NAME_RE, Host, Inventory, Where, pa
 
 def cli_value(field_path: list[str], raw: str) -> Any:
     """A command-line VALUE typed by the field's schema: a string field takes it as written (`1` stays "1",
-    `eval host: A6000` stays a sentence); any other field reads it as YAML (`2222`, `true`, `[eval]`)."""
-    return raw if _is_string_field(field_path) else parse_yaml_value(raw)
+    `eval host: A6000` stays a sentence) unless it is a quoted YAML string (`"/data/x y"`, unquoted); any
+    other field reads it as YAML (`2222`, `true`, `[eval]`)."""
+    if not _is_string_field(field_path):
+        return parse_yaml_value(raw)
+    if raw[:1] in ("'", '"'):
+        quoted = parse_yaml_value(raw)
+        if isinstance(quoted, str):
+            return quoted
+    return raw
 
 
 def parse_yaml_value(raw: str) -> Any:

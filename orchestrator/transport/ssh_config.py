@@ -301,7 +301,7 @@ def _match_line(args: list[str], ctx: _Context, options: _Options, where: str, *
         elif criterion == "exec":
             if not (result and evaluate):  # ssh skips the command once the line cannot match
                 continue
-            matched = _exec_matches(arg, ctx, options)
+            matched = _exec_matches(arg, ctx, options, where)
         else:
             raise InputError(f"{where}: Match {criterion} is not supported by dfo",
                              hint="dfo reads all, host, originalhost, user, localuser, exec, canonical and final")
@@ -318,7 +318,7 @@ def _match_host(options: _Options, ctx: _Context) -> str:
     return _percent_expand(options.values["hostname"], {"%": "%", "h": ctx.host}, options.where["hostname"])
 
 
-def _exec_matches(command: str, ctx: _Context, options: _Options) -> bool:
+def _exec_matches(command: str, ctx: _Context, options: _Options, where: str) -> bool:
     """``Match exec``: the user's own command, run as ssh runs it (their shell, stdin and stdout closed)."""
     host = _match_host(options, ctx)
     port = options.values.get("port", "22")
@@ -327,13 +327,13 @@ def _exec_matches(command: str, ctx: _Context, options: _Options) -> bool:
     tokens = {"%": "%", "C": hashlib.sha1(f"{local}{host}{port}{user}".encode()).hexdigest(),
               "L": local.split(".")[0], "d": os.path.expanduser("~"), "h": host, "k": host, "l": local,
               "n": ctx.original, "p": port, "r": user, "u": getpass.getuser()}
-    line = _percent_expand(command, tokens, "Match exec")
+    line = _percent_expand(command, tokens, where)
     shell = os.environ.get("SHELL") or "/bin/sh"
     try:
         return subprocess.run([shell, "-c", line], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InputError(f"ssh_config Match exec {command!r} could not run: {exc}") from None
+        raise InputError(f"{where}: Match exec {command!r} could not run: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------- expansion

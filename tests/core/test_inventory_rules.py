@@ -145,6 +145,8 @@ def test_remove_host_with_force_removes_it_and_says_who_still_names_it(tmp_path)
     ("description", "[not, a, list]", "[not, a, list]"),
     ("python", "3", "3"),
     ("paths.models", "/data/m: x", "/data/m: x"),
+    ("paths.models", '"/data/quoted: x"', "/data/quoted: x"),  # a quoted YAML string is unquoted
+    ("description", "'it''s'", "it's"),
     ("port", "2222", 2222),
     ("gpu", "false", False),
     ("roles", "[eval]", ["eval"]),
