@@ -13,7 +13,7 @@ from orchestrator.cli.eval_options import DECLARED, read_prompts, with_eval_opti
 from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
 from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
-from orchestrator.evaluation.plan import EvalRequest, eval_hosts, parse_drafter, plan_eval
+from orchestrator.evaluation.plan import EvalRequest, eval_hosts, hosts_used, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
 from remote_payload.eval.options import EVAL
 
@@ -49,6 +49,8 @@ def eval_cmd(
     request = EvalRequest(hosts=eval_hosts(host, inv), drafters=[parse_drafter(d, inv) for d in drafter],
                           **{**options, "prompts": prompts.spec})
     plan = plan_eval(request, inv, prompts_digest=prompts.digest, prompt_count=prompts.count)
+    for name in hosts_used(request):
+        inv.host_env(name)  # an unset ${VAR} in a host's env is refused now, not at job launch after a relay
     if dry_run:
         _print_plan(app_ctx, plan, json_out)
         return

@@ -148,6 +148,11 @@ def relay_dir(inventory: Inventory, host: str, source_host: str) -> str:
     return posixpath.join(base, RELAY_SUBDIR, source_host)
 
 
+def hosts_used(req: EvalRequest) -> list[str]:
+    """Every host the eval runs or relays from: their ``env`` (with its ``${VAR}`` references) is used."""
+    return list(dict.fromkeys([*req.hosts, *(d.host for d in req.drafters if d.host)]))
+
+
 def eval_hosts(given: list[str], inventory: Inventory) -> list[str]:
     """--host as given, else the inventory's hosts with the eval role."""
     if given:

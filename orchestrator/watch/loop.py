@@ -31,7 +31,7 @@ from orchestrator.core.errors import DfoError, InputError
 from orchestrator.core.events import Events
 from orchestrator.core.inventory import Inventory
 from orchestrator.evaluation.operation import follow_and_collect, preflight, start_eval, wait_and_collect
-from orchestrator.evaluation.plan import DrafterRef, EvalPlan, EvalRequest, plan_eval, relay_dir
+from orchestrator.evaluation.plan import DrafterRef, EvalPlan, EvalRequest, hosts_used, plan_eval, relay_dir
 from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_atomic
 from orchestrator.jobs.operation import JobRefused
 from orchestrator.transport import Connector
@@ -108,7 +108,10 @@ def check_config(cfg: WatchConfig, inventory: Inventory) -> EvalPlan:
     if cfg.request.drafters:
         plan_eval(cfg.request, inventory, prompts_digest=cfg.prompts_digest, prompt_count=cfg.prompt_count)
     stand_in = cfg.checkpoint_request(STAND_IN, posixpath.join(cfg.folder, f"{STAND_IN}.pt"))
-    return plan_eval(stand_in, inventory, prompts_digest=cfg.prompts_digest, prompt_count=cfg.prompt_count)
+    plan = plan_eval(stand_in, inventory, prompts_digest=cfg.prompts_digest, prompt_count=cfg.prompt_count)
+    for name in hosts_used(stand_in):
+        inventory.host_env(name)  # an unset ${VAR} is refused before the first look, not at the first eval
+    return plan
 
 
 def first_check(connector: Connector, cfg: WatchConfig, stand_in: EvalPlan) -> tuple[RoundPlan, list]:

@@ -127,6 +127,20 @@ def test_host_defaults_to_the_inventory_eval_hosts(files):
     assert "no --host given, and no host in" in none.stderr and "roles: [eval]" in none.stderr
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+@pytest.mark.parametrize("host", ["ct129", "kpro6"], ids=["eval host", "drafter's host"])
+def test_an_unset_env_reference_of_a_host_the_eval_uses_is_refused_before_anything_connects(files, tmp_path, host,
+                                                                                          dry_run):
+    unset = "DFO_TEST_SURELY_UNSET_EVAL_VAR"
+    text = files["inventory"].read_text().replace(f"  {host}: {{", f"  {host}: {{env: {{TOKEN: '${{{unset}}}'}}, ")
+    inventory = tmp_path / "env-inventory.yaml"
+    inventory.write_text(text)
+    proc = dfo(*BASE, *(["--dry-run"] if dry_run else []), inventory=inventory, runs=tmp_path / "runs")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{host}: env TOKEN refers to ${{{unset}}}, which is not set" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
 # ------------------------------------------------------------------------------ drift
 
 

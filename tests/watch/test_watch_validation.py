@@ -65,6 +65,18 @@ def test_bad_watch_input_is_refused_before_anything_connects(files, tmp_path, ca
     assert "detached" not in proc.stderr and not list(runs.rglob("supervisor.pid"))
 
 
+@pytest.mark.parametrize("host", ["ct129", "kpro6"], ids=["eval host", "training host"])
+def test_an_unset_env_reference_is_refused_before_anything_connects(files, tmp_path, host):
+    unset = "DFO_TEST_SURELY_UNSET_WATCH_VAR"
+    text = files["inventory"].read_text().replace(f"  {host}: {{", f"  {host}: {{env: {{TOKEN: '${{{unset}}}'}}, ")
+    inventory = tmp_path / "env-inventory.yaml"
+    inventory.write_text(text)
+    proc = dfo("watch", *OK, "--detach", inventory=inventory, runs=tmp_path / "runs", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{host}: env TOKEN refers to ${{{unset}}}, which is not set" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr and "detached" not in proc.stderr
+
+
 def test_the_eval_host_defaults_to_the_one_with_the_eval_role(files):
     # ct129 is the only eval host: it is the one the first check reaches for (and cannot reach).
     proc = dfo(*BASE, "--dry-run", inventory=files["inventory"])
