@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -73,9 +74,10 @@ def temp_path_for(path: Path) -> Path:
 
 
 def mark_used(path: Path) -> None:
-    """A reused entry becomes the most recently used (its mtime is the recency the eviction reads)."""
+    """A reused entry becomes the most recently used: its access time is set now (a mount with noatime would
+    not), its modification time kept (it still says when the entry was written)."""
     try:
-        os.utime(path)
+        os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
     except OSError:
         pass
 
@@ -91,7 +93,7 @@ def enforce_limit(cache_dir: Path, limit_bytes: int, keep: Iterable[Path] = ()) 
         except OSError:
             continue
         if path.is_file() and not path.is_symlink() and not path.name.startswith("."):  # .x.tmp: a writer's
-            entries.append((st.st_mtime, st.st_size, path))
+            entries.append((max(st.st_atime, st.st_mtime), st.st_size, path))  # last written or used
     total = sum(size for _, size, _ in entries)
     before, evicted, evicted_bytes = total, 0, 0
     for _, size, path in sorted(entries, key=lambda e: e[0]):

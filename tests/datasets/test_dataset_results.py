@@ -11,7 +11,7 @@ from orchestrator.evaluation.compare import compare_runs, dataset_lines
 from orchestrator.evaluation.report import benchmarks_markdown, summary_table
 from orchestrator.evaluation.runs import Run
 from orchestrator.watch.measures import dataset_measures, dataset_taus, judge_datasets
-from remote_payload.inputs.cache import enforce_limit
+from remote_payload.inputs.cache import enforce_limit, mark_used
 from remote_payload.metrics.aggregate import dataset_breakdown
 
 
@@ -110,3 +110,15 @@ def test_the_cache_limit_removes_least_recently_used_files_but_never_kept_ones(t
     assert out == {"limit_bytes": 2500, "bytes_before": 5000, "bytes": 2000, "evicted": 3, "evicted_bytes": 3000,
                    "over_limit": False}
     assert enforce_limit(tmp_path, 500, keep=files)["over_limit"] is True
+
+
+def test_a_reused_entry_counts_as_recently_used_and_keeps_its_write_time(tmp_path):
+    old, newer = tmp_path / "old.json", tmp_path / "newer.json"
+    for i, f in enumerate((old, newer)):
+        f.write_bytes(b"x" * 100)
+        os.utime(f, (time.time() - 100 + i, time.time() - 100 + i))
+    written = old.stat().st_mtime_ns
+    mark_used(old)  # a cache hit
+    assert old.stat().st_mtime_ns == written
+    enforce_limit(tmp_path, 150)
+    assert old.exists() and not newer.exists()
