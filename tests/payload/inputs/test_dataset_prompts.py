@@ -56,3 +56,38 @@ def test_the_second_mt_bench_turn_is_asked_with_the_first_turns_answer(fixture_d
     assert ctx.prompts[1].message_dicts() == messages
     assert second.prompt_ids == zlab_ids(target.tokenizer, messages)
     assert first.prompt_ids == zlab_ids(target.tokenizer, messages[:1])
+
+
+def test_server_references_ask_the_second_turn_after_the_first_with_the_same_history(fixture_dir, target, tmp_path):
+    """`--reference URL` on a multi-turn set: the turns go to the server in waves (first turns, then the turns
+    that follow them), and the second turn's prompt is the one the local path builds from the same answer."""
+    from openai_server import OpenAIServer, load_model
+
+    files = write_sets(tmp_path, ["mt-bench"])
+    server = OpenAIServer(*load_model(fixture_dir / "target")).start()
+    try:
+        def context(url):
+            settings = EvalSettings(target=str(fixture_dir / "target"),
+                                    drafters=[("z", str(fixture_dir / "zlab-drafter"))], datasets=["mt-bench"],
+                                    dataset_files={"mt-bench": str(files["mt-bench"])}, max_new_tokens=8,
+                                    device="cpu", dtype="float32", cache_dir=str(tmp_path / f"cache-{bool(url)}"),
+                                    reference_url=url, reference_concurrency=2)
+            ctx = EvalContext(settings=settings)
+            stages.start(ctx)
+            stages.check_inputs(ctx)
+            ctx.target = target
+            return ctx
+
+        remote = context(server.url)
+        stages.server_references(remote)
+    finally:
+        server.stop()
+    local = context(None)
+    stages.local_references(local)
+    assert [p.id for p in remote.prompts] == ["mt-bench/81/turn1", "mt-bench/81/turn2", "mt-bench/111/turn1",
+                                              "mt-bench/111/turn2"]
+    assert [r.prompt_ids for r in remote.references.refs] == [r.prompt_ids for r in local.references.refs]
+    assert [p.message_dicts() for p in remote.prompts] == [p.message_dicts() for p in local.prompts]
+    first_turns = [remote.references.refs[i].prompt_ids for i in (0, 2)]
+    assert server.answered[:2] == first_turns or server.answered[:2] == first_turns[::-1]  # one wave, any order
+    assert remote.references.batch.summary()["samples"] == 4
