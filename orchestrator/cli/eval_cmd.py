@@ -15,6 +15,7 @@ from orchestrator.cli.render import render_run
 from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
 from orchestrator.evaluation.plan import EvalRequest, eval_hosts, hosts_used, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
+from remote_payload.engines import registry as engine_registry
 from remote_payload.eval.options import EVAL
 
 
@@ -106,17 +107,19 @@ def _engine_plan_lines(plan) -> list[str]:
     if not plan.engine_pythons:
         return []
     venvs = ", ".join(f"{h}: {p}" for h, p in plan.engine_pythons.items())
-    lines = [f"   vLLM engine inside the job (engine python {venvs}; must be provisioned: "
-             "`dfo provision --host HOST --engine vllm`), servers on the eval host's loopback, stopped by PID:"]
-    if req.reference == "vllm":
-        lines.append("     - a plain vLLM server (no speculation), started before the target loads: the reference "
+    engine = req.engine or req.reference
+    title = engine_registry.get(engine).title
+    lines = [f"   {title} engine inside the job (engine python {venvs}; must be provisioned: "
+             f"`dfo provision --host HOST --engine {engine}`), servers on the eval host's loopback, stopped by PID:"]
+    if req.reference == engine:
+        lines.append(f"     - a plain {title} server (no speculation), started before the target loads: the reference "
                      "continuations" + (" and the baseline tokens/s" if req.engine else ""))
     if req.engine:
-        if req.reference != "vllm":
-            lines.append("     - after the offline eval, the target freed: a plain vLLM server once (baseline outputs "
-                         "and tokens/s)")
+        if req.reference != engine:
+            lines.append(f"     - after the offline eval, the target freed: a plain {title} server once (baseline "
+                         "outputs and tokens/s)")
         names = ", ".join(d.name for d in req.drafters)
-        lines.append(f"     - then one vLLM server per drafter ({names}) with it as DFlash speculative config "
+        lines.append(f"     - then one {title} server per drafter ({names}) with it as DFlash speculative config "
                      "(exported to a z-lab folder when it is not one): engine acceptance vs offline (vllm convention)")
-    lines.append("     - vLLM logs in the run folder (hosts/HOST/engine/, copied to logs/)")
+    lines.append(f"     - {title} logs in the run folder (hosts/HOST/engine/, copied to logs/)")
     return lines

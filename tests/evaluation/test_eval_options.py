@@ -252,3 +252,12 @@ def test_a_watch_series_keeps_every_watch_option_that_changes_the_figures(tmp_pa
     for o in declared.offered(declared.WATCH):
         assert (o.field in kept) == o.compared, o.flag
     assert {"seed", "prompts_sha256", "pattern", "step_from"} <= kept
+
+
+def test_the_dry_run_names_the_engine_it_plans(files):
+    proc = dfo("eval", "--target", "/m/t", "--drafter", "z=/m/d", "--engine", "sglang", "--dry-run",
+               inventory=files["inventory"])
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "SGLang engine inside the job" in out and "`dfo provision --host HOST --engine sglang`" in out
+    assert "one SGLang server per drafter (z)" in out and "vLLM" not in out
