@@ -91,6 +91,11 @@ class WatchConfig:
         return {**kept, "payload_args": list(r.payload_args), "prompts_sha256": self.prompts_digest,
                 "pattern": self.pattern, "step_from": self.step_from}
 
+    def settings_defaults(self) -> dict:
+        """The value each compared option has when not given (what a series started before it existed had)."""
+        return {o.field: o.request_default for o in request_options()
+                if o.compared and (WATCH in o.commands or not o.commands)}
+
     def checkpoint_request(self, name: str, path: str) -> EvalRequest:
         """The eval of one checkpoint (the baselines are evaluated apart, once)."""
         return replace(self.request, drafters=[DrafterRef(name, self.source_host, path)])
@@ -120,7 +125,8 @@ def first_check(connector: Connector, cfg: WatchConfig, stand_in: EvalPlan) -> t
     folder can be listed. ``stand_in``: check_config's plan. Returns the round plan and the names ignored."""
     found = series_state.load_series(series_state.series_dir(cfg.runs_dir, cfg.series))
     if found is not None:
-        series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
+        series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings(),
+                                         cfg.settings_defaults())
     inputs = plan_eval(cfg.request, connector.inventory, prompts_digest=cfg.prompts_digest) \
         if cfg.request.drafters else stand_in
     stand_in_path = stand_in.request.drafters[0].path  # the one input that does not exist
@@ -204,7 +210,8 @@ class Watcher:
             self.series = series_state.new_series(cfg.series, source=cfg.source, eval_host=cfg.eval_host,
                                                   settings=cfg.settings())
         else:
-            series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings())
+            series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings(),
+                                         cfg.settings_defaults())
             self.series = found
         self._publish()
         for e in list(self.series["checkpoints"].values()):

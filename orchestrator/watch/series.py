@@ -162,14 +162,21 @@ def save(folder: Path, series: dict) -> None:
     write_json_atomic(folder / "series.json", series)
 
 
-def check_same_settings(series: dict, source: str, eval_host: str, settings: dict) -> None:
-    """A series compares like with like: the same source folder, eval host and eval settings throughout."""
+def check_same_settings(series: dict, source: str, eval_host: str, settings: dict,
+                        defaults: dict | None = None) -> None:
+    """A series compares like with like: the same source folder, eval host and eval settings throughout.
+
+    ``defaults``: each option's value when not given. A series started before an option existed lacks its key;
+    that is no difference while the option keeps its default (a new option must not orphan every series)."""
+    defaults = defaults or {}
     diffs = []
     if series["source"] != source:
         diffs.append(f"source {series['source']} → {source}")
     if series["eval_host"] != eval_host:
         diffs.append(f"eval host {series['eval_host']} → {eval_host}")
     for key in sorted(set(series["settings"]) | set(settings)):
+        if key not in series["settings"] and key in defaults and settings.get(key) == defaults[key]:
+            continue
         if series["settings"].get(key) != settings.get(key):
             diffs.append(f"{key} {series['settings'].get(key)!r} → {settings.get(key)!r}")
     if diffs:

@@ -132,6 +132,17 @@ def test_settings_must_stay_the_same_and_a_corrupt_state_file_is_a_clear_error(t
         series_state.load_series(tmp_path)
 
 
+def test_an_option_newer_than_the_series_is_no_difference_while_it_keeps_its_default():
+    s = make_series()
+    newer = {**s["settings"], "temperature": 0.0}
+    series_state.check_same_settings(s, s["source"], s["eval_host"], newer, {"temperature": 0.0})
+    with pytest.raises(InputError, match=r"temperature None → 1.0"):
+        series_state.check_same_settings(s, s["source"], s["eval_host"], {**newer, "temperature": 1.0},
+                                         {"temperature": 0.0})
+    with pytest.raises(InputError, match=r"temperature None → 0.0"):  # without the defaults: still a difference
+        series_state.check_same_settings(s, s["source"], s["eval_host"], newer)
+
+
 def test_series_markdown_and_plot(tmp_path):
     s = make_series()
     md = series_markdown(s, plotted=True)
