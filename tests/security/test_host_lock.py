@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runner import dfo
+from cli_runner import dfo_process
 
 from orchestrator.core.inventory import load_inventory
 from orchestrator.deploy.operation import deploy
@@ -53,7 +53,8 @@ def test_a_second_dfo_is_refused_while_one_holds_the_host(sandbox, tmp_path):
             holder = json.loads(_lock_file(sandbox).read_text())
             assert holder["op"] == "deploy"
             for args in (["deploy", "--host", HOST], ["jobs", "run", "-H", HOST, "--lock", "", "--", "true"]):
-                proc = dfo(sandbox, *args, env={"DFO_PAYLOAD_ROOT": str(_payload(tmp_path / "p", "1"))})
+                # A process of its own: the holder named must be the other dfo's, not this one's.
+                proc = dfo_process(sandbox, *args, env={"DFO_PAYLOAD_ROOT": str(_payload(tmp_path / "p", "1"))})
                 assert proc.returncode == 1, proc.stdout + proc.stderr
                 out = " ".join((proc.stdout + proc.stderr).split())  # tables wrap long messages
                 assert "another dfo" in out and holder["owner"] in out, out
@@ -80,7 +81,7 @@ def test_the_lock_names_its_holder_without_the_operators_user_or_controller_host
     with Connector(load_inventory(sandbox.inventory_path)) as conn:
         with host_lock(conn, HOST, "deploy"):
             owner = json.loads(_lock_file(sandbox).read_text())["owner"]
-            proc = dfo(sandbox, "jobs", "run", "-H", HOST, "--lock", "", "--", "true")
+            proc = dfo_process(sandbox, "jobs", "run", "-H", HOST, "--lock", "", "--", "true")
     assert proc.returncode == 1 and owner in " ".join(proc.stderr.split()), proc.stderr  # still names the holder
 
 
