@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_eval(sub)
     _add_tools(sub)
+    from remote_payload.eval.worker import add_parsers  # stdlib at import: --help stays light
+
+    add_parsers(sub, _argparse_spec)
     return p
 
 
