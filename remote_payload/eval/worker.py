@@ -200,7 +200,7 @@ class Worker:
             job_dir = request["job_dir"]
             with open(job_dir / "log", "a", encoding="utf-8") as log:
                 self._evaluate(ctx, request, log)
-            outcome = {"ok": True}
+            outcome: dict = {"ok": True}
         except PayloadError as exc:
             outcome = {"ok": False, "error": " ".join(str(exc).split())}
         except Exception as exc:  # noqa: BLE001 - one bad drafter must not stop the worker
