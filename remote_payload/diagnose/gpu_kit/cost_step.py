@@ -1,0 +1,143 @@
+"""Step ``cost``: the eval's cost at the real size, on random weights built from the published configurations.
+
+Sections, each saved as soon as it is measured (``real_size.py`` builds the models):
+
+- ``build``: the target on the device (parameters, bytes, the kernel path bound, seconds);
+- ``extraction``: the payload's ``extract`` on 2,048-token samples at the drafter's fc layers: the first call
+  (Triton compiles and autotunes there) apart from the timed ones, tokens/s and the CUDA peak over them;
+- ``decode``: the payload's greedy decoding (the reference stage) after a prefill of ``decode_context`` tokens:
+  seconds per new token, from two decodes that differ only in their length;
+- ``drafter``: the eval's draft pass and replays over one extracted sample: the chain (top-1 pass, chain
+  replay) and DDTree-8 (the eval's own pass, top-``draft_topk``, then the top-8 and budgeted tree replays);
+- ``sizes``: feature bytes per token (and what a cache file adds).
+
+With random weights nothing is accepted, so every replay visits every anchor: the replay figures are the upper
+bound of what a trained drafter costs (its rounds skip the anchors inside accepted runs); the draft pass, which
+drafts at every anchor either way, costs the same.
+"""
+
+from __future__ import annotations
+
+import time
+
+from remote_payload.diagnose.gpu_kit import real_size
+from remote_payload.diagnose.gpu_kit.part import Part
+
+SIZES = {"gpu": {"tokens": 2048, "prompt": 128, "timed": 3, "decode_context": 1024, "decode_tokens": 32},
+         "smoke": {"tokens": 64, "prompt": 16, "timed": 1, "decode_context": 24, "decode_tokens": 4}}
+CACHE_FILE_EXTRA_BYTES_PER_TOKEN = 16  # token id + the target's argmax, int64 each (inputs/features.py save)
+
+
+def _tokens(n: int, vocab: int, seed: int) -> list[int]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_extraction(target, layer_ids, size: dict, part_out: dict):
+    """First call, then ``timed`` calls on fresh token ids; returns the last call's Features."""
+    from remote_payload.eval.stages import PeakMemory
+    from remote_payload.inputs.features import extract
+
+    L, P = size["tokens"], size["prompt"]
+    t0 = time.perf_counter()
+    feats = extract(target, _tokens(L, target.config.vocab_size, 0), layer_ids, P)
+    part_out["first_call_s"] = round(time.perf_counter() - t0, 3)
+    memory = PeakMemory(target.device)
+    seconds = []
+    for i in range(size["timed"]):
+        feats = extract(target, _tokens(L, target.config.vocab_size, i + 1), layer_ids, P)
+        seconds.append(feats.seconds)
+    part_out.update(tokens_per_sample=L, layer_ids=layer_ids, timed_calls=len(seconds), seconds=seconds,
+                    tokens_per_s=L * len(seconds) / sum(seconds), **memory.read())
+    return feats
+
+
+def measure_decode(target, size: dict) -> dict:
+    """Seconds per greedy token after a prefill of ``decode_context``: (t(1 + n) - t(1)) / n."""
+    from remote_payload.inputs.reference import greedy_decode
+
+    ids = _tokens(size["decode_context"], target.config.vocab_size, 99)
+    greedy_decode(target, ids, 2)  # warm-up: the single-token kernels compile here
+    one = greedy_decode(target, ids, 1)
+    n = size["decode_tokens"]
+    more = greedy_decode(target, ids, 1 + n)
+    per_token = max(more.seconds - one.seconds, 1e-9) / n
+    return {"context": len(ids), "new_tokens": n, "prefill_plus_one_s": round(one.seconds, 4),
+            "seconds_per_token": per_token, "tokens_per_s": 1 / per_token}
+
+
+def measure_drafter(runtime, spec, feats, topk: int, tree: dict) -> dict:
+    """Draft pass + replays over one sample, for the chain (top-1) and for the eval's pass with the tree."""
+    from remote_payload.eval.offline import draft_sample, replay
+    from remote_payload.metrics.tree import sample_tree_rounds
+
+    tokens, P = feats.tokens, feats.prompt_len
+    draft_sample(runtime, feats.layers, tokens[:P + 2 * spec.block_size], P)  # warm-up on a short sample
+    out: dict = {"anchors": len(tokens) - 1 - P, "block_size": spec.block_size}
+    chain = draft_sample(runtime, feats.layers, tokens, P, topk=1)
+    t0 = time.perf_counter()
+    rounds = replay(chain)
+    chain_replay_s = time.perf_counter() - t0
+    out["chain"] = {"draft_s": chain.seconds, "replay_s": chain_replay_s, "rounds": len(rounds),
+                    "tokens_per_s": out["anchors"] / (chain.seconds + chain_replay_s)}
+    both = draft_sample(runtime, feats.layers, tokens, P, topk=topk)
+    t0 = time.perf_counter()
+    replay(both)
+    trees = sample_tree_rounds(both, **tree)
+    replay_s = time.perf_counter() - t0
+    out["ddtree"] = {"topk": topk, **tree, "draft_s": both.seconds, "replay_s": replay_s,
+                     "rounds_topk": len(trees.topk), "rounds_budgeted": len(trees.budgeted),
+                     "tokens_per_s": out["anchors"] / (both.seconds + replay_s)}
+    return out
+
+
+def run(part: Part, mode: str, device: str, kernel: str) -> None:
+    import torch
+
+    from remote_payload.eval.settings import EvalSettings
+    from remote_payload.inputs.features import bytes_per_token
+    from remote_payload.models import kernels
+
+    kernels.apply_policy(device, kernel)  # before transformers' modelling code is imported
+    size, toy = SIZES[mode], mode == "smoke"
+    target = None
+    with part.section("build") as out:
+        t0 = time.perf_counter()
+        target = real_size.build_target(real_size.target_config(toy), device, "bfloat16")
+        _sync(device)
+        params = sum(p.numel() for p in target.model.parameters())
+        out.update(seconds=round(time.perf_counter() - t0, 2), parameters=params,
+                   weight_bytes=sum(p.numel() * p.element_size() for p in target.model.parameters()),
+                   kernel_path=target.kernel_path, kernels=target.kernel_details, layers=target.config.num_layers,
+                   hidden_size=target.config.hidden_size, vocab_size=target.config.vocab_size,
+                   cuda_allocated_bytes=torch.cuda.memory_allocated() if device == "cuda" else None)
+    if target is None or not part.ok("build"):
+        return
+    dcfg = real_size.drafter_config(toy)
+    layer_ids = list(dcfg["dflash_config"]["target_layer_ids"])
+    with part.section("sizes") as out:
+        per_token = bytes_per_token(target, layer_ids)
+        out.update(feature_bytes_per_token=per_token, cache_file_bytes_per_token=per_token +
+                   CACHE_FILE_EXTRA_BYTES_PER_TOKEN, layer_ids=layer_ids, dtype="bfloat16")
+    feats = None
+    with part.section("extraction") as out:
+        feats = measure_extraction(target, layer_ids, size, out)
+    with part.section("decode") as out:
+        out.update(measure_decode(target, size))
+    if feats is None or not part.ok("extraction"):
+        return
+    with part.section("drafter") as out:
+        spec, runtime = real_size.drafter_runtime(dcfg, target)
+        out["drafter_parameters"] = sum(p.numel() for p in runtime.model.parameters())
+        s = EvalSettings(target="", drafters=[])
+        out.update(measure_drafter(runtime, spec, feats, s.draft_topk,
+                                   {"k": s.tree_k, "budget": s.tree_budget, "K": s.tree_K}))
