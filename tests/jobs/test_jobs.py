@@ -7,12 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_runner import dfo
+from cli_runner import dfo, dfo_argv, dfo_env
+from waiting import wait_for
 
 from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.inventory import load_inventory
@@ -34,23 +34,6 @@ from orchestrator.transport.control import HostSession
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.sshd
-
-
-@pytest.fixture
-def connector(sandbox):
-    with Connector(load_inventory(sandbox.inventory_path)) as conn:
-        yield conn
-
-
-def wait_for(predicate, what: str, limit: float = 30.0, step: float = 0.05):
-    """Poll until ``predicate()`` is truthy (a deadline against hangs, not a speed assertion)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"gave up waiting for {what} after {limit}s")
 
 
 def pid_alive(pid: int) -> bool:
@@ -148,10 +131,10 @@ def test_progress_lines_are_rendered_and_text_passes_through(sandbox, connector)
 def test_job_survives_controller_death_and_reattach_gets_logs_and_results(sandbox, connector, tmp_path):
     script = ('for i in $(seq 1 40); do echo "line $i"; sleep 0.1; done; '
               'echo finished > "$DFO_RESULTS_DIR/out.txt"')
-    env = dict(os.environ, DFO_INVENTORY=str(sandbox.inventory_path))
-    ctl = subprocess.Popen([sys.executable, "-m", "orchestrator", "jobs", "run", "-H", "ct129", "--lock", "",
-                            "--follow", "--", "sh", "-c", script],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    # A real controller process: the test kills it mid-job.
+    ctl = subprocess.Popen(dfo_argv("jobs", "run", "-H", "ct129", "--lock", "", "--follow", "--", "sh", "-c", script),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=dfo_env(sandbox.inventory_path), cwd=ROOT)
     try:
         ref = ctl.stdout.readline().strip()
         assert ref.startswith("ct129:"), ref + ctl.stderr.read()

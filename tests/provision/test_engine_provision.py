@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_runner import dfo
 from test_provision import ROOT, make_wheel, read_marker, write_lock
 
 from orchestrator.core.errors import HostError, InputError
@@ -41,12 +39,6 @@ from orchestrator.provision.replies import ProbeFacts, PythonFacts, VenvFacts
 from orchestrator.transport import Connector
 
 HASH = "sha256:" + "a" * 64
-
-
-@pytest.fixture
-def connector(sandbox):
-    with Connector(load_inventory(sandbox.inventory_path)) as conn:
-        yield conn
 
 
 # ------------------------------------------------------------------------------- pure logic
@@ -265,13 +257,11 @@ def test_engine_venv_built_offline_then_second_run_is_a_no_op(sandbox, connector
 @pytest.mark.slow
 @pytest.mark.engine
 def test_cli_engine_without_host_takes_the_eval_hosts(sandbox, engine_host, engine_provision_info):
-    env = dict(os.environ, DFO_INVENTORY=str(sandbox.inventory_path), DFO_CACHE=str(engine_provision_info["cache"]))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "provision", "--engine", "vllm", "--json"],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    env = {"DFO_CACHE": str(engine_provision_info["cache"])}
+    proc = dfo(sandbox, "provision", "--engine", "vllm", "--json", env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert list(doc["hosts"]) == ["ct129"]  # kpro6 is a train host
     assert doc["hosts"]["ct129"]["status"] == "up-to-date" and doc["hosts"]["ct129"]["python"] == engine_host.python
-    bad = subprocess.run([sys.executable, "-m", "orchestrator", "provision", "--engine", "tgi"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    bad = dfo(sandbox, "provision", "--engine", "tgi", env=env, cwd=ROOT)
     assert bad.returncode != 0 and "unknown engine" in bad.stderr and "Traceback" not in bad.stderr

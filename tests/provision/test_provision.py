@@ -14,11 +14,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from cli_runner import dfo
 
 from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.inventory import Host, load_inventory
@@ -77,12 +77,6 @@ def write_lock(path: Path, entries: list[tuple[str, str, str]]) -> Path:
         lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha}")
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-@pytest.fixture
-def connector(sandbox):
-    with Connector(load_inventory(sandbox.inventory_path)) as conn:
-        yield conn
 
 
 def host_python(sandbox, host: str, venv: str, code: str) -> subprocess.CompletedProcess:
@@ -274,9 +268,7 @@ def test_offline_install_came_from_the_pushed_wheelhouse(sandbox, provisioned_ct
 
 @pytest.mark.sshd
 def test_cli_provision_reports_up_to_date_as_json(sandbox, provisioned_ct129, provision_cache):
-    env = dict(os.environ, DFO_INVENTORY=str(sandbox.inventory_path), DFO_CACHE=str(provision_cache))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "provision", "-H", "ct129", "--json"],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    proc = dfo(sandbox, "provision", "-H", "ct129", "--json", env={"DFO_CACHE": str(provision_cache)}, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["hosts"]["ct129"]["status"] == "up-to-date"

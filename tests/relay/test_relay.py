@@ -18,6 +18,7 @@ from pathlib import Path
 import paramiko
 import pytest
 from cli_runner import dfo, dfo_argv, dfo_env
+from waiting import wait_for
 
 from orchestrator.core.errors import DfoError, HostError, OperationError
 from orchestrator.core.inventory import load_inventory
@@ -57,16 +58,6 @@ def done_chunks(journal: Path) -> int:
         return sum(1 for line in journal.read_text().splitlines() if line.startswith("done "))
     except OSError:
         return 0
-
-
-def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the relay ended before {what}: {proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def start_relay(box, src: str, dst: str, *args: str) -> subprocess.Popen:
@@ -191,7 +182,7 @@ def test_sigkill_mid_relay_then_resume_moves_only_the_remainder(sandbox, paths):
     digest = random_file(src / "ck.pt", size)
     journal = dst / "ck.pt.dfo-partial.state"
     proc = start_relay(sandbox, f"kpro6:{src}/ck.pt", f"ct129:{dst}/ck.pt", "--bwlimit", "6M")
-    wait_for(lambda: done_chunks(journal) >= 2, 60, "two chunks journaled", proc)
+    wait_for(lambda: done_chunks(journal) >= 2, "two chunks journaled", timeout=60, proc=proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     assert not (dst / "ck.pt").exists() and (dst / "ck.pt.dfo-partial").exists()
@@ -211,7 +202,7 @@ def test_flipped_byte_in_the_partial_is_detected_and_sent_again(sandbox, paths):
     digest = random_file(src / "ck.pt", size)
     journal, partial = dst / "ck.pt.dfo-partial.state", dst / "ck.pt.dfo-partial"
     proc = start_relay(sandbox, f"kpro6:{src}/ck.pt", f"ct129:{dst}/ck.pt", "--bwlimit", "6M")
-    wait_for(lambda: done_chunks(journal) >= 2, 60, "two chunks journaled", proc)
+    wait_for(lambda: done_chunks(journal) >= 2, "two chunks journaled", timeout=60, proc=proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     with open(partial, "r+b") as fh:  # corrupt one byte inside chunk 1, which the journal calls done
@@ -233,7 +224,7 @@ def test_growing_source_is_refused_and_leaves_no_final_file(sandbox, paths):
     random_file(src / "live.pt", 5 * CHUNK)
     journal = dst / "live.pt.dfo-partial.state"
     proc = start_relay(sandbox, f"kpro6:{src}/live.pt", f"ct129:{dst}/live.pt", "--bwlimit", "6M")
-    wait_for(lambda: done_chunks(journal) >= 1, 60, "a chunk journaled", proc)
+    wait_for(lambda: done_chunks(journal) >= 1, "a chunk journaled", timeout=60, proc=proc)
     with open(src / "live.pt", "ab") as fh:  # the trainer is still writing
         fh.write(os.urandom(MiB))
     _, err = proc.communicate(timeout=60)
@@ -321,7 +312,7 @@ def test_link_down_mid_relay_fails_clearly_and_resumes_after_link_up(fresh_sandb
     digest = random_file(src / "net.pt", size)
     journal = dst / "net.pt.dfo-partial.state"
     proc = start_relay(box, f"kpro6:{src}/net.pt", f"ct129:{dst}/net.pt", "--bwlimit", "6M", "--stall-timeout", "3")
-    wait_for(lambda: done_chunks(journal) >= 2, 60, "two chunks journaled", proc)
+    wait_for(lambda: done_chunks(journal) >= 2, "two chunks journaled", timeout=60, proc=proc)
     box.link_down("ct129")
     try:
         _, err = proc.communicate(timeout=90)

@@ -10,11 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from cli_runner import dfo_process
+from waiting import wait_for
 
 from orchestrator.core.inventory import load_inventory
 from orchestrator.deploy.operation import deploy
@@ -36,15 +36,6 @@ def _payload(root: Path, version: str) -> Path:
 
 def _lock_file(box) -> Path:
     return box.hosts[HOST].workdir / "locks" / "host.lock"
-
-
-def _wait(predicate, what: str, limit: float = 20.0):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def test_a_second_dfo_is_refused_while_one_holds_the_host(sandbox, tmp_path):
@@ -97,7 +88,7 @@ def test_the_lock_ends_with_the_dfo_that_held_it(sandbox):
         proc.kill()  # the controller dies without releasing anything
     finally:
         proc.wait(10)
-    _wait(lambda: not _lock_file(sandbox).exists(), "the host to drop the lock of a dead controller")
+    wait_for(lambda: not _lock_file(sandbox).exists(), "the host to drop the lock of a dead controller", timeout=20)
 
 
 def test_a_stale_host_lock_is_cleared_with_a_notice(sandbox):
@@ -105,7 +96,7 @@ def test_a_stale_host_lock_is_cleared_with_a_notice(sandbox):
         with host_lock(conn, HOST, "deploy"):
             holder = json.loads(_lock_file(sandbox).read_text())
             os.kill(holder["pid"], signal.SIGKILL)  # the holder dies without cleaning up (host crash)
-            _wait(lambda: not Path(f"/proc/{holder['pid']}").exists(), "the holder to die")
+            wait_for(lambda: not Path(f"/proc/{holder['pid']}").exists(), "the holder to die", timeout=20)
             assert _lock_file(sandbox).exists()
         with host_lock(conn, HOST, "deploy") as notices:
             assert notices and "cleared a stale host lock" in notices[0]
@@ -121,7 +112,7 @@ def test_redeploy_and_pruning_never_remove_a_release_a_job_runs_in(sandbox, tmp_
         handle = launch_job(conn, HOST, [sys.executable, "-m", "remote_payload"], cwd=str(workdir / "payload"),
                             lock=None)
         try:
-            _wait(lambda: (workdir / "jobs" / handle.job_id / "pid.json").exists(), "the job to start")
+            wait_for(lambda: (workdir / "jobs" / handle.job_id / "pid.json").exists(), "the job to start", timeout=20)
             release_dir = workdir / "releases" / first
             # A host-side change to the live release, then the same release deployed again: it is
             # re-published, but the folder the job runs in is never deleted under it.

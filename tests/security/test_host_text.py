@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
 from cli_runner import dfo
 from hostile import HostileHost
 from markdown_it import MarkdownIt
+from waiting import wait_for
 
 import orchestrator
 from orchestrator.core.host_text import clean, md_code, md_fence, md_text
@@ -321,10 +321,7 @@ def hostile_job(sandbox):
     with Connector(inv) as conn:
         handle = launch_job(conn, HOST, [inv.hosts[HOST].python, "-c", JOB_SCRIPT, json.dumps(EVIL + MARKUP)],
                             job_name=f"named{EVIL}{MARKUP}", lock=None)
-        deadline = time.monotonic() + 30
-        while not job_status(conn, HOST, handle.job_id).done:
-            assert time.monotonic() < deadline, "job did not finish"
-            time.sleep(0.05)
+        wait_for(lambda: job_status(conn, HOST, handle.job_id).done, "the job to finish")
     return handle
 
 
@@ -366,10 +363,7 @@ def test_runs_pull_of_hostile_results_writes_an_inert_report_and_terminal(sandbo
     with Connector(inv) as conn:
         handle = launch_job(conn, HOST, [inv.hosts[HOST].python, "-c", script, json.dumps([results, samples])],
                             lock=None)
-        deadline = time.monotonic() + 30
-        while not (st := job_status(conn, HOST, handle.job_id)).done:
-            assert time.monotonic() < deadline, "job did not finish"
-            time.sleep(0.05)
+        st = wait_for(lambda: (status := job_status(conn, HOST, handle.job_id)).done and status, "the job to finish")
         assert st.ok, st.log_tail
     runs = tmp_path / "runs"
     run = runs / "20260101-000000-ct129-abcd"

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 from cli_runner import dfo
 from hostile import HostileHost, tree
+from waiting import wait_for
 
 from orchestrator.core.events import QuietEvents
 from orchestrator.core.inventory import load_inventory
@@ -156,10 +157,7 @@ def test_watch_refuses_a_malformed_listing_without_a_traceback(sandbox, tmp_path
 def finished_job(sandbox) -> str:
     with Connector(load_inventory(sandbox.inventory_path)) as conn:
         handle = launch_job(conn, EVAL, ["true"], lock=None)
-        deadline = time.monotonic() + 30
-        while not job_status(conn, EVAL, handle.job_id).done:
-            assert time.monotonic() < deadline, "job did not finish"
-            time.sleep(0.05)
+        wait_for(lambda: job_status(conn, EVAL, handle.job_id).done, "the job to finish")
     return handle.job_id
 
 

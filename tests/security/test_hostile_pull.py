@@ -4,11 +4,11 @@ write nothing outside their folders, and say which host answered what."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from cli_runner import dfo
 from hostile import HostileHost, tree
+from waiting import wait_for
 
 from orchestrator.core.inventory import load_inventory
 from orchestrator.jobs.operation import HOST_SCRIPT, job_status, launch_job
@@ -22,10 +22,7 @@ def _finished_job(box, argv: list[str]) -> tuple[str, str, dict]:
     """(job id, job dir, the host's honest `results` reply) of a small job run to its end."""
     with Connector(load_inventory(box.inventory_path)) as conn:
         handle = launch_job(conn, HOST, argv, lock=None)
-        deadline = time.monotonic() + 30
-        while not job_status(conn, HOST, handle.job_id).done:
-            assert time.monotonic() < deadline, "job did not finish"
-            time.sleep(0.05)
+        wait_for(lambda: job_status(conn, HOST, handle.job_id).done, "the job to finish")
         workdir = conn.inventory.hosts[HOST].workdir
         honest = hostcall.call(conn.session(HOST), HOST_SCRIPT, "results", python=conn.inventory.hosts[HOST].python,
                                workdir=workdir, job_id=handle.job_id)
