@@ -51,6 +51,10 @@ def measure_extraction(target, layer_ids, size: dict, part_out: dict):
     t0 = time.perf_counter()
     feats = extract(target, _tokens(L, target.config.vocab_size, 0), layer_ids, P)
     part_out["first_call_s"] = round(time.perf_counter() - t0, 3)
+    if target.device == "cuda":
+        import torch
+
+        part_out["cuda_allocated_before_bytes"] = torch.cuda.memory_allocated()  # the weights, mostly
     memory = PeakMemory(target.device)
     seconds = []
     for i in range(size["timed"]):
@@ -122,6 +126,9 @@ def run(part: Part, mode: str, device: str, kernel: str) -> None:
                    cuda_allocated_bytes=torch.cuda.memory_allocated() if device == "cuda" else None)
     if target is None or not part.ok("build"):
         return
+    if kernel == "fla" and target.kernel_path != "fla":
+        part.note(f"fla was requested but the target bound the {target.kernel_path} path: the rates below are that "
+                  "path's, not fla's")
     dcfg = real_size.drafter_config(toy)
     layer_ids = list(dcfg["dflash_config"]["target_layer_ids"])
     with part.section("sizes") as out:

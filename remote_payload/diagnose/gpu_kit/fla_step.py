@@ -28,7 +28,7 @@ CPU_FIGURES = Path(__file__).resolve().parent / "data" / "cpu_interpreter_figure
 DTYPES = ("float32", "bfloat16")
 # The procedure of tests/fla_cpu/probe.py: the first built-in prompt, 24 greedy tokens through the torch path.
 TABLE_NEW_TOKENS = {"gpu": 24, "smoke": 8}
-EVAL = {"gpu": {"samples": 4, "max_new_tokens": 64, "timeout_s": 150},
+EVAL = {"gpu": {"samples": 4, "max_new_tokens": 64, "timeout_s": 120},
         "smoke": {"samples": 1, "max_new_tokens": 8, "timeout_s": 240}}
 # The bands tests/fla_cpu/test_fla_path.py asserts on the interpreter (relative = mean |Δ| / max |value|).
 FP32_MAX_RELATIVE = 1e-4

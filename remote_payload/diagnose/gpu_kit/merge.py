@@ -66,6 +66,9 @@ def summary(steps: dict, proj: dict | None) -> dict:
            "tau_by_feature_path": {r["label"]: {"tau": r["point"]["tau"], "ci95": r["ci95"]["tau"]}
                                    for r in (exp.get("rows") or {}).values()},
            "extraction_tokens_per_s": ex.get("tokens_per_s"), "extraction_cuda_peak_bytes": ex.get("cuda_peak_bytes"),
+           "extraction_cuda_peak_over_weights_bytes": (ex["cuda_peak_bytes"] - ex["cuda_allocated_before_bytes"]
+                                                       if ex.get("cuda_peak_bytes") and
+                                                       ex.get("cuda_allocated_before_bytes") else None),
            "decode_tokens_per_s": dec.get("tokens_per_s"),
            "drafter_chain_tokens_per_s": (dr.get("chain") or {}).get("tokens_per_s"),
            "drafter_ddtree_tokens_per_s": (dr.get("ddtree") or {}).get("tokens_per_s"),
@@ -92,6 +95,10 @@ def _num(v, fmt="{:.3g}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
+def _gib(v) -> str:
+    return "–" if not v else f"{v / 2**30:.1f}"
+
+
 def markdown(report: dict) -> str:
     """A short human summary: step statuses, the headline figures, the kernel-path table."""
     s = report["summary"]
@@ -103,13 +110,15 @@ def markdown(report: dict) -> str:
         for sec, err in (st.get("errors") or {}).items():
             lines.append(f"|   ↳ {sec} | {err.get('type', 'error')}: {str(err.get('message'))[:160]} | | |")
     rel = s["fla_vs_torch_max_relative"]
-    lines += ["", f"- GPU: {s['gpu'] or '–'}; bf16 matmul {_num(s['bf16_matmul_tflops'], '{:.0f}')} TFLOP/s",
+    lines += ["", f"- GPU: {s['gpu'] or '–'}; bf16 matmul {_num(s['bf16_matmul_tflops'])} TFLOP/s",
               f"- payload eval on the fixture: extraction kernel path {s['fla_eval_kernel_path'] or '–'}",
               f"- fla vs torch, max relative drift over layers: here fp32 {_num(rel['here']['fp32'])}, bf16 "
               f"{_num(rel['here']['bf16'])}; CPU interpreter fp32 {_num(rel['cpu_interpreter']['fp32'])}, bf16 "
               f"{_num(rel['cpu_interpreter']['bf16'])}",
-              f"- real size: extraction {_num(s['extraction_tokens_per_s'], '{:.0f}')} tok/s (CUDA peak "
-              f"{_num((s['extraction_cuda_peak_bytes'] or 0) / 2**30 or None, '{:.1f}')} GiB), greedy decode "
+              f"- {'real' if report['mode'] == 'gpu' else 'toy'} size: extraction "
+              f"{_num(s['extraction_tokens_per_s'], '{:.0f}')} tok/s (CUDA peak "
+              f"{_gib(s['extraction_cuda_peak_bytes'])} GiB, {_gib(s['extraction_cuda_peak_over_weights_bytes'])} "
+              f"GiB over the weights), greedy decode "
               f"{_num(s['decode_tokens_per_s'], '{:.1f}')} tok/s, drafter eval chain "
               f"{_num(s['drafter_chain_tokens_per_s'], '{:.0f}')} / DDTree-8 "
               f"{_num(s['drafter_ddtree_tokens_per_s'], '{:.0f}')} tok/s, "
@@ -119,5 +128,6 @@ def markdown(report: dict) -> str:
                      f" cache {_num(s['zlab_suite_cache_gib'], '{:.1f}')} GiB")
     exp = report["steps"]["kernel_path"].get("sections", {}).get("experiment") or {}
     if exp.get("table"):
-        lines += ["", "## Kernel path (τ per feature path)", "", exp["table"]]
+        lines += ["", f"## Kernel path (τ per feature path; the 'fla' rows ran on the {exp.get('kernel_path')} path, "
+                      f"{exp.get('device')})", "", exp["table"]]
     return "\n".join(lines) + "\n"
