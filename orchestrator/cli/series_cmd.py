@@ -17,7 +17,9 @@ from orchestrator.evaluation.runs import runs_root
 from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
 from orchestrator.watch.plot import write_plot
-from orchestrator.watch.render import fmt_ci, series_markdown, verdict_cell
+from orchestrator.watch.render import fmt_ci, series_markdown, summary_text, verdict_cell
+
+SHOW_LAST = 30  # rows `series show` prints unless --all / --last N
 
 series_app = typer.Typer(help="Series of checkpoint evals kept by `dfo watch` (runs/series/NAME/).",
                          no_args_is_help=True)
@@ -79,24 +81,37 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
 
 @series_app.command("show")
 def show_cmd(ctx: typer.Context, name: str = NAME_ARG, runs_dir: Optional[str] = RunsDir,
-             json_out: bool = typer.Option(False, "--json", help="Print series.json on stdout.")) -> None:
-    """One series: every checkpoint by step with τ, DDTree-8, CIs and the verdict; baselines; failures."""
+             last: int = typer.Option(SHOW_LAST, "--last", metavar="N", min=1,
+                                      help="Rows for the latest N checkpoints (the summary covers all)."),
+             show_all: bool = typer.Option(False, "--all", help="A row for every checkpoint."),
+             json_out: bool = typer.Option(False, "--json", help="Print the whole series (series.json with its "
+                                           "journal replayed) on stdout.")) -> None:
+    """One series: a summary (counts, best, latest), then the latest checkpoints by step with τ, DDTree-8, CIs
+    and the verdict; baselines; failures."""
     app_ctx: AppContext = ctx.obj
     folder, doc = _load(runs_dir, name)
     if json_out:
-        app_ctx.print_json(doc)
+        app_ctx.print_json(series_state.public(doc))
         return
-    render_series(app_ctx, folder, doc)
+    render_series(app_ctx, folder, doc, last=None if show_all else last)
 
 
-def render_series(app_ctx: AppContext, folder, doc: dict) -> None:
-    """The series table (one row per checkpoint by step), the baselines and where the files are.
+def render_series(app_ctx: AppContext, folder, doc: dict, *, last: int | None = None) -> None:
+    """The summary, the series table (one row per checkpoint by step, the latest LAST), the baselines and where
+    the files are.
 
     Checkpoint names and errors came from the training and eval hosts: every cell and line is ``Text``."""
     out = app_ctx.out
+    entries = sorted(doc["checkpoints"].values(), key=lambda e: e["step"])
+    shown = entries[-last:] if last else entries
+    for line in summary_text(doc):
+        out.print(Text(line))
+    title = f"series {doc['name']}: {doc['source']} on {doc['eval_host']}"
+    if len(shown) < len(entries):
+        title += f" (the latest {len(shown)} of {len(entries)}; --all for every one)"
     table = Table("step", "checkpoint", "τ macro [95% CI]", "τ micro", "DDTree-8 [95% CI]", "p1", "verdict",
-                  title=Text(f"series {doc['name']}: {doc['source']} on {doc['eval_host']}"))
-    for e in sorted(doc["checkpoints"].values(), key=lambda e: e["step"]):
+                  title=Text(title))
+    for e in shown:
         if e["status"] == "done":
             m = e["measures"]
             p1 = next((p["value"] for p in m["p"] if p["k"] == 1 and p["value"] is not None), None)
@@ -115,11 +130,13 @@ def render_series(app_ctx: AppContext, folder, doc: dict) -> None:
 
 
 @series_app.command("plot")
-def plot_cmd(ctx: typer.Context, name: str = NAME_ARG, runs_dir: Optional[str] = RunsDir) -> None:
+def plot_cmd(ctx: typer.Context, name: str = NAME_ARG, runs_dir: Optional[str] = RunsDir,
+             last: Optional[int] = typer.Option(None, "--last", metavar="N", min=2,
+                                                help="Draw only the latest N evaluated checkpoints.")) -> None:
     """Redraw tau_vs_step.png and rewrite series.md from series.json."""
     app_ctx: AppContext = ctx.obj
     folder, doc = _load(runs_dir, name)
-    path = write_plot(folder, doc)
+    path = write_plot(folder, doc, last=last)
     tmp = folder / ".series.md.tmp"
     tmp.write_text(series_markdown(doc, plotted=path is not None), encoding="utf-8")
     tmp.replace(folder / "series.md")

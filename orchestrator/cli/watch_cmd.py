@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -59,6 +60,20 @@ def watch_cmd(
     on_result: Optional[str] = typer.Option(None, "--on-result", metavar="CMD",
                                             help="Run CMD (sh -c) after each checkpoint with the result JSON "
                                             "on stdin."),
+    tensorboard_dir: Optional[str] = typer.Option(None, "--tensorboard", metavar="DIR",
+                                                  help="Write τ, DDTree-8 and p1..p4 as TensorBoard scalars at each "
+                                                  "checkpoint's step into DIR on this machine."),
+    tensorboard_logdir: Optional[str] = typer.Option(None, "--tensorboard-logdir", metavar="DIR",
+                                                     help="The same scalars into DIR/dfo-SERIES/ on the training "
+                                                     "host (the trainer's logdir: τ beside the loss)."),
+    plot_last: Optional[int] = typer.Option(None, "--plot-last", metavar="N",
+                                            help="tau_vs_step.png shows the latest N checkpoints only."),
+    resident: bool = typer.Option(True, "--resident/--no-resident",
+                                  help="Keep one eval worker on the eval host with the target loaded (default); "
+                                  "--no-resident: one eval job per checkpoint."),
+    worker_idle: Optional[float] = typer.Option(None, "--worker-idle", metavar="SECONDS",
+                                                help="The resident worker stops after this long without a "
+                                                "checkpoint (default: 3 x --interval + 120, at least 300)."),
     options: dict = DECLARED,
     json_out: bool = typer.Option(False, "--json", help="With --once/--dry-run: print the outcome as JSON."),
     runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Where run folders and series go (default ./runs or $DFO_RUNS_DIR)."),
@@ -80,7 +95,10 @@ def watch_cmd(
                       folder=folder, request=request, runs_dir=runs_root(runs_dir).resolve(),
                       options=Options(settle=settle, every=every, newest=newest), pattern=pattern,
                       step_from=step_from, prompts_file=prompts.file, prompts_digest=prompts.digest,
-                      prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result)
+                      prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result,
+                      tensorboard=Path(tensorboard_dir).resolve() if tensorboard_dir else None,
+                      tensorboard_logdir=tensorboard_logdir, plot_last=plot_last, resident=resident,
+                      worker_idle=worker_idle)
     stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
     # Then the first checks on the hosts, in every mode: --detach leaves only once they passed.
     plan, ignored = first_check(app_ctx.connector, cfg, stand_in)

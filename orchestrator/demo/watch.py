@@ -3,17 +3,24 @@
 The sandbox hosts, payload, venvs and fixtures are set up as for `dfo demo`; then a fake trainer on kpro6
 (orchestrator/testing/fake_trainer.py, run as a detached job) writes step_100.pt … step_400.pt into
 ``checkpoints/run7/``, each file slowly and each a less noisy copy of the trained fixture drafter, and
-the watcher evaluates each one as it settles, with z-lab's and a random drafter as fixed baselines.
+the watcher evaluates each one as it settles, with z-lab's and a random drafter as fixed baselines, through
+a resident eval worker on ct129 (``resident=False``: one eval job per checkpoint, as before), and writes τ as
+TensorBoard scalars into the series folder's ``tensorboard/`` and into the fake trainer's logdir on kpro6.
+
+Every demo makes a new sandbox (its paths are new), so its series ``demo-run7`` starts afresh each time: a
+series an earlier demo left is kept under ``demo-run7-<when it was created>``.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.core.errors import InputError
 from orchestrator.core.events import Events
 from orchestrator.core.inventory import load_inventory
 from orchestrator.demo.operation import FIXTURES_ON, _build_fixtures, remove_temporary_root
@@ -31,6 +38,7 @@ from orchestrator.watch.selection import Options
 
 TRAINER = Path(__file__).resolve().parents[1] / "testing" / "fake_trainer.py"
 STEPS = (100, 200, 300, 400)
+SERIES = "demo-run7"
 
 
 @dataclass
@@ -40,6 +48,28 @@ class WatchDemoOutcome:
     sandbox_root: Path
     seconds: float
     kept: bool
+    tensorboard: Path | None = None
+    set_aside: Path | None = None  # an earlier demo's series, kept under another name
+
+
+def set_aside_earlier(runs_dir: Path) -> Path | None:
+    """An earlier demo's series folder renamed to demo-run7-<its creation time> (nothing is removed)."""
+    folder = series_state.series_dir(runs_dir, SERIES)
+    if not folder.exists():
+        return None
+    try:
+        found = series_state.load_series(folder)
+    except InputError:
+        found = None  # damaged: kept all the same
+    created = (found or {}).get("created_utc") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = re.sub(r"[^0-9]", "", str(created))[:14] or "earlier"
+    target = folder.with_name(f"{SERIES}-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = folder.with_name(f"{SERIES}-{stamp}-{n}")
+    folder.rename(target)
+    return target
 
 
 def _start_trainer(connector: Connector, box: Sandbox, python: str, folder: str) -> str:
@@ -54,8 +84,11 @@ def _start_trainer(connector: Connector, box: Sandbox, python: str, folder: str)
 
 
 def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
-                   samples: int | None = 6, max_new_tokens: int = 96) -> WatchDemoOutcome:
+                   samples: int | None = 6, max_new_tokens: int = 96, resident: bool = True) -> WatchDemoOutcome:
     started = time.monotonic()
+    set_aside = set_aside_earlier(runs_dir)
+    if set_aside is not None:
+        events.info(f"  an earlier demo's series is kept as {set_aside.name}; this one starts {SERIES} afresh")
     made, root = root is None, root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
     events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
     box = Sandbox(root, keep=keep)
@@ -81,19 +114,22 @@ def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, 
                                   drafters=[DrafterRef("zlab", None, posixpath.join(models, "zlab-drafter")),
                                             DrafterRef("random", None, posixpath.join(models, "random-drafter"))],
                                   samples=samples, max_new_tokens=max_new_tokens, dtype="float32", threads=1)
-            cfg = WatchConfig(series="run7", source_host="kpro6", folder=folder, request=request, runs_dir=runs_dir,
-                              options=Options(settle=2), pattern="step_*.pt", once=True)
+            tb_local = series_state.series_dir(runs_dir, SERIES) / "tensorboard"
+            cfg = WatchConfig(series=SERIES, source_host="kpro6", folder=folder, request=request, runs_dir=runs_dir,
+                              options=Options(settle=2), pattern="step_*.pt", once=True, resident=resident,
+                              tensorboard=tb_local, tensorboard_logdir=posixpath.join(folder, "tb"))
             watcher = Watcher(connector, cfg, events)
             try:
                 while True:  # --once rounds, as cron would run them, until the trainer is through
                     series = watcher.run()
                     if len(series_state.done_entries(series)) + len(series_state.failures(series)) >= len(STEPS):
                         break
-                    time.sleep(2)
+                    time.sleep(1)
             finally:
+                watcher.stop_worker()
                 cancel_job(connector, "kpro6", trainer)
     finally:
         box.stop()
         remove_temporary_root(root, made, keep)
     return WatchDemoOutcome(series=watcher.series, folder=watcher.folder, sandbox_root=root,
-                            seconds=time.monotonic() - started, kept=keep)
+                            seconds=time.monotonic() - started, kept=keep, tensorboard=tb_local, set_aside=set_aside)

@@ -25,6 +25,11 @@ class Stripped:
     note: str = ""                # dry run: what would happen
 
 
+def strip_key(path: str, size: int, mtime_ns: int) -> str:
+    """The name of PATH's stripped copy under <workdir>/relay-strip/ (a rewritten checkpoint gets another)."""
+    return hashlib.sha256(f"{path}\0{size}\0{mtime_ns}".encode()).hexdigest()[:16]
+
+
 def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable: float, dry_run: bool,
                     call: Callable[..., Any]) -> Stripped:
     """Strip HOST:PATH into its weights folder (or say what would happen, for a dry run)."""
@@ -36,8 +41,7 @@ def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable
     if facts.get("kind") != "file":
         what = {"dir": "a directory", "missing": "missing"}.get(facts.get("kind"), "not a regular file")
         raise InputError(f"--strip-optimizer needs a training checkpoint file; {host_name}:{path} is {what}")
-    key = hashlib.sha256(f"{path}\0{facts['size']}\0{facts['mtime_ns']}".encode()).hexdigest()[:16]
-    out_dir = posixpath.join(host.workdir, STRIP_DIR, key)
+    out_dir = posixpath.join(host.workdir, STRIP_DIR, strip_key(path, facts["size"], facts["mtime_ns"]))
     python = call(host_name, "python_for", venv=host.venv, fallback=host.python)["python"]
     if dry_run:
         return Stripped(out_dir, None, f"would deploy the payload to {host_name}, strip {path} there with "

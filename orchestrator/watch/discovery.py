@@ -39,6 +39,7 @@ class Checkpoint:
     size: int
     mtime: float         # the training host's clock
     is_dir: bool
+    mtime_ns: int | None = None  # a file's, as the relay's strip names its copy by it
 
     @property
     def observed(self) -> dict:
@@ -77,6 +78,7 @@ class Entry:
     has_weights: bool
     meta_file: str | None      # which metadata file recorded the step
     meta_step: int | None
+    mtime_ns: int | None = None
 
 
 # The metadata files the listing script reads (watch/host_script.py); any other name is a lie.
@@ -125,12 +127,15 @@ def _entry(raw: object, host: str) -> Entry:
         raise _malformed(host, f"the size of {name!r}", raw.get("size"))
     if not _time(raw.get("mtime")):
         raise _malformed(host, f"the mtime of {name!r}", raw.get("mtime"))
+    if raw.get("mtime_ns") is not None and not _count(raw.get("mtime_ns")):
+        raise _malformed(host, f"the mtime_ns of {name!r}", raw.get("mtime_ns"))
     meta = raw.get("meta")
     if meta is not None and not (isinstance(meta, dict) and meta.get("file") in _META_FILES
                                  and isinstance(meta.get("step"), int) and not isinstance(meta["step"], bool)):
         raise _malformed(host, f"the metadata step of {name!r}", meta)
     return Entry(name=name, is_dir=is_dir, size=raw["size"], mtime=float(raw["mtime"]), has_weights=has_weights,
-                 meta_file=meta["file"] if meta else None, meta_step=meta["step"] if meta else None)
+                 meta_file=meta["file"] if meta else None, meta_step=meta["step"] if meta else None,
+                 mtime_ns=raw.get("mtime_ns"))
 
 
 def listing_entries(doc: object, *, host: str) -> tuple[float, list[Entry]]:
@@ -196,7 +201,7 @@ def parse_listing(doc: object, *, host: str, folder: str, pattern: str | None = 
             ignored.append((name, why))
             continue
         out.append(Checkpoint(name=name, path=f"{folder.rstrip('/')}/{name}", step=step, step_source=source,
-                              size=entry.size, mtime=entry.mtime, is_dir=entry.is_dir))
+                              size=entry.size, mtime=entry.mtime, is_dir=entry.is_dir, mtime_ns=entry.mtime_ns))
     out.sort(key=lambda c: (c.step, c.name))
     steps = [c.step for c in out]
     for c in out:

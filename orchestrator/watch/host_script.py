@@ -25,7 +25,7 @@ def _meta_step(path):
 def _describe(path, name):
     st = os.stat(path)
     if not os.path.isdir(path):
-        return {"name": name, "is_dir": False, "size": st.st_size, "mtime": st.st_mtime}
+        return {"name": name, "is_dir": False, "size": st.st_size, "mtime": st.st_mtime, "mtime_ns": st.st_mtime_ns}
     size, mtime, weights = 0, st.st_mtime, False
     for root, _dirs, files in os.walk(path):
         for f in files:
@@ -65,3 +65,20 @@ def remove_relayed(root, name):
         elif os.path.lexists(path):
             os.unlink(path)
     return True
+
+
+def remove_stripped(root, keys):
+    """Remove the stripped copies ROOT/KEY (relay/strip.py's folders, named by a hex key) a relay left behind;
+    each KEY is confined under ROOT here too."""
+    import re
+    import shutil
+
+    removed = []
+    for key in keys:
+        if not isinstance(key, str) or not re.match(r"^[0-9a-f]{16}$", key):
+            raise ValueError("not a strip key: %r" % (key,))
+        path = _confine(root, key)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+            removed.append(key)
+    return removed

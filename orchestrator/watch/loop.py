@@ -8,9 +8,20 @@ baselines are evaluated once per eval host/target/prompt set/settings and reused
 cache; the target's features are reused by the payload's own feature cache on the eval host (the series
 records each run's cache hits).
 
+With a resident worker (``resident``, the default where the eval allows it) the eval host keeps the target
+loaded for the whole session and each checkpoint is handed to it by a small job; without one (it cannot
+start, or it stopped) each checkpoint runs its own eval job. Each evaluated checkpoint also becomes
+TensorBoard scalars (``tensorboard``) when asked.
+
 Restart safety: the series entry is written before each side effect (see ``series``); a restarted
 watcher reattaches to an eval job that was running and redoes an attempt that was still relaying (the
-relay resumes from its verified chunks). One watcher per series (an flock on the series folder).
+relay resumes from its verified chunks). One watcher per series (an flock on the series folder). The
+stripped copy a relay left on the training host (an attempt killed or failed) is removed once the attempt
+ended (unless --keep).
+
+``DFO_WATCH_TEST_KILL_AT=POINT`` (tests only) SIGKILLs the watcher at a named point: ``launched`` (the eval
+job runs, the series does not know it yet: an orphan), ``evaluating`` (recorded, job running) and
+``recorded`` (the result is in the series, --on-result not yet run).
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import json
 import os
 import posixpath
 import re
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +48,7 @@ from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_at
 from orchestrator.jobs.operation import JobRefused
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
+from orchestrator.watch import tensorboard
 from orchestrator.watch.discovery import STEP_FROM, Checkpoint, is_entry_name, parse_listing
 from orchestrator.watch.hooks import run_hook
 from orchestrator.watch.measures import (
@@ -48,12 +61,20 @@ from orchestrator.watch.measures import (
     verdict_text,
 )
 from orchestrator.watch.plot import write_plot
-from orchestrator.watch.probe import list_folder, remove_relayed
+from orchestrator.watch.probe import list_folder, remove_relayed, remove_stripped, strip_key
 from orchestrator.watch.render import series_markdown
+from orchestrator.watch.resident import Resident, worker_gone
 from orchestrator.watch.selection import Options, RoundPlan, plan_round
 from remote_payload.eval.options import WATCH, request_options
 
 STAND_IN = "checkpoint"  # the drafter name of the stand-in checkpoint the up-front checks plan with
+KILL_AT_ENV = "DFO_WATCH_TEST_KILL_AT"
+
+
+def test_point(name: str) -> None:
+    """A named point where a test may kill the watcher (``DFO_WATCH_TEST_KILL_AT``; never set in production)."""
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
@@ -73,6 +94,15 @@ class WatchConfig:
     once: bool = False
     interval: float = 60.0
     on_result: str | None = None
+    tensorboard: Path | None = None        # event files on this machine
+    tensorboard_logdir: str | None = None  # event files into the trainer's logdir on the training host
+    plot_last: int | None = None           # tau_vs_step.png: the last N checkpoints only
+    resident: bool = True                  # a resident eval worker when the eval allows it
+    worker_idle: float | None = None       # seconds the worker waits for a checkpoint (default from --interval)
+
+    @property
+    def idle_exit(self) -> float:
+        return self.worker_idle if self.worker_idle is not None else max(300.0, 3 * self.interval + 120)
 
     @property
     def eval_host(self) -> str:
@@ -110,6 +140,11 @@ def check_config(cfg: WatchConfig, inventory: Inventory) -> EvalPlan:
                          hint="auto: the step from the name, else from the checkpoint's metadata")
     if not cfg.interval > 0:
         raise InputError(f"--interval {cfg.interval:g}: expected more than 0 seconds")
+    if cfg.plot_last is not None and cfg.plot_last < 2:
+        raise InputError(f"--plot-last {cfg.plot_last}: expected at least 2 checkpoints")
+    if cfg.worker_idle is not None and not cfg.worker_idle > 0:
+        raise InputError(f"--worker-idle {cfg.worker_idle:g}: expected more than 0 seconds")
+    tensorboard.check(str(cfg.tensorboard) if cfg.tensorboard else None, cfg.tensorboard_logdir)
     if cfg.request.drafters:
         plan_eval(cfg.request, inventory, prompts_digest=cfg.prompts_digest, prompt_count=cfg.prompt_count)
     stand_in = cfg.checkpoint_request(STAND_IN, posixpath.join(cfg.folder, f"{STAND_IN}.pt"))
@@ -187,6 +222,8 @@ class Watcher:
         self.folder = series_state.series_dir(cfg.runs_dir, cfg.series)
         self.series: dict = {}
         self._said_no_plots = False
+        self.resident = Resident(connector, self.folder, cfg.runs_dir, events, idle=cfg.idle_exit,
+                                 prompts_file=cfg.prompts_file) if cfg.resident else None
 
     # -- the loop
 
@@ -203,6 +240,11 @@ class Watcher:
         finally:
             lock.release()
 
+    def stop_worker(self) -> None:
+        """Stop the resident worker now (else it stops by itself after --worker-idle)."""
+        if self.resident is not None:
+            self.resident.stop()
+
     def _open(self) -> None:
         cfg = self.cfg
         found = series_state.load_series(self.folder)
@@ -213,10 +255,14 @@ class Watcher:
             series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings(),
                                          cfg.settings_defaults())
             self.series = found
-        self._publish()
+        series_state.save(self.folder, self.series)  # once per start: the journal folded in
+        self._render()
         for e in list(self.series["checkpoints"].values()):
             if e.get("notify_pending"):  # recorded, then the watcher died before --on-result ran: at least once
                 self._hook(e)
+            if e["status"] in ("done", "failed") and e.get("strip_key") and not e.get("strip_removed"):
+                self._remove_stripped(e)  # an attempt that ended while nobody cleaned up after it
+        self._tensorboard([e for e in series_state.done_entries(self.series) if self._tb_missing(e)])
 
     def _round(self, plan: RoundPlan, ignored: list) -> None:
         for name, why in ignored:
@@ -245,6 +291,8 @@ class Watcher:
         key = baselines_key(cfg)
         if (self.series.get("baselines") or {}).get("key") == key:
             return
+        if self.resident is not None and self.resident.running():
+            self.resident.stop()  # it holds the GPU lock the baselines' eval job needs
         cache = series_state.series_root(cfg.runs_dir) / ".baselines" / f"{key}.json"
         if cache.is_file():
             cached = json.loads(cache.read_text(encoding="utf-8"))
@@ -260,11 +308,12 @@ class Watcher:
                       "drafters": {d.name: measure(results, samples, d.name) for d in cfg.request.drafters}}
             write_json_atomic(cache, cached)
         self.series["baselines"] = cached
-        self._publish()
+        series_state.record(self.folder, self.series, baselines=True)
+        self._render()
 
     # -- one checkpoint
 
-    def _evaluate(self, ckpt: Checkpoint) -> None:
+    def _evaluate(self, ckpt: Checkpoint, *, resident: bool = True) -> None:
         cfg = self.cfg
         orphan = self._orphan_run(ckpt)
         if orphan is not None:  # killed between the job's launch and the series' record of it
@@ -272,30 +321,42 @@ class Watcher:
             return
         previous = self.series["checkpoints"].get(ckpt.name)
         e = series_state.begin_attempt(self.series, ckpt)
-        self._publish()
+        if ckpt.mtime_ns is not None and not ckpt.is_dir:
+            e["strip_key"] = strip_key(ckpt.path, ckpt.size, ckpt.mtime_ns)
+        self._publish(e)
         self._say(f"{ckpt.name} (step {ckpt.step}, from the {ckpt.step_source}; attempt {e['attempts']})")
         request = cfg.checkpoint_request(drafter_name(ckpt), ckpt.path)
         started = time.monotonic()
         try:
             plan = plan_eval(request, self.connector.inventory, prompts_digest=cfg.prompts_digest)
-            run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,
-                             prompts_file=cfg.prompts_file)
+            worker = resident and self.resident is not None and self.resident.ensure(plan)
+            if worker:
+                assert self.resident is not None
+                run = self.resident.hand_over(plan)
+            else:
+                run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,
+                                 prompts_file=cfg.prompts_file)
         except JobRefused as exc:  # the GPU is busy: not the checkpoint's fault; look again later
             self.events.warn(f"{exc.message}; will try {ckpt.name} again")
             if previous is None:
                 del self.series["checkpoints"][ckpt.name]
+                series_state.record(self.folder, self.series, removed=ckpt.name)
             else:
                 self.series["checkpoints"][ckpt.name] = previous
-            self._publish()
+                self._publish(previous)
             return
         except DfoError as exc:
             self._failed(ckpt.name, f"relay/launch: {exc.message}")
             return
+        test_point("launched")
         series_state.mark(self.series, ckpt.name, "evaluating", run=run.name, digests=_digests(run.record),
-                          relayed_to=plan.relays[0].lands_at if plan.relays else None,
+                          relayed_to=plan.relays[0].lands_at if plan.relays else None, resident=worker,
                           timings={"relay_launch_s": round(time.monotonic() - started, 1)})
-        self._publish()
-        self._collect(e, lambda: follow_and_collect(self.connector, run, events=self.events), started)
+        self._publish(e)
+        test_point("evaluating")
+        outcome = self._collect(e, lambda: follow_and_collect(self.connector, run, events=self.events), started)
+        if outcome == "worker gone":
+            self._evaluate(ckpt, resident=False)
 
     def _reattach(self, e: dict) -> None:
         self._say(f"reattaching to {e['name']}'s eval job (run {e['run']})")
@@ -303,11 +364,13 @@ class Watcher:
             run = load_run(self.cfg.runs_dir / e["run"])
         except InputError:
             series_state.mark(self.series, e["name"], "relaying")  # its run folder is gone: the attempt is redone
-            self._publish()
+            self._publish(e)
             return
         self._collect(e, lambda: wait_and_collect(self.connector, run, events=self.events), time.monotonic())
 
-    def _collect(self, e: dict, finish: Callable[[], Run], started: float) -> None:
+    def _collect(self, e: dict, finish: Callable[[], Run], started: float) -> str:
+        """Follow the eval to its end and record it: "done", "failed", or "worker gone" (the resident worker
+        stopped before it took the checkpoint: the attempt is given up, its run never counted)."""
         try:
             run = finish()
             results, samples = run.results(), run.samples()
@@ -315,8 +378,16 @@ class Watcher:
             measures = measure(results, samples, name)
             taus = per_sample_tau(samples, name)
         except DfoError as exc:
+            gone = load_run(self.cfg.runs_dir / e["run"]) if e.get("run") else None
+            if gone is not None and worker_gone(gone):
+                if self.resident is not None:
+                    self.resident.fell_through(exc.message)
+                series_state.mark(self.series, e["name"], "relaying",
+                                  superseded_runs=[*e.get("superseded_runs", []), e["run"]])
+                self._publish(e)
+                return "worker gone"
             self._failed(e["name"], f"eval: {exc.message}")
-            return
+            return "failed"
         best = series_state.best_before(self.series, e["step"])
         best_samples = load_run(self.cfg.runs_dir / best["run"]).samples() if best else None
         best_taus = per_sample_tau(best_samples, best["drafter"]) if best and best_samples is not None else None
@@ -328,23 +399,72 @@ class Watcher:
             verdict["by_dataset"] = judge_datasets(
                 by_dataset, dataset_taus(best_samples, best["drafter"]) if best and best_samples is not None else None,
                 best_name=best["name"] if best else None, recent=recent_dataset_verdicts(earlier))
-        timings = dict(e.get("timings") or {}, total_s=round(time.monotonic() - started, 1))
+        timings = dict(e.get("timings") or {}, total_s=round(time.monotonic() - started, 1),
+                       **_job_timings(results))
         series_state.mark(self.series, e["name"], "done", run=run.name, drafter=name, measures=measures,
                           verdict=verdict, timings=timings, reuse=_reuse(results),
                           metadata_step=_metadata_step(results, name), notify_pending=bool(self.cfg.on_result))
         removed = self._cleanup(e)
-        self._publish()
+        self._remove_stripped(e)
+        self._publish(e)
+        self._render()
         tree = measures["ddtree"]
         self.events.success(f"{e['name']} step {e['step']}: τ macro {_fmt(measures['tau_macro']['value'])}, "
                             f"DDTree-{tree.get('k')} {_fmt(tree['value'] or 0)} → {verdict_text(verdict)}"
                             + (f"; removed {removed}" if removed else ""))
+        self._tensorboard([e])
+        test_point("recorded")
         self._hook(e)
+        return "done"
 
     def _failed(self, name: str, reason: str) -> None:
         e = series_state.mark(self.series, name, "failed", error=reason, notify_pending=bool(self.cfg.on_result))
-        self._publish()
+        self._remove_stripped(e)
+        self._publish(e)
+        self._render()
         self.events.warn(f"{name} failed: {reason} (recorded; the watcher goes on)")
         self._hook(e)
+
+    def _remove_stripped(self, e: dict) -> None:
+        """The stripped copy this checkpoint's relay made on the training host (a relay that completed removed
+        it already; one that was killed or failed did not)."""
+        if self.cfg.keep or not e.get("strip_key"):
+            return
+        try:
+            remove_stripped(self.connector, self.cfg.source_host, [e["strip_key"]])
+        except DfoError as exc:
+            self.events.warn(f"could not remove the stripped copy of {e['name']} on {self.cfg.source_host}: "
+                             f"{exc.message}")
+            return
+        e["strip_removed"] = True
+
+    def _tb_missing(self, e: dict) -> bool:
+        tb = e.get("tensorboard") or {}
+        return bool((self.cfg.tensorboard and not tb.get("local")) or (self.cfg.tensorboard_logdir
+                                                                       and not tb.get("pushed")))
+
+    def _tensorboard(self, entries: list[dict]) -> None:
+        """ENTRIES (done) as one event file, here and/or in the trainer's logdir; never stops the watcher."""
+        cfg = self.cfg
+        entries = [e for e in entries if self._tb_missing(e)]
+        if not entries:
+            return
+        step = entries[0]["step"] if len(entries) == 1 else f"{entries[0]['step']}-{entries[-1]['step']}"
+        name = tensorboard.file_name(cfg.series, step)
+        data = tensorboard.event_bytes(entries, self.series.get("baselines"))
+        done: dict[str, str] = {}
+        if cfg.tensorboard:
+            done["local"] = str(tensorboard.write_local(cfg.tensorboard, name, data))
+        if cfg.tensorboard_logdir:
+            try:
+                done["pushed"] = tensorboard.push(self.connector, cfg.source_host, cfg.tensorboard_logdir,
+                                                  cfg.series, name, data)
+            except DfoError as exc:
+                self.events.warn(f"TensorBoard events not written into {cfg.source_host}:{cfg.tensorboard_logdir}: "
+                                 f"{exc.message} (tried again when the watcher restarts)")
+        for e in entries:
+            e["tensorboard"] = {**(e.get("tensorboard") or {}), **done}
+            self._publish(e)
 
     def _cleanup(self, e: dict) -> str | None:
         """Remove the relayed (stripped) weights from the eval host; the series keeps their digests."""
@@ -388,11 +508,15 @@ class Watcher:
         e["notify_pending"] = False
         if not outcome["ok"]:
             self.events.warn(f"--on-result failed ({outcome['exit_code']}): {outcome['detail']}")
-        self._publish()
+        self._publish(e)
 
-    def _publish(self) -> None:
-        series_state.save(self.folder, self.series)
-        plotted = write_plot(self.folder, self.series)
+    def _publish(self, e: dict) -> None:
+        """One entry changed: one line appended to the series' journal (the same cost at any series length)."""
+        series_state.record(self.folder, self.series, entry=e)
+
+    def _render(self) -> None:
+        """series.md and tau_vs_step.png, after a checkpoint's outcome (not at every step of an attempt)."""
+        plotted = write_plot(self.folder, self.series, last=self.cfg.plot_last)
         if plotted is None and not self._said_no_plots and not plotting.available():
             self._said_no_plots = True  # once per watcher, not at every checkpoint
             self.events.warn(f"{plotting.MISSING}: series.md links no tau_vs_step.png; {plotting.install_line()}")
@@ -410,6 +534,15 @@ def _field(obj: object, *keys: str) -> object:
     for key in keys:
         obj = obj.get(key) if isinstance(obj, dict) else None
     return obj
+
+
+def _job_timings(results: dict) -> dict:
+    """What the eval host spent on the checkpoint: the whole job, or the resident worker's part."""
+    worker = _field(results, "resident_worker", "seconds")
+    if isinstance(worker, (int, float)):
+        return {"worker_eval_s": worker, "drafter_load_s": _field(results, "resident_worker", "drafter_load_s")}
+    total = _field(results, "timings", "total_s")
+    return {"job_eval_s": total} if isinstance(total, (int, float)) else {}
 
 
 def _reuse(results: dict) -> dict:

@@ -90,8 +90,12 @@ def _measure(results: dict, samples: list[dict], drafter: str) -> dict:
         return {"value": _number(v, name, drafter), "ci": [round(ci[0], 4), round(ci[1], 4)] if ci else None}
 
     by_dataset = dataset_measures(samples, drafter)
+    conventions = {name: _number(c.get("tau_macro"), f"τ macro ({name})", drafter)
+                   for name, c in (m.get("conventions") or {}).items()
+                   if name != "committed" and isinstance(c, dict) and c.get("available", True)}
     return {
         **({"by_dataset": by_dataset} if by_dataset else {}),
+        **({"conventions": conventions} if conventions else {}),  # point values: τ macro in zlab's, vLLM's way
         "samples": m.get("samples"), "rounds": m.get("rounds"),
         "tau_macro": value(m.get("tau_macro"), "tau_macro"),
         "tau_micro": value(m.get("tau_micro"), "tau_micro"),

@@ -1,4 +1,7 @@
-"""tau_vs_step.png: τ macro and DDTree-8 over training steps, CI bands, baselines as labelled lines."""
+"""tau_vs_step.png: τ macro and DDTree-8 over training steps, CI bands, baselines as labelled lines.
+
+``last``: only the last N evaluated checkpoints (and the failures among their steps), for a long run whose
+early steps would squeeze the part that moves now; the ticks stay round numbers at any count."""
 
 from __future__ import annotations
 
@@ -12,13 +15,13 @@ from orchestrator.watch.series import done_entries, failures
 MARKERS_UP_TO = 60  # checkpoints drawn with a marker each; beyond, the line alone (markers would merge)
 
 
-def write_plot(folder: Path, series: dict) -> Path | None:
+def write_plot(folder: Path, series: dict, *, last: int | None = None) -> Path | None:
     """tau_vs_step.png in FOLDER (temp name, then renamed); None when nothing is evaluated yet or matplotlib
     is missing (``plotting.available()`` tells which)."""
     plt = plotting.pyplot()
     if plt is None or not done_entries(series):
         return None
-    fig = tau_figure(plt, series)
+    fig = tau_figure(plt, series, last=last)
     path = folder / "tau_vs_step.png"
     tmp = folder / ".tau_vs_step.png.tmp"
     fig.savefig(tmp, format="png")
@@ -27,16 +30,18 @@ def write_plot(folder: Path, series: dict) -> Path | None:
     return path
 
 
-def tau_figure(plt: Any, series: dict) -> Any:
+def tau_figure(plt: Any, series: dict, *, last: int | None = None) -> Any:
     """The figure of a series with at least one evaluated checkpoint."""
     import matplotlib
 
+    done = done_entries(series)
+    shown = done[-last:] if last else done
     # Baseline and series names are text, not mathtext: a '$' in one would be parsed (and a bad one raises).
     with matplotlib.rc_context({"text.parse_math": False}):
-        return _draw(plt, series, done_entries(series))
+        return _draw(plt, series, shown, of=len(done))
 
 
-def _draw(plt: Any, series: dict, done: list[dict]) -> Any:
+def _draw(plt: Any, series: dict, done: list[dict], *, of: int) -> Any:
     fig, ax = plt.subplots(figsize=(8, 5.0), dpi=120)
     steps = [e["step"] for e in done]
     k = next((e["measures"]["ddtree"].get("k") for e in done if e["measures"]["ddtree"].get("k")), 8)
@@ -55,13 +60,14 @@ def _draw(plt: Any, series: dict, done: list[dict]) -> Any:
                             color=color, alpha=0.18, linewidth=0, label=f"{label} 95% CI")
     _dataset_curves(ax, steps, done)
     _baselines(ax, (series.get("baselines") or {}).get("drafters") or {}, k)
-    failed = failures(series)
+    failed = [e for e in failures(series) if e["step"] >= steps[0]]
     if failed:  # at the foot of the plot: a failed checkpoint has no τ
         ax.plot([e["step"] for e in failed], [0.04] * len(failed), "x", color="tab:red", markersize=9,
                 transform=ax.get_xaxis_transform(), label="failed checkpoint")
     ax.set_xlabel("training step")
     ax.set_ylabel("tokens per verify round (τ)")
-    ax.set_title(f"Series {series['name']}: acceptance over training")
+    window = f" (the last {len(done)} of {of} checkpoints)" if len(done) < of else ""
+    ax.set_title(f"Series {series['name']}: acceptance over training{window}")
     plotting.integer_ticks(ax.xaxis, steps + [e["step"] for e in failed])
     ax.ticklabel_format(axis="x", style="plain", useOffset=False)
     ax.grid(alpha=0.3)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from orchestrator.core.host_text import fmt_number, md_code, md_text
 from orchestrator.watch.measures import verdict_text
 
+MD_ROWS = 50         # checkpoints in series.md's table: the latest ones (series.json and `series show --all` hold all)
+MD_REGRESSIONS = 20  # regressions listed, the latest first
+
 
 def fmt_ci(stat: dict | None, digits: int = 2) -> str:
     if not isinstance(stat, dict) or stat.get("value") is None:
@@ -50,10 +53,16 @@ def series_markdown(series: dict, *, plotted: bool) -> str:
             lines.append(f"| {md_text(name)} | {fmt_ci(m['tau_macro'])} | {fmt_ci(m['tau_micro'])} | "
                          f"{fmt_ci(m['ddtree'])} |")
         lines.append("")
-    lines += ["## Checkpoints", "",
-              "| step | checkpoint | τ macro | τ micro | DDTree-8 | p1 | p2 | p3 | p4 | verdict | run |",
+    entries = sorted(series["checkpoints"].values(), key=lambda e: e["step"])
+    lines += summary_lines(series)
+    shown = entries[-MD_ROWS:]
+    lines += ["## Checkpoints" + (f" (the latest {len(shown)} of {len(entries)})" if len(shown) < len(entries)
+                                  else ""), ""]
+    if len(shown) < len(entries):
+        lines += [f"Earlier ones: `dfo series show {md_text(series['name'])} --all`, or series.json.", ""]
+    lines += ["| step | checkpoint | τ macro | τ micro | DDTree-8 | p1 | p2 | p3 | p4 | verdict | run |",
               "|---:|---|---|---|---|---:|---:|---:|---:|---|---|"]
-    for e in sorted(series["checkpoints"].values(), key=lambda e: e["step"]):
+    for e in shown:
         if e["status"] == "done":
             m = e["measures"]
             lines.append(f"| {md_text(e['step'])} | {md_text(e['name'])} | {fmt_ci(m['tau_macro'])} | "
@@ -67,15 +76,46 @@ def series_markdown(series: dict, *, plotted: bool) -> str:
         else:
             lines.append(f"| {md_text(e['step'])} | {md_text(e['name'])} | {md_text(e['status'])} … | | | | | | | | |")
     lines.append("")
-    drops = [e for e in sorted(series["checkpoints"].values(), key=lambda e: e["step"])
-             if e["status"] == "done" and (e.get("verdict") or {}).get("regression")]
+    drops = [e for e in entries if e["status"] == "done" and (e.get("verdict") or {}).get("regression")]
     if drops:
-        lines += ["## Regressions", ""]
-        lines += ["- " + md_text(f"step {e['step']} ({e['name']}): {verdict_cell(e)}") for e in drops]
+        lines += ["## Regressions" + (f" (the latest {MD_REGRESSIONS} of {len(drops)})" if len(drops) > MD_REGRESSIONS
+                                      else ""), ""]
+        lines += ["- " + md_text(f"step {e['step']} ({e['name']}): {verdict_cell(e)}")
+                  for e in reversed(drops[-MD_REGRESSIONS:])]
         lines += [""]
     if plotted:
         lines += ["![τ over training steps](tau_vs_step.png)", ""]
     return "\n".join(lines)
+
+
+def summary(series: dict) -> dict:
+    """Counts, the best and the latest evaluated checkpoint (what a long series is read by first)."""
+    done = [e for e in series["checkpoints"].values() if e["status"] == "done"]
+    done.sort(key=lambda e: e["step"])
+    rated = [e for e in done if e["measures"]["tau_macro"].get("value") is not None]
+    best = max(rated, key=lambda e: e["measures"]["tau_macro"]["value"], default=None)
+    counts = {status: sum(1 for e in series["checkpoints"].values() if e["status"] == status)
+              for status in ("done", "failed", "relaying", "evaluating")}
+    return {"counts": counts, "best": best, "latest": done[-1] if done else None,
+            "regressions": sum(1 for e in done if (e.get("verdict") or {}).get("regression"))}
+
+
+def summary_text(series: dict) -> list[str]:
+    """The summary as plain lines (names and figures from other hosts: the callers escape or wrap them)."""
+    s = summary(series)
+    c = s["counts"]
+    out = [f"{len(series['checkpoints'])} checkpoints: {c['done']} evaluated, {c['failed']} failed"
+           + (f", {c['relaying'] + c['evaluating']} in progress" if c["relaying"] + c["evaluating"] else "")
+           + f", {s['regressions']} regression(s)"]
+    for label, e in (("best", s["best"]), ("latest", s["latest"])):
+        if e is not None:
+            out.append(f"{label}: step {e['step']} ({e['name']}), τ macro {fmt_ci(e['measures']['tau_macro'])}, "
+                       f"DDTree-8 {fmt_ci(e['measures']['ddtree'])}")
+    return out
+
+
+def summary_lines(series: dict) -> list[str]:
+    return ["## Summary", "", *("- " + md_text(line) for line in summary_text(series)), ""]
 
 
 def _one_line(text: str | None, limit: int = 160) -> str:

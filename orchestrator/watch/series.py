@@ -1,7 +1,12 @@
 """The series: one folder per watched training run, ``runs/series/<name>/``, holding the watcher's state.
 
-``series.json`` (schema ``dfo.series/1``) is both the record a person reads and the state a restarted
-watcher resumes from. Per checkpoint name, one entry moves through
+The state is ``series.json`` (schema ``dfo.series/1``, a snapshot) plus ``series.journal`` (one JSON line per
+change since that snapshot: a checkpoint's whole entry, or the baselines). A change appends one line, so an
+update costs the same at the 1,000th checkpoint as at the first; every ``COMPACT_EVERY`` lines the journal is
+folded into a new snapshot (temp name, fsync, rename; then the journal is emptied: replaying it on the new
+snapshot changes nothing, each line being a whole entry). ``load_series`` reads both; a series.json of an
+older dfo (no journal) reads as before. A last line cut short by a crash is ignored; any other bad line is
+an error naming the file and the line. Per checkpoint name, one entry moves through
 
     relaying → evaluating → done | failed
 
@@ -9,13 +14,14 @@ watcher resumes from. Per checkpoint name, one entry moves through
 ``evaluating``: the detached eval job runs (a restart reattaches to it and completes it). A checkpoint
 is counted once: only ``done`` entries become points, one per name. ``failed`` entries keep the reason
 and what the file looked like; a checkpoint the trainer rewrites afterwards (new size or mtime) is tried
-again. The functions here only change the dict; ``save`` writes it atomically.
+again. The functions here only change the dict; ``record`` appends a change, ``save`` writes a snapshot.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 from pathlib import Path
 
@@ -27,6 +33,8 @@ from orchestrator.watch.measures import VERDICTS
 SCHEMA = "dfo.series/1"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 STATUSES = ("relaying", "evaluating", "done", "failed")
+JOURNAL = "series.journal"
+COMPACT_EVERY = 256  # journal lines folded into a new series.json (a rare O(N) write)
 
 
 def _now() -> str:
@@ -49,8 +57,9 @@ def new_series(name: str, *, source: str, eval_host: str, settings: dict) -> dic
 
 
 def load_series(folder: Path) -> dict | None:
-    """The series in FOLDER (None when it has no series.json); a file dfo cannot read is an InputError
-    naming the file and the field, so no command meets a missing key or a wrong type later."""
+    """The series in FOLDER: series.json with series.journal replayed on it (None when it has no series.json);
+    a file dfo cannot read is an InputError naming the file and the field (or the journal's line), so no
+    command meets a missing key or a wrong type later."""
     path = folder / "series.json"
     if not path.exists():
         return None
@@ -61,10 +70,50 @@ def load_series(folder: Path) -> dict | None:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise InputError(f"{path}: schema {doc.get('schema') if isinstance(doc, dict) else None!r}, "
                          f"expected {SCHEMA!r}", hint=_DAMAGED_HINT)
+    if isinstance(doc.get("checkpoints"), dict):
+        doc["journal_lines"] = _replay(folder / JOURNAL, doc)
     problem = series_problem(doc)
     if problem:
-        raise InputError(f"{path}: {problem}", hint=_DAMAGED_HINT)
+        where = f"{path} (with {folder / JOURNAL})" if doc.get("journal_lines") else str(path)
+        raise InputError(f"{where}: {problem}", hint=_DAMAGED_HINT)
+    doc["steps"] = points(doc)
     return doc
+
+
+def public(series: dict) -> dict:
+    """The series as `series show --json` prints it (the journal's bookkeeping left out)."""
+    return {k: v for k, v in series.items() if k != "journal_lines"}
+
+
+def _replay(journal: Path, doc: dict) -> int:
+    """Apply each line of JOURNAL to DOC; returns the lines applied."""
+    try:
+        raw = journal.read_bytes()
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise InputError(f"{journal}: cannot read it ({exc})", hint=_DAMAGED_HINT) from None
+    lines = raw.split(b"\n")[:-1]  # past the last newline: nothing, or a line a crash cut short (never acted on)
+    for number, line in enumerate(lines, 1):
+        try:
+            change = json.loads(line)
+        except (UnicodeDecodeError, ValueError):
+            change = None
+        t = change.get("t") if isinstance(change, dict) else None
+        if isinstance(change, dict) and isinstance(change.get("entry"), dict) and \
+                isinstance(change["entry"].get("name"), str):
+            doc["checkpoints"][change["entry"]["name"]] = change["entry"]
+        elif isinstance(change, dict) and "baselines" in change:
+            doc["baselines"] = change["baselines"]
+        elif isinstance(change, dict) and isinstance(change.get("removed"), str):
+            doc["checkpoints"].pop(change["removed"], None)
+        else:
+            raise InputError(f"{journal} line {number}: expected {{\"entry\": {{…}}}}, {{\"baselines\": …}} or "
+                             "{\"removed\": NAME}",
+                             hint=_DAMAGED_HINT)
+        if isinstance(t, str):
+            doc["updated_utc"] = t
+    return len(lines)
 
 
 _DAMAGED_HINT = "restore it or move the folder away; the run folders it points to are intact"
@@ -156,10 +205,42 @@ def _expected(field: str, what: str, got: object) -> str:
 
 
 def save(folder: Path, series: dict) -> None:
+    """A new snapshot: series.json written whole (temp name, fsync, rename), then the journal emptied."""
     series["updated_utc"] = _now()
     series["steps"] = points(series)
+    series.pop("journal_lines", None)
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / "series.json", series)
+    journal = folder / JOURNAL
+    if journal.exists():
+        journal.unlink()  # its lines are in the snapshot now (replaying them again would change nothing)
+    series["journal_lines"] = 0
+
+
+def record(folder: Path, series: dict, *, entry: dict | None = None, baselines: bool = False,
+           removed: str | None = None) -> None:
+    """One change: ENTRY (a checkpoint's whole entry), the series' baselines, or the entry named REMOVED gone,
+    appended to the journal as one line (one write(2) of a few KB, fsync'd); every COMPACT_EVERY lines, a new
+    snapshot instead."""
+    if not (folder / "series.json").exists() or series.get("journal_lines", 0) + 1 >= COMPACT_EVERY:
+        save(folder, series)
+        return
+    series["updated_utc"] = _now()
+    change: dict = {"t": series["updated_utc"]}
+    if entry is not None:
+        change["entry"] = entry
+    if baselines:
+        change["baselines"] = series.get("baselines")
+    if removed is not None:
+        change["removed"] = removed
+    line = (json.dumps(change, separators=(",", ":"), default=str) + "\n").encode()
+    fd = os.open(folder / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    series["journal_lines"] = series.get("journal_lines", 0) + 1
 
 
 def check_same_settings(series: dict, source: str, eval_host: str, settings: dict,

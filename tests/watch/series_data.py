@@ -48,3 +48,22 @@ def results(drafter: str, lines: list[dict], step: int | None = None) -> dict:
                "tree": {"topk": {"k": 8, "tau_macro": sum(tree) / len(tree)}}, "per_position": per_position,
                "block_size": BLOCK, "samples": len(entries), "rounds": len(produced)}
     return {"drafters": {drafter: {"metrics": metrics, "source": {"step": step}}}}
+
+
+def entry(step: int, tau: float = 2.0, *, status: str = "done", verdict: str = "flat") -> dict:
+    """A done (or failed) series entry with measures of the shape ``measures.measure`` returns."""
+    def stat(v: float) -> dict:
+        return {"value": round(v, 4), "ci": [round(v - 0.2, 4), round(v + 0.2, 4)]}
+
+    e = {"name": f"step_{step}.pt", "path": f"/ck/step_{step}.pt", "step": step, "step_source": "name",
+         "status": status, "attempts": 1, "observed": {"size": 10, "mtime": 1.0}, "started_utc": "2026-01-01T00:00:00Z",
+         "run": f"run-{step}", "superseded_runs": []}
+    if status == "failed":
+        return {**e, "error": "eval: corrupt"}
+    e["measures"] = {"samples": 8, "rounds": 40, "tau_macro": stat(tau), "tau_micro": stat(tau - 0.1),
+                     "ddtree": {"k": 8, **stat(tau + 2)}, "p": [{"k": k, **stat(0.9 / k)} for k in range(1, 5)],
+                     "conventions": {"zlab": tau + 0.05, "vllm": tau + 0.1},
+                     "by_dataset": {"humaneval": {"samples": 4, "tau_macro": stat(tau + 0.3)}}}
+    e["verdict"] = {"verdict": verdict, "against": None, "delta": 0.0, "ci": [-0.1, 0.1], "regression": verdict == "down",
+                    "plateau": False, "paired_samples": 8}
+    return e

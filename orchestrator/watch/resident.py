@@ -1,0 +1,209 @@
+"""The resident eval worker of a watch session: one job on the eval host that keeps the target, references and
+features loaded, and a small handover job per checkpoint (remote_payload/eval/worker.py is the host side).
+
+Per checkpoint the watcher then pays the relay, the handover job's launch, the drafter's load and the eval
+itself, not a Python + torch start, a target load and the cache reads. The handover job is an ordinary
+detached job of an ordinary run folder (launched without the GPU lock: the worker holds it), so following,
+pulling, reattaching after a crash and the orphan check work as for a one-off eval job.
+
+The worker is a detached job too: it outlives a watcher that dies and a restarted watcher reuses it (its job
+id, key and interpreter are in ``worker.json`` in the series folder). The key is the eval's arguments and the
+payload release: another setting or a redeployed payload starts a new worker (the old one is cancelled). It
+stops by itself after ``idle`` seconds without a drafter. When it cannot start (the GPU lock is held by
+another job) or stops under a handover (exit ``WORKER_GONE``), the watcher runs a one-off eval job instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import asdict
+from pathlib import Path
+
+from orchestrator.core.errors import DfoError
+from orchestrator.core.events import Events
+from orchestrator.deploy.manifest import default_payload_root
+from orchestrator.deploy.operation import deploy, payload_dir
+from orchestrator.evaluation.operation import (
+    _jsonable,
+    _relay_drafters,
+    _upload_datasets,
+    _upload_prompts,
+    raise_failures,
+)
+from orchestrator.evaluation.plan import EvalPlan, relay_dir
+from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
+from orchestrator.jobs.operation import JobRefused, cancel_job, job_status, launch_job, new_job_id
+from orchestrator.provision.operation import provision_hosts
+from orchestrator.transport import Connector
+from remote_payload.eval.options import ENGINES
+from remote_payload.eval.worker import WORKER_GONE
+
+RECORD = "worker.json"
+UNSUPPORTED = ("--diagnose", "--online-check")  # payload arguments a worker does not serve
+
+
+def supported(plan: EvalPlan) -> str | None:
+    """Why PLAN's eval cannot go through a resident worker, or None when it can."""
+    req = plan.request
+    if len(plan.jobs) != 1:
+        return "the eval is sharded over several hosts"
+    if req.engine or req.reference in ENGINES:
+        return "an engine runs in one-off eval jobs"
+    if any(a.split("=", 1)[0] in UNSUPPORTED for a in req.payload_args):
+        return "--diagnose / --online-check run in one-off eval jobs"
+    return None
+
+
+def worker_args(eval_args: list[str], *, drafter_root: str, jobs_root: str, idle: float) -> list[str]:
+    """`eval-worker …` from a checkpoint's `eval …` arguments: the same options without the drafter and the
+    output folder (each handover brings its own), and the worker's folders."""
+    out, skip = ["eval-worker"], False
+    for arg in eval_args[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--drafter", "--out"):
+            skip = True
+            continue
+        out.append(arg)
+    return out + ["--worker-dir", "{job_dir}/worker", "--drafter-root", drafter_root, "--jobs-root", jobs_root,
+                  "--idle-exit", f"{idle:g}"]
+
+
+def handover_args(name: str, path: str, worker_dir: str, relayed_files: list[dict]) -> list[str]:
+    args = ["eval-handover", "--worker-dir", worker_dir, "--drafter", f"{name}={path}"]
+    for f in relayed_files:
+        args += ["--sha256", f"{f.get('rel') or ''}={f.get('sha256')}"]
+    return args
+
+
+class Resident:
+    def __init__(self, connector: Connector, folder: Path, runs_dir: Path, events: Events, *, idle: float,
+                 prompts_file: Path | None = None):
+        self.connector, self.folder, self.runs_dir, self.events = connector, folder, runs_dir, events
+        self.idle, self.prompts_file = idle, prompts_file
+        self.record: dict | None = self._read()
+        self._checked = False  # this process saw the worker's job run (and deployed, to know the release)
+        self.disabled: str | None = None  # why this process runs one-off jobs from now on
+
+    def _read(self) -> dict | None:
+        try:
+            doc = json.loads((self.folder / RECORD).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) and all(isinstance(doc.get(k), str) for k in
+                                                    ("host", "job_id", "job_dir", "key", "python")) else None
+
+    def _forget(self) -> None:
+        self.record, self._checked = None, False
+        (self.folder / RECORD).unlink(missing_ok=True)
+
+    def running(self) -> bool:
+        """The worker's job runs (one look at the host)."""
+        if self.record is None:
+            return False
+        try:
+            return job_status(self.connector, self.record["host"], self.record["job_id"], tail=0).state in \
+                ("starting", "running")
+        except DfoError:
+            return False
+
+    def ensure(self, stand_in: EvalPlan) -> bool:
+        """A worker serves STAND_IN's settings (started now when none runs); False: use one-off jobs this time."""
+        if self.disabled or supported(stand_in) is not None:
+            return False
+        if self._checked and self.record is not None:
+            return True
+        host = stand_in.jobs[0].host
+        python, release = self._prepare(stand_in)
+        args = self._args(stand_in)
+        key = hashlib.sha256(json.dumps([host, args, release]).encode()).hexdigest()[:16]
+        if self.record is not None and self.record["key"] == key and self.running():
+            self._checked = True
+            return True
+        self.stop()  # another key, or a worker that is gone
+        return self._start(stand_in, host, python, key, args)
+
+    def _args(self, plan: EvalPlan) -> list[str]:
+        job = plan.jobs[0]
+        inv_host = self.connector.inventory.hosts[job.host]
+        root = relay_dir(self.connector.inventory, job.host, plan.request.drafters[0].host or job.host)
+        return worker_args(job.args, drafter_root=root, jobs_root=posixpath.join(inv_host.workdir, "jobs"),
+                           idle=self.idle)
+
+    def _prepare(self, plan: EvalPlan) -> tuple[str, str]:
+        """Deploy and provision, once per watcher process: (the venv's python, the payload release, which is
+        part of the worker's key)."""
+        host = plan.jobs[0].host
+        deployed = deploy(self.connector, [host], root=default_payload_root(), events=self.events)
+        raise_failures("deploy", deployed)
+        provisioned = provision_hosts(self.connector, [host], events=self.events)
+        raise_failures("provision", provisioned)
+        return provisioned[host].value.python, deployed[host].value.release  # type: ignore[union-attr]
+
+    def fell_through(self, why: str) -> None:
+        """The worker stopped under a handover: one-off jobs for the rest of this watcher's life."""
+        self.disabled = why
+        self.events.warn(f"the resident worker stopped ({why}); one eval job per checkpoint from now on")
+        self._forget()
+
+    def _start(self, plan: EvalPlan, host: str, python: str, key: str, args: list[str]) -> bool:
+        if self.prompts_file is not None:
+            _upload_prompts(self.connector, plan, self.prompts_file)
+        if plan.jobs[0].uploads:
+            _upload_datasets(self.connector, plan)
+        try:
+            handle = launch_job(self.connector, host, [python, "-m", "remote_payload", *args],
+                                cwd=payload_dir(self.connector.inventory.hosts[host].workdir),
+                                job_name="dfo watch resident eval worker", job_id=new_job_id())
+        except JobRefused as exc:
+            self.events.warn(f"no resident worker: {exc.message}; one eval job per checkpoint meanwhile")
+            return False
+        for notice in handle.notices:
+            self.events.warn(f"  {notice}")
+        self.record = {"host": host, "job_id": handle.job_id, "job_dir": handle.job_dir, "key": key,
+                       "python": python}
+        write_json_atomic(self.folder / RECORD, self.record)
+        self._checked = True
+        self.events.step(f"resident eval worker {host}:{handle.job_id} started (target, references and features "
+                         f"loaded once; stops after {self.idle:g}s without a checkpoint)", tag="watch")
+        return True
+
+    def hand_over(self, plan: EvalPlan) -> Run:
+        """Relay the checkpoint, then a handover job for it: the run (status running), as start_eval returns it."""
+        assert self.record is not None
+        relays = _relay_drafters(self.connector, plan, self.events)
+        job, host = plan.jobs[0], self.record["host"]
+        name, path = next(iter(job.drafters.items()))
+        run = new_run(self.runs_dir, [host], {"request": _jsonable(asdict(plan.request)),
+                                              "plan": _jsonable(plan.as_dict()), "relays": relays, "jobs": {},
+                                              "resident_worker": dict(self.record)})
+        files = relays[0]["files"] if relays else []
+        argv = [self.record["python"], "-m", "remote_payload",
+                *handover_args(name, path, posixpath.join(self.record["job_dir"], "worker"), files)]
+        try:
+            handle = launch_job(self.connector, host, argv, lock=None, job_name=f"dfo eval {run.name} (resident)",
+                                cwd=payload_dir(self.connector.inventory.hosts[host].workdir))
+        except DfoError as exc:
+            run.set(status="failed", error=str(exc))
+            raise
+        run.set(jobs={host: {"job_id": handle.job_id, "job_dir": handle.job_dir, "shard": list(job.shard),
+                             "argv": argv, "state": "running"}}, status="running")
+        return run
+
+    def stop(self) -> None:
+        """Cancel the worker's job (nothing when none is recorded)."""
+        if self.record is None:
+            return
+        try:
+            cancel_job(self.connector, self.record["host"], self.record["job_id"])
+        except DfoError as exc:
+            self.events.warn(f"could not stop the resident worker {self.record['job_id']}: {exc.message}")
+        self._forget()
+
+
+def worker_gone(run: Run) -> bool:
+    """The handover job of RUN ended with WORKER_GONE: the worker stopped before it took the checkpoint."""
+    return any(j.get("exit_code") == WORKER_GONE for j in (run.record.get("jobs") or {}).values())
