@@ -82,6 +82,10 @@ class EvalRequest:
     dtype: str = "bfloat16"
     enable_thinking: bool = False
     max_new_tokens: int = 256
+    temperature: float | None = None     # > 0: continuations sampled at T (payload default 0: greedy)
+    top_p: float | None = None
+    top_k: int | None = None
+    samples_per_prompt: int | None = None  # draws per prompt at T > 0 (payload default 1)
     samples: int | None = None
     diagnose: bool = False
     online_check: bool = False

@@ -18,7 +18,8 @@ from remote_payload.progress import SILENT, Progress
 
 @dataclass
 class References:
-    """The greedy continuations the rounds are measured against (one per chosen prompt)."""
+    """The continuations the rounds are measured against: one per chosen prompt (greedy), or one per draw at
+    T > 0 (``inputs.sampled_reference.SampledReference``, with its seed)."""
 
     refs: list = field(default_factory=list)  # inputs.reference.Reference, in prompt order
     batch: Any = None  # inputs.server_reference.ReferenceBatch when they came from a server, else None
@@ -83,6 +84,7 @@ class EvalContext:
     datasets: list = field(default_factory=list)  # per benchmark dataset: what inputs.datasets.load records
     prompts: list = field(default_factory=list)  # the chosen inputs.prompts.Prompt, in order (later turns: with
     #                                              their history once the turn before has its reference)
+    draws: list = field(default_factory=list)  # at T > 0: eval.draws.Draw per entry of ``prompts`` ([] greedy)
     # later stages
     target: Any = None  # models.target.Target
     references: References = field(default_factory=References)

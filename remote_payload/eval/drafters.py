@@ -67,7 +67,12 @@ def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
                 ) if metrics["tau_macro"] is not None else f"{name}: no rounds"
     progress.emit("stage", stage=stage, status="metrics", message=headline)
     if ctx.settings.online_check:
-        online_check(ctx, name, source)
+        if ctx.settings.sampled:  # T > 0: the expectations must agree, not the draws (eval/sampled_check.py)
+            from remote_payload.eval.sampled_check import sampled_online_check
+
+            sampled_online_check(ctx, name, source)
+        else:
+            online_check(ctx, name, source)
     return run
 
 

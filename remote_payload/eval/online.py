@@ -3,6 +3,14 @@
 This is the cross-check of the offline path: its output must equal plain greedy decoding of the target,
 and its per-round (anchor, accepted, produced) must equal the offline replay on the same prompt.
 
+At T > 0 (``sampling``): z-lab's rule. The first token is drawn from the prefill's logits; each round the drafts
+stay the drafter's argmax, the target's tokens at every block slot are drawn from the one verify forward (slot
+order, one generator seeded with ``seed``), and the round accepts while draft == drawn token, the drawn token at
+the first mismatch being the bonus. Each committed token is then drawn from the target's law given the tokens
+before it (the drafts before it were accepted, so they are those tokens): the output is a draw of the target's
+own sampling at T, and its rounds are the offline replay over that output. Per draw the online and offline
+outputs differ (other random numbers); their τ have one law, which ``eval/sampled_check.py`` tests.
+
 Rollback after a partially accepted block: full-attention KV caches can be cropped, but the recurrent
 state of linear-attention (Gated DeltaNet) layers cannot — ``cache.crop()`` is refused, or with past
 recording runs and leaves the state wrong. So for hybrid targets the cache is snapshotted (deep copy)
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 
 from remote_payload.errors import PayloadError
 from remote_payload.inputs.reference import forward, new_cache
+from remote_payload.inputs.sampling import Sampling, generator, sample
 from remote_payload.metrics.chain import Round
 from remote_payload.models.target import Target
 
@@ -104,11 +113,15 @@ class TargetSession:
 
     def verify(self, block) -> list[int]:
         """Run a draft block through the target; returns the target's argmax at every slot."""
+        return self.verify_logits(block).argmax(-1).tolist()
+
+    def verify_logits(self, block):
+        """Run a draft block through the target; returns its logits at every slot ([len(block), V])."""
         snapshot = copy.deepcopy(self.cache) if self.mode == "snapshot" else None
         before = self.length
         logits = self._forward(block)
         self._pending = (snapshot, list(block), before)
-        return logits.argmax(-1).tolist()
+        return logits
 
     def keep(self, kept: int) -> None:
         """Keep the first ``kept`` tokens of the last verified block in the cache, drop the rest."""
@@ -131,11 +144,19 @@ class TargetSession:
 
 
 def online_generate(target: Target, source, prompt_ids: list[int], max_new_tokens: int,
-                    rollback: str = "auto", rule: str = "committed") -> OnlineResult:
+                    rollback: str = "auto", rule: str = "committed", sampling: Sampling | None = None,
+                    seed: int = 0) -> OnlineResult:
+    """The loop; greedy, or with ``sampling`` at T > 0 the target's tokens drawn with ``seed`` (module doc)."""
     import torch
 
     if rule not in RULES:
         raise PayloadError(f"online loop rule must be one of {', '.join(RULES)}")
+    drawn = sampling is not None and not sampling.greedy
+    gen = generator(seed) if drawn else None
+
+    def targets(logits) -> list[int]:  # the target's token at each row: drawn at T > 0, else its argmax
+        return sample(logits, sampling, gen) if drawn else logits.argmax(-1).tolist()
+
     stop = set(target.stop_ids)
     B, P = source.block_size, len(prompt_ids)
     start = time.perf_counter()
@@ -144,12 +165,12 @@ def online_generate(target: Target, source, prompt_ids: list[int], max_new_token
     try:
         with torch.inference_mode():
             logits = session.feed(list(prompt_ids), logits_to_keep=1)
-            committed = list(prompt_ids) + [int(logits[-1].argmax())]
+            committed = list(prompt_ids) + targets(logits[-1:])
             while _another_round(rule, committed, P, max_new_tokens, stop):
                 a = len(committed) - 1  # anchor: the last committed token, not yet fed to the target
                 ids, _ = source.draft(source.prepare(session.context(a)), committed, [a], topk=1)
                 drafts = ids[0, :, 0].tolist()
-                post = session.verify([committed[a]] + drafts)
+                post = targets(session.verify_logits([committed[a]] + drafts))
                 raw = 0
                 while raw < B - 1 and drafts[raw] == post[raw]:
                     raw += 1

@@ -127,6 +127,14 @@ def parse_concurrency(value: str | None) -> tuple[int, ...]:
     return tuple(sorted(levels))
 
 
+def parse_top_p(value) -> float:
+    """``--top-p P``: a probability mass in (0, 1]."""
+    p = float(value)
+    if not 0 < p <= 1:
+        raise PayloadError(f"--top-p {value}: expected a probability mass above 0 and at most 1 (1: off)")
+    return p
+
+
 def _reference_settings(value: str | None) -> dict:
     """One --reference fills two settings: an engine name, or the URL of a server."""
     engine = value in ENGINES
@@ -170,6 +178,19 @@ OPTIONS: tuple[Option, ...] = (
            parse=parse_shard, planned=True),
     Option("--max-new-tokens", "max_new_tokens", "Length of each reference continuation, in tokens.", kind=int,
            default=512, minimum=1, metavar="N", commands=BOTH, dfo_default=256),
+    # Sampling (T > 0): τ as an expectation over continuations drawn from the target (README, Metrics).
+    Option("--temperature", "temperature", "Temperature the target's continuations are drawn at: 0 = greedy (one "
+           "continuation per prompt, today's figures); T > 0: each prompt's continuations are sampled at T with "
+           "recorded seeds and τ is their expectation, with CIs over prompts and draws.", kind=float, default=0.0,
+           minimum=0.0, metavar="T", commands=BOTH),
+    Option("--top-p", "top_p", "With --temperature > 0: nucleus sampling, the smallest set of tokens whose "
+           "probability reaches P (1: off).", kind=float, default=1.0, metavar="P", parse=parse_top_p,
+           commands=BOTH),
+    Option("--top-k", "top_k", "With --temperature > 0: sample among the K most probable tokens only (0: off).",
+           kind=int, default=0, minimum=0, metavar="K", commands=BOTH),
+    Option("--samples-per-prompt", "samples_per_prompt", "With --temperature > 0: continuations drawn per prompt, "
+           "each with its own seed (from --seed, the prompt and its number).", kind=int, default=1, minimum=1,
+           metavar="K", commands=BOTH),
     Option("--enable-thinking", "enable_thinking", "Chat-template thinking mode; must match the drafter's "
            "training.", kind=bool, default=False, negatable=True, commands=BOTH, dfo_default=False),
     Option("--device", "device", "Where the models run.", default="auto", choices=("auto", "cuda", "cpu"),
@@ -189,9 +210,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--out", "out", "Output folder for results.json and samples.jsonl.", default="dfo-eval", metavar="DIR",
            planned=True),
     Option("--online-check", "online_check", "Also run the online draft/verify loop and compare it with the "
-           "offline one.", kind=bool, default=False, commands=(EVAL,)),
-    Option("--seed", "seed", "Seed of torch and of the bootstrap CIs.", kind=int, default=0, metavar="N",
-           on_request=True, dfo_default=0),
+           "offline one (at --temperature > 0: one online run per draw, with its own seed, and the two "
+           "expectations compared within their CI).", kind=bool, default=False, commands=(EVAL,)),
+    Option("--seed", "seed", "Seed of torch, of the bootstrap CIs and (with --temperature > 0) of the sampled "
+           "continuations: the same seed draws the same continuations on the same target.", kind=int, default=0,
+           metavar="N", commands=BOTH, dfo_default=0),
     Option("--topk", "topk", "Per-depth top-k kept from the draft pass (raised to cover the tree metrics).",
            kind=int, default=8, minimum=1, metavar="K"),
     Option("--tree-k", "tree_k", "DDTree-K: top-K depth acceptance, K candidates per depth (the headline is "

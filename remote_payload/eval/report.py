@@ -10,10 +10,20 @@ from remote_payload.eval.context import EvalContext
 from remote_payload.metrics.aggregate import BY_DATASET_NOTE, dataset_breakdown
 from remote_payload.metrics.chain import sample_tau
 from remote_payload.metrics.compare import compare_drafters
+from remote_payload.metrics.sampled import ESTIMATOR, sampled_figures
 from remote_payload.results import now_utc, versions
 
 ANCHORS = "every continuation position (offline drafts for all anchors, chain and tree replays)"
 SAMPLES_LAYOUT = "one line per sample, all drafters under 'drafters'"
+SAMPLED_NOTE = ("at T > 0 every sample is one draw (samples_per_prompt per prompt) and each figure above is the mean "
+                "over the draws; metrics.sampled holds them with CIs over prompts and draws. " + ESTIMATOR)
+
+
+def sampling_block(s) -> dict:
+    """``settings.sampling`` (T > 0): the law, the draws per prompt and how their seeds are made."""
+    return {**s.sampling.as_json(), "samples_per_prompt": s.samples_per_prompt, "seed": s.seed,
+            "draw_seed": "sha256 of (--seed, draw number, purpose, sha256 of the prompt tokens), 31 bits",
+            "sampler": "softmax(logits / T), top-k then top-p, one multinomial draw per token (CPU float32)"}
 
 
 def sample_lines(ctx: EvalContext) -> list[dict]:
@@ -24,6 +34,7 @@ def sample_lines(ctx: EvalContext) -> list[dict]:
     for i, (p, ref) in enumerate(zip(ctx.prompts, refs.refs, strict=True)):
         line = {"index": p.index, "id": p.id, "category": p.category,
                 **({"dataset": p.dataset, "row_id": p.row_id, "turn": p.turn} if p.dataset is not None else {}),
+                **(ctx.draws[i].entry() if ctx.draws else {}),  # T > 0: which draw of which prompt, its seed
                 "prompt_tokens": len(ref.prompt_ids),
                 "continuation_tokens": len(ref.continuation), "stop_reason": ref.stop_reason,
                 "tail_tokens": len(ref.tail) if ref.tail is not None else None,
@@ -80,12 +91,17 @@ def results_document(ctx: EvalContext, lines: list[dict], comparison: dict | Non
                     "extract_s": round(t["extract_s"], 3), "total_s": round(total_s, 3)},
         "samples": {"count": len(lines), "file": "samples.jsonl", "layout": SAMPLES_LAYOUT},
     }
+    s = ctx.settings
     for name in ctx.results:
-        by_dataset = dataset_breakdown(lines, name, seed=ctx.settings.seed)
+        metrics = results["drafters"][name]["metrics"]
+        by_dataset = dataset_breakdown(lines, name, seed=s.seed)
         if by_dataset is not None:
-            metrics = results["drafters"][name]["metrics"]
             metrics["by_dataset"] = by_dataset
             metrics["definitions"] = {**(metrics.get("definitions") or {}), "by_dataset": BY_DATASET_NOTE}
+        if s.sampled:
+            metrics["sampled"] = sampled_figures(lines, name, metrics["block_size"], sampling=sampling_block(s),
+                                                 seed=s.seed)
+            metrics["definitions"] = {**(metrics.get("definitions") or {}), "sampled": SAMPLED_NOTE}
     if comparison is not None:
         results["comparison"] = comparison
     if diagnostics is not None:
@@ -111,6 +127,7 @@ def _settings_block(ctx: EvalContext, reference_source: str) -> dict:
             "online_check": s.online_check, "cache_dir": str(ctx.cache_dir),
             "diagnose": ({"samples": ctx.diagnosed_samples, "rounds": s.diagnose_rounds} if s.diagnose else False),
             "expect_p1": dict(s.expect_p1) or None,
+            **({"sampling": sampling_block(s)} if s.sampled else {}),
             "anchors": ANCHORS,
             **({"test_fault": ctx.fault} if ctx.fault else {})}
 

@@ -43,6 +43,10 @@ class EvalSettings:
     dataset_files: dict = field(default_factory=dict)  # dataset name -> its rows' file or folder here
     shard: tuple = (0, 1)
     max_new_tokens: int = 512
+    temperature: float = 0.0  # 0: greedy references (one per prompt); > 0: sampled, samples_per_prompt each
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    samples_per_prompt: int = 1
     enable_thinking: bool = False
     device: str = "auto"
     dtype: str = "bfloat16"
@@ -74,6 +78,18 @@ class EvalSettings:
     engine_args: list = field(default_factory=list)  # extra engine server arguments, verbatim
     engine_concurrency: tuple = (1,)  # requests in flight per level of the engine sweep, lowest first
     engine_start_timeout: float = 900.0
+
+    @property
+    def sampled(self) -> bool:
+        """The references are drawn at T > 0 (τ is then an expectation over the draws)."""
+        return self.temperature > 0
+
+    @property
+    def sampling(self):
+        """The law the target's tokens are drawn from (``inputs.sampling.Sampling``)."""
+        from remote_payload.inputs.sampling import Sampling
+
+        return Sampling(float(self.temperature), float(self.top_p), int(self.top_k))
 
     @property
     def tree_K(self) -> int:  # the K of the DDTree paper
@@ -128,6 +144,18 @@ def check_values(s: EvalSettings) -> None:
         raise PayloadError(f"--expect-p1 for unknown drafter name(s): {', '.join(unknown_p1)}")
     check_engine_values(s)
     check_dataset_values(s)
+    check_sampling_values(s)
+
+
+def check_sampling_values(s: EvalSettings) -> None:
+    """--top-p, --top-k and --samples-per-prompt shape sampling: at --temperature 0 (greedy) they would do nothing."""
+    if s.temperature > 0:
+        return
+    given = [f for f, on in ((f"--samples-per-prompt {s.samples_per_prompt}", s.samples_per_prompt > 1),
+                             (f"--top-p {s.top_p:g}", s.top_p < 1), (f"--top-k {s.top_k}", s.top_k > 0)) if on]
+    if given:
+        raise PayloadError(f"{', '.join(given)} shape(s) sampling, but --temperature is 0 (greedy: every draw is the "
+                           "same continuation); give --temperature T > 0, e.g. --temperature 1")
 
 
 def check_dataset_values(s: EvalSettings) -> None:

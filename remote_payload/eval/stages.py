@@ -17,6 +17,7 @@ from remote_payload.diagnose.findings import RunFacts, drafter_checks, run_level
 from remote_payload.diagnose.probes import probe_layer_ids
 from remote_payload.diagnose.tensors import TensorStats
 from remote_payload.errors import PayloadError
+from remote_payload.eval import draws as draws_mod
 from remote_payload.eval.context import EvalContext, Extraction, References
 from remote_payload.eval.settings import (
     REFERENCE_API_KEY_ENV,
@@ -31,9 +32,14 @@ from remote_payload.inputs.datasets.load import load_datasets
 from remote_payload.inputs.features import FeatureStore, bytes_per_token, cache_path, cached_features, extract
 from remote_payload.inputs.prompts import Prompt, with_history
 from remote_payload.inputs.reference import cached_reference
+from remote_payload.inputs.sampled_reference import cached_sampled_reference
+from remote_payload.inputs.sampling import draw_seed
 from remote_payload.models import checkpoint, kernels
 from remote_payload.models import target as targetmod
 from remote_payload.models.validation import validate_against_target
+
+SAMPLED_SERVER_TAILS = ("at T > 0 the tokens past each stop must be drawn at T as well, and a server's tail requests "
+                        "are greedy; --reference target samples them on this host")
 
 
 def start(ctx: EvalContext) -> None:
@@ -80,6 +86,8 @@ def check_inputs(ctx: EvalContext) -> None:
         chosen = all_prompts if s.samples is None else all_prompts[:s.samples]
         raise PayloadError(f"no prompts selected: shard {s.shard[0]}/{s.shard[1]} of "
                            f"{prompts_mod.conversations(chosen)} prompt(s)")
+    if s.sampled:  # K draws per prompt, each one sample of the run (eval/draws.py)
+        ctx.prompts, ctx.draws = draws_mod.expand(ctx.prompts, s.samples_per_prompt)
     if ctx.fault:
         ctx.warn(f"TEST FAULT {ctx.fault} planted (${TEST_FAULT_ENV}): {TEST_FAULTS[ctx.fault]}; these results are "
                  "not a measurement")
@@ -92,15 +100,22 @@ def load_target(ctx: EvalContext) -> None:
 
 
 def local_references(ctx: EvalContext) -> None:
-    """The ``reference`` stage from the target's own greedy decoding (cached per prompt)."""
+    """The ``reference`` stage from the target's own decoding: greedy (cached per prompt), or at T > 0 each draw
+    sampled with its seed (cached per seed)."""
     s, progress = ctx.settings, ctx.progress
     progress.stage_start("reference")
     refs = References()
     for i in range(len(ctx.prompts)):
         p = ask(ctx, i, refs.refs)
         ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
-        ref = cached_reference(ctx.target, ids, s.max_new_tokens, ctx.cache_dir, warn=ctx.warn,
-                               tail=tail_length(ctx))
+        if s.sampled:
+            draw = ctx.draws[i]
+            draw.seed = draw_seed(s.seed, ids, draw.number)
+            ref = cached_sampled_reference(ctx.target, ids, s.max_new_tokens, s.sampling, draw.seed, ctx.cache_dir,
+                                           warn=ctx.warn, tail=tail_length(ctx))
+        else:
+            ref = cached_reference(ctx.target, ids, s.max_new_tokens, ctx.cache_dir, warn=ctx.warn,
+                                   tail=tail_length(ctx))
         refs.refs.append(ref)
         if not ref.cached:
             refs.tokens += len(ref.continuation)
@@ -145,7 +160,7 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
     ``$DFO_REFERENCE_API_KEY`` goes only to the server the user named, never to an engine started here.
     """
     from remote_payload.inputs.openai_client import Endpoint  # stdlib only, loaded for --reference runs only
-    from remote_payload.inputs.server_reference import fetch_references
+    from remote_payload.inputs.server_reference import SeededDraws, fetch_references
     from remote_payload.inputs.server_tails import fetch_tails
 
     s, progress = ctx.settings, ctx.progress
@@ -160,20 +175,28 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
     for wave in turn_waves(ctx.prompts):  # a later turn is asked once the turn before it has its reference
         done = len(found)
         asked = [ask(ctx, i, [found.get(j) for j in range(len(ctx.prompts))]) for i in wave]
+        sampled = SeededDraws(s.sampling, s.seed, [ctx.draws[i].number for i in wave]) if s.sampled else None
         part = fetch_references(
             endpoint, asked, ctx.tokenizer, enable_thinking=s.enable_thinking, max_tokens=s.max_new_tokens,
             stop_ids=ctx.stop_ids, cache_dir=ctx.cache_dir, strict_roundtrip=s.reference_strict_roundtrip,
             on_sample=lambda d, t, r, done=done: progress.progress("reference", done + d, len(ctx.prompts),
                                                                    unit="samples", message=r.sample_id),
-            warn=ctx.warn)
+            warn=ctx.warn, sampled=sampled)
         for i, ref in zip(wave, part.samples, strict=True):
             found[i] = ref
+            if s.sampled:
+                ctx.draws[i].seed = ref.seed
         batch = part if batch is None else replace(batch, samples=batch.samples + part.samples,
                                                    requests=batch.requests + part.requests)
     batch = replace(batch, samples=[found[i] for i in range(len(ctx.prompts))])
     refs = [r.to_reference() for r in batch.samples]
     ctx.references = References(refs=refs, batch=batch, tokens=sum(len(r.continuation) for r in refs if not r.cached),
                                 seconds=time.perf_counter() - started)
+    if s.sampled:  # the tokens past the stop would have to be drawn at T too: the tail requests are greedy
+        ctx.references.tail_unavailable = SAMPLED_SERVER_TAILS
+        ctx.warn(f"zlab and vllm τ conventions unavailable: {SAMPLED_SERVER_TAILS}")
+        ctx.timings["reference_s"] = progress.stage_done("reference")
+        return
     tails = fetch_tails(endpoint, batch, tail_length(ctx), ctx.cache_dir)
     if tails.tails is None:
         ctx.references.tail_unavailable = tails.reason
@@ -208,7 +231,8 @@ def extract_features(ctx: EvalContext) -> None:
     for i, ref in enumerate(refs):
         feats = cached_features(ctx.target, ref.tokens, len(ref.prompt_ids), layer_ids, ctx.cache_dir, warn=ctx.warn)
         ex.store.add(i, feats, cache_path(ctx.cache_dir, ctx.target, ref.tokens))
-        ex.teacher_forced_mismatches.append(feats.teacher_forced_mismatches())
+        # at T > 0 the continuation is drawn, not the argmax: a one-pass argmax check says nothing there
+        ex.teacher_forced_mismatches.append(None if s.sampled else feats.teacher_forced_mismatches())
         if ex.hidden_stats:
             for lid in layer_ids:
                 ex.hidden_stats[lid].add(feats.layers[lid])

@@ -10,7 +10,9 @@ Request format (the choice, and why):
   ``prompt_format="text"`` sends the rendered template text instead, for servers that refuse id prompts;
   the server then tokenises, and the prompt ids it reports (when it reports them) are checked against ours.
 - Greedy: ``temperature 0, top_p 1, n 1``, no penalties, ``max_tokens``, and the target's end tokens as
-  ``stop_token_ids`` (no stop strings: a string can match inside ordinary text).
+  ``stop_token_ids`` (no stop strings: a string can match inside ordinary text). At T > 0 (``--temperature``):
+  ``temperature``, ``top_p``, ``top_k`` (-1: off) and a ``seed`` per draw instead; vLLM and SGLang both draw a
+  seeded request reproducibly, and ``server_reference.py`` refuses a server that does not.
 - ``return_token_ids: true`` asks the server for the generated ids (``choices[0].token_ids``) and the prompt
   ids it used (``choices[0].prompt_token_ids``); SGLang and vLLM (>= 0.10.2) both name them so. Servers that
   do not know the field ignore it; the continuation ids then come from re-tokenising the text, and the
@@ -193,10 +195,12 @@ REQUEST_FIELDS = {"temperature": 0.0, "top_p": 1.0, "n": 1, "stream": False, "pr
                   "return_token_ids": True}
 
 
-def request_body(model: str, prompt: list[int] | str, max_tokens: int, stop_ids: Sequence[int]) -> dict:
-    """The /completions request: prompt, max_tokens and the target's end tokens as stop_token_ids."""
+def request_body(model: str, prompt: list[int] | str, max_tokens: int, stop_ids: Sequence[int],
+                 sampled: dict | None = None) -> dict:
+    """The /completions request: prompt, max_tokens and the target's end tokens as stop_token_ids; greedy, or
+    with ``sampled`` (T > 0: ``sampling.Sampling.request_fields()`` and the draw's ``seed``) in its place."""
     return {"model": model, "prompt": prompt, "max_tokens": int(max_tokens),
-            "stop_token_ids": [int(i) for i in stop_ids], **REQUEST_FIELDS}
+            "stop_token_ids": [int(i) for i in stop_ids], **REQUEST_FIELDS, **(sampled or {})}
 
 
 def _int_list(value: Any) -> bool:

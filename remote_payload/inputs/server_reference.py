@@ -5,7 +5,11 @@ than decoding token by token with transformers. The target's hidden states are s
 over exactly the tokens the server produced.
 
 The request (token-id prompts on ``/completions``, greedy, the target's stop ids, ids back) and why it is so:
-``openai_client.py``.
+``openai_client.py``. At T > 0 (``SeededDraws``) each request samples at T with its draw's seed; before the
+first one, a cheap probe (``check_seeded``: three short requests on the first prompt, a few more only when
+needed) refuses a server whose draws do not follow the seed: two requests with one seed must give the same
+tokens, and other seeds other tokens (a server that ignores the seed, or samples greedily, fails one or the
+other). A run whose draws all come from the cache sends no probe.
 
 Round trip: the server's text re-tokenised with our tokenizer vs the server's token ids. A mismatch (e.g.
 the model emitted a non-canonical split of its text, or the server's tokenizer differs from ours) is
@@ -65,6 +69,7 @@ class ServerReference:
     notes: list[str] = field(default_factory=list)
     cached: bool = False
     seconds: float = 0.0
+    seed: int | None = None  # the draw's seed at T > 0 (None: greedy)
 
     @property
     def roundtrip_ok(self) -> bool | None:
@@ -74,13 +79,18 @@ class ServerReference:
         """The same ``Reference`` object the local greedy path returns, so the eval uses it unchanged."""
         from remote_payload.inputs.reference import Reference
 
+        if self.seed is not None:
+            from remote_payload.inputs.sampled_reference import SampledReference
+
+            return SampledReference(list(self.prompt_ids), list(self.continuation), self.stop_reason, self.seconds,
+                                    self.cached, seed=self.seed)
         return Reference(list(self.prompt_ids), list(self.continuation), self.stop_reason, self.seconds, self.cached)
 
     def to_json(self) -> dict:
         """Per-sample facts for samples.jsonl (no token arrays: the eval records those itself)."""
         return {"source": "server", "ids_source": self.ids_source, "finish_reason": self.finish_reason,
                 "roundtrip": self.roundtrip, "notes": self.notes, "cached": self.cached,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), **({"seed": self.seed} if self.seed is not None else {})}
 
 
 @dataclass
@@ -92,6 +102,7 @@ class ReferenceBatch:
     samples: list[ServerReference]
     requests: int  # completions requested in this run (the rest came from the cache)
     cache_dir: str | None
+    seed_check: dict | None = None  # at T > 0: what the seed probe found (None: no probe was needed)
 
     @property
     def mismatched(self) -> list[str]:
@@ -110,7 +121,8 @@ class ReferenceBatch:
                 "requested": self.requests, "cache_hits": sum(1 for s in self.samples if s.cached),
                 "tokens_generated": sum(len(s.continuation) for s in self.samples if not s.cached),
                 "roundtrip_mismatches": self.mismatched, "roundtrip_unchecked": len(self.unchecked),
-                "ids_source": dict(Counter(s.ids_source for s in self.samples)), "cache_dir": self.cache_dir}
+                "ids_source": dict(Counter(s.ids_source for s in self.samples)), "cache_dir": self.cache_dir,
+                **({"seed_check": self.seed_check} if self.seed_check is not None else {})}
 
 
 def retokenize(tokenizer, text: str) -> list[int]:
@@ -198,11 +210,25 @@ def derive(sample_id: str, prompt_ids: list[int], raw: dict, tokenizer, stop_ids
                            roundtrip=roundtrip, notes=notes)
 
 
-def settings_for(max_tokens: int, stop_ids: Sequence[int], prompt_format: str, enable_thinking: bool) -> dict:
-    """Everything besides model and prompt that changes the server's answer (part of the cache key)."""
-    return {"max_tokens": int(max_tokens), "stop_token_ids": sorted(int(i) for i in stop_ids),
-            "prompt_format": prompt_format,
-            "enable_thinking": bool(enable_thinking), "request_fields": dict(REQUEST_FIELDS)}
+def settings_for(max_tokens: int, stop_ids: Sequence[int], prompt_format: str, enable_thinking: bool,
+                 sampling=None) -> dict:
+    """Everything besides model and prompt that changes the server's answer (part of the cache key); at T > 0 the
+    law (``sampling.Sampling``) too, and each request's seed is added per sample (greedy keys are unchanged)."""
+    out = {"max_tokens": int(max_tokens), "stop_token_ids": sorted(int(i) for i in stop_ids),
+           "prompt_format": prompt_format,
+           "enable_thinking": bool(enable_thinking), "request_fields": dict(REQUEST_FIELDS)}
+    if sampling is not None:
+        out["sampling"] = sampling.request_fields()
+    return out
+
+
+@dataclass(frozen=True)
+class SeededDraws:
+    """At T > 0: the law the server draws with, ``--seed``, and each prompt's draw number; a request's seed is
+    ``sampling.draw_seed(seed, its prompt ids, its number)``, as the local draws' are."""
+    sampling: Any  # inputs.sampling.Sampling
+    seed: int
+    numbers: Sequence[int]
 
 
 def prompt_digest(prompt_ids: Sequence[int], prompt_text: str | None) -> str:
@@ -228,6 +254,8 @@ class _Job:
     prompt: list[int] | str
     prompt_sha: str
     path: Path | None
+    settings: dict  # the cache key's settings: the run's, with this draw's seed at T > 0
+    seed: int | None = None
 
 
 def _render(tokenizer, prompt, enable_thinking: bool, prompt_format: str) -> tuple[list[int], str | None]:
@@ -247,14 +275,14 @@ def _render(tokenizer, prompt, enable_thinking: bool, prompt_format: str) -> tup
     return ids, text
 
 
-def _load_cached(job: _Job, model: str, settings: dict) -> dict | None:
+def _load_cached(job: _Job, model: str) -> dict | None:
     if job.path is None or not job.path.exists():
         return None
     try:
         found = json.loads(job.path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    expected = {"schema": SCHEMA, "model": model, "prompt_sha256": job.prompt_sha, "settings": settings}
+    expected = {"schema": SCHEMA, "model": model, "prompt_sha256": job.prompt_sha, "settings": job.settings}
     if mismatches(expected, found, CACHE_FIELDS) or found.get("prompt_ids") != job.prompt_ids:
         return None
     try:
@@ -267,7 +295,7 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
                      max_tokens: int, stop_ids: Sequence[int], cache_dir: str | Path | None = None,
                      strict_roundtrip: bool = False,
                      on_sample: Callable[[int, int, ServerReference], None] | None = None,
-                     warn: Callable[[str], None] | None = None) -> ReferenceBatch:
+                     warn: Callable[[str], None] | None = None, sampled: SeededDraws | None = None) -> ReferenceBatch:
     """Greedy references for ``prompts`` (objects with ``.id`` and ``.message_dicts()``, e.g. prompts.Prompt).
 
     Returns them in prompt order. Samples found in ``cache_dir`` are not requested again; each finished
@@ -277,13 +305,15 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
     """
     _check_request(endpoint, max_tokens, stop_ids)
     run = _Fetch(endpoint, tokenizer, max_tokens, stop_ids, Path(cache_dir) if cache_dir is not None else None,
-                 on_sample)
+                 on_sample, sampled)
     run.plan(prompts, enable_thinking)
-    run.request(run.reuse_cached())
+    pending = run.reuse_cached()
+    seed_check = check_seeded(run, pending[0]) if sampled is not None and pending else None
+    run.request(pending)
     batch = ReferenceBatch(url=run.base, model=run.model, prompt_format=endpoint.prompt_format,
                            settings=run.settings, samples=[r for r in run.results if r is not None],
                            requests=run.requested, cache_dir=str(run.cache_root / CACHE_SUBDIR)
-                           if run.cache_root is not None else None)
+                           if run.cache_root is not None else None, seed_check=seed_check)
     _report(batch, strict_roundtrip, warn or (lambda _msg: None))
     return batch
 
@@ -304,9 +334,9 @@ class _Fetch:
     """One fetch: the jobs, the results in prompt order, and the requests in flight."""
 
     def __init__(self, endpoint: Endpoint, tokenizer, max_tokens: int, stop_ids: Sequence[int],
-                 cache_root: Path | None, on_sample):
+                 cache_root: Path | None, on_sample, sampled: SeededDraws | None = None):
         self.endpoint, self.tokenizer, self.max_tokens, self.stop_ids = endpoint, tokenizer, max_tokens, stop_ids
-        self.cache_root, self.on_sample = cache_root, on_sample
+        self.cache_root, self.on_sample, self.sampled = cache_root, on_sample, sampled
         self.base = base_url(endpoint.url)
         self.model = resolve_model(endpoint)
         self.settings: dict = {}
@@ -315,13 +345,18 @@ class _Fetch:
         self.done = self.requested = 0
 
     def plan(self, prompts: Sequence[Any], enable_thinking: bool) -> None:
-        fmt = self.endpoint.prompt_format
-        self.settings = settings_for(self.max_tokens, self.stop_ids, fmt, enable_thinking)
+        from remote_payload.inputs.sampling import draw_seed
+
+        fmt, sampled = self.endpoint.prompt_format, self.sampled
+        self.settings = settings_for(self.max_tokens, self.stop_ids, fmt, enable_thinking,
+                                     sampled.sampling if sampled is not None else None)
         for i, p in enumerate(prompts):
             ids, text = _render(self.tokenizer, p, enable_thinking, fmt)
             sha = prompt_digest(ids, text)
-            path = cache_file(self.cache_root, self.model, sha, self.settings) if self.cache_root is not None else None
-            self.jobs.append(_Job(i, str(p.id), ids, ids if text is None else text, sha, path))
+            seed = draw_seed(sampled.seed, ids, sampled.numbers[i]) if sampled is not None else None
+            settings = self.settings if seed is None else {**self.settings, "seed": seed}
+            path = cache_file(self.cache_root, self.model, sha, settings) if self.cache_root is not None else None
+            self.jobs.append(_Job(i, str(p.id), ids, ids if text is None else text, sha, path, settings, seed))
         self.results = [None] * len(self.jobs)
 
     def record(self, job: _Job, ref: ServerReference, seconds: float, cached: bool) -> None:
@@ -332,13 +367,21 @@ class _Fetch:
             self.on_sample(self.done, len(self.jobs), ref)
 
     def derive(self, job: _Job, raw: dict) -> ServerReference:
-        return derive(job.sample_id, job.prompt_ids, raw, self.tokenizer, self.stop_ids, self.max_tokens)
+        ref = derive(job.sample_id, job.prompt_ids, raw, self.tokenizer, self.stop_ids, self.max_tokens)
+        ref.seed = job.seed
+        return ref
+
+    def sampled_fields(self, seed: int | None) -> dict | None:
+        """The request's sampling fields at T > 0 (None: greedy)."""
+        if self.sampled is None or seed is None:
+            return None
+        return {**self.sampled.sampling.request_fields(), "seed": int(seed)}
 
     def reuse_cached(self) -> list[_Job]:
         """Record the samples the cache holds; returns the jobs still to request."""
         pending = []
         for job in self.jobs:
-            hit = _load_cached(job, self.model, self.settings)
+            hit = _load_cached(job, self.model)
             try:
                 ref = self.derive(job, hit["raw"]) if hit else None
             except ValueError:
@@ -358,7 +401,7 @@ class _Fetch:
                             f"{kept}")
 
     def post(self, job: _Job) -> tuple[Any, float]:
-        body = request_body(self.model, job.prompt, self.max_tokens, self.stop_ids)
+        body = request_body(self.model, job.prompt, self.max_tokens, self.stop_ids, self.sampled_fields(job.seed))
         ep = self.endpoint
         start = time.perf_counter()
         obj = with_retries(ep, lambda: http_json("POST", self.base + "/completions", body, ep.timeout_s, ep.api_key))
@@ -399,7 +442,7 @@ class _Fetch:
             return self.fail(job, f"malformed response from POST /completions: {exc}")
         if job.path is not None:
             atomic_write_json(job.path, {
-                "schema": SCHEMA, "model": self.model, "prompt_sha256": job.prompt_sha, "settings": self.settings,
+                "schema": SCHEMA, "model": self.model, "prompt_sha256": job.prompt_sha, "settings": job.settings,
                 "sample_id": job.sample_id, "url": self.base, "prompt_ids": job.prompt_ids,
                 "response": obj,  # as received; parsed again (and re-checked) on reuse
                 "seconds": round(seconds, 3), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
@@ -427,3 +470,53 @@ def _report(batch: ReferenceBatch, strict_roundtrip: bool, say: Callable[[str], 
     for ref in batch.samples:
         for note in ref.notes:
             say(f"reference {ref.sample_id}: {note}")
+
+
+# ----------------------------------------------------------------------------------------------- the seed probe
+
+SEED_PROBE_TOKENS = 32  # tokens per probe request (at most max_tokens)
+SEED_PROBE_SEEDS = 4  # distinct seeds tried before concluding that the draws do not depend on the seed
+
+
+def check_seeded(run: _Fetch, job: _Job) -> dict:
+    """Refuse a server whose draws at T > 0 do not follow the request's seed (its references would be neither
+    reproducible nor cached correctly): the first prompt twice with one seed must give the same tokens, and with
+    other seeds, other tokens. Three short requests, up to ``SEED_PROBE_SEEDS`` + 1 when the first other seeds
+    happen to draw the same tokens."""
+    assert run.sampled is not None
+    n = min(SEED_PROBE_TOKENS, run.max_tokens)
+    ep = run.endpoint
+
+    def draw(seed: int) -> list[int]:
+        body = request_body(run.model, job.prompt, n, run.stop_ids, run.sampled_fields(seed))
+        try:
+            obj = with_retries(ep, lambda: http_json("POST", run.base + "/completions", body, ep.timeout_s,
+                                                       ep.api_key))
+            raw = parse_completion(obj)
+        except RequestFailed as exc:
+            raise run.fail(job, f"the seed probe's request failed: {exc}") from None
+        except ValueError as exc:
+            raise run.fail(job, f"malformed response to the seed probe: {exc}") from None
+        return list(raw["token_ids"]) if raw["token_ids"] is not None else retokenize(run.tokenizer, raw["text"])
+
+    law = run.sampled.sampling.label()
+    base = int(job.seed or 0)
+    first, again = draw(base), draw(base)
+    where = f"reference server {run.base} (model {run.model!r})"
+    if first != again:
+        at = next((i for i, (a, b) in enumerate(zip(first, again, strict=False)) if a != b), min(len(first),
+                                                                                                  len(again)))
+        raise PayloadError(f"{where} ignores the request's seed: two requests with seed {base} at {law} drew "
+                           f"different tokens (from token {at} on), so its references can be neither reproduced nor "
+                           "cached per seed; use a server that honours `seed` (vLLM, SGLang), or --reference target")
+    tried = [base]
+    for k in range(1, SEED_PROBE_SEEDS):
+        other = (base + k * 7919) % (1 << 31)
+        tried.append(other)
+        if draw(other) != first:
+            return {"ok": True, "tokens": n, "requests": 2 + k, "seeds": tried,
+                    "rule": "same seed -> same tokens, another seed -> other tokens"}
+    raise PayloadError(f"{where} drew the same {n} tokens for {len(tried)} different seeds at {law}: its draws do not "
+                       "depend on the seed (it ignores the seed and samples greedily, or ignores the temperature); "
+                       "if the target really is that certain at this temperature, sampling changes nothing: use "
+                       "--temperature 0")

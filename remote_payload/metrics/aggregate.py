@@ -21,7 +21,8 @@ from remote_payload.metrics import conventions as conv
 from remote_payload.metrics.chain import summarize
 from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
 from remote_payload.metrics.sample_rounds import rounds_from_entry
-from remote_payload.metrics.stats import bootstrap_mean_ci
+from remote_payload.metrics.sampled import cluster_sums, clusters_of, online_summary, sampled_figures
+from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci
 from remote_payload.metrics.tree import tree_summary
 
 # settings that legitimately differ between the parts of one sharded eval (the slice, and host-local paths)
@@ -46,10 +47,14 @@ def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[d
     warnings = _merge_warnings(results_list, shard_count, indices, kernel_paths)
     drafters = {name: _merge_drafter(name, results_list, samples) for name in names}
     seed = (first.get("settings") or {}).get("seed") or 0
+    sampling = (first.get("settings") or {}).get("sampling")
     for name, d in drafters.items():
         by_dataset = dataset_breakdown(samples, name, seed=seed if isinstance(seed, int) else 0)
         if by_dataset is not None:
             d["metrics"]["by_dataset"] = by_dataset
+        if isinstance(sampling, dict):  # T > 0: the expectations over every part's draws, CIs over all prompts
+            d["metrics"]["sampled"] = sampled_figures(samples, name, d["metrics"]["block_size"], sampling=sampling,
+                                                      seed=seed if isinstance(seed, int) else 0)
     shards = [_shard_record(r, s) for r, s in parts]
     merged = _other_keys(results_list, shards)
 
@@ -263,8 +268,11 @@ def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict])
     if "conventions" in metrics0:
         metrics["conventions"] = _merge_conventions(name, results_list, samples, chain, B)
     out = {k: v for k, v in d0.items() if k not in ("metrics", "online_check", "timings", "source")}
-    out.update(spec=d0.get("spec"), source=d0.get("source"), metrics=metrics,
-               online_check=_merge_online(online) if any(o is not None for _, o in online) else None,
+    sampled_online = any(isinstance((r["drafters"][name].get("online_check") or {}), dict)
+                         and (r["drafters"][name].get("online_check") or {}).get("sampled") for r in results_list)
+    merged_online = (_merge_sampled_online(samples, name, chain, metrics.get("conventions")) if sampled_online
+                     else _merge_online(online)) if any(o is not None for _, o in online) else None
+    out.update(spec=d0.get("spec"), source=d0.get("source"), metrics=metrics, online_check=merged_online,
                timings=_sum_numbers([r["drafters"][name].get("timings") or {} for r in results_list]))
     return out
 
@@ -307,6 +315,16 @@ def _merge_online(per_sample: list) -> dict:
             "tau_macro_online": sum(taus) / len(taus) if taus else None,
             "seconds": round(sum(o.get("seconds") or 0.0 for _, o in done), 3),
             "not_checked": len(per_sample) - len(done)}
+
+
+def _merge_sampled_online(samples: list[dict], name: str, chain: list, conventions: dict | None) -> dict:
+    """The T > 0 online check over all parts' draws, recomputed from each line's offline and online τ."""
+    entries = [(line.get("drafters") or {}).get(name) or {} for line in samples]
+    online = [e.get("online") if isinstance(e.get("online"), dict) else {} for e in entries]
+    zlab = [_mean_produced(((e.get("conventions") or {}).get("zlab") or {}).get("produced")) for e in entries]
+    seconds = sum(o.get("seconds") or 0.0 for o in online if _real(o.get("seconds")))
+    offline = [sum(r.produced for r in rs) / len(rs) if rs else None for rs in chain]
+    return online_summary(offline, zlab, online, clusters_of(samples), seconds)
 
 
 def _compare(first: dict, samples: list[dict], names: list[str], drafters: dict) -> dict:
@@ -454,27 +472,40 @@ def dataset_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> dic
 
 
 def _group_figures(lines: Sequence[dict], name: str, seed: int) -> dict:
-    entries = [e for line in lines if isinstance(e := (line.get("drafters") or {}).get(name), dict)]
+    with_entry = [(line, e) for line in lines if isinstance(e := (line.get("drafters") or {}).get(name), dict)]
+    entries = [e for _, e in with_entry]
+    clusters = clusters_of([line for line, _ in with_entry])  # at T > 0 a prompt's draws, else each line alone
     committed = [t for e in entries if _real(t := e.get("tau"))]
+    committed_clusters = [c for e, c in zip(entries, clusters, strict=True) if _real(e.get("tau"))]
     produced = [p for e in entries for p in (e.get("produced") or []) if _real(p)]
     zlab = [_mean_produced(((e.get("conventions") or {}).get("zlab") or {}).get("produced")) for e in entries]
     engine = [e["engine"] for e in entries if isinstance(e.get("engine"), dict)]
     rounds = sum(x.get("rounds") or 0 for x in engine if _real(x.get("rounds")))
     accepted = sum(x.get("drafts_accepted") or 0 for x in engine if _real(x.get("drafts_accepted")))
     out = {"samples": len(lines),
-           "tau_macro": _macro(committed, seed),
+           "tau_macro": _macro(committed, seed, committed_clusters),
            "tau_micro": sum(produced) / len(produced) if produced else None,
-           "zlab_tau_macro": _macro([z for z in zlab if z is not None], seed) if zlab and None not in zlab else None}
+           "zlab_tau_macro": _macro([z for z in zlab if z is not None], seed, clusters)
+           if zlab and None not in zlab else None}
     if engine:
         out["engine_tau"] = 1 + accepted / rounds if rounds else None
         out["engine_samples"] = len(engine)
     return out
 
 
-def _macro(values: list, seed: int) -> dict | None:
+def _macro(values: list, seed: int, clusters: list[int] | None = None) -> dict | None:
+    """Mean with its bootstrap CI; with ``clusters`` that group values (T > 0: a prompt's draws) the resample
+    draws clusters."""
     if not values:
         return None
-    ci = bootstrap_mean_ci(values, seed=seed)
+    if clusters is not None and len(set(clusters)) < len(clusters):
+        renumber = {c: j for j, c in enumerate(dict.fromkeys(clusters))}
+        sums = cluster_sums([[v, 1.0] for v in values], [renumber[c] for c in clusters])
+        cis = bootstrap_cis(len(sums), lambda idx: {"m": sum(sums[i][0] for i in idx) / sum(sums[i][1] for i in idx)},
+                            seed=seed)
+        ci = cis.get("m")
+    else:
+        ci = bootstrap_mean_ci(values, seed=seed)
     return {"value": sum(values) / len(values), "ci": [ci[0], ci[1]] if ci else None, "samples": len(values)}
 
 

@@ -8,6 +8,10 @@ samples with replacement and keeps each sample's rounds together (the unit τ ma
 statistics of a pair are computed on the same resamples. The controller imports this module: keep it free
 of torch.
 
+At T > 0 the lines are draws (several per prompt, all drafters measured on the same draw: paired by prompt and
+seed); a resample then draws prompts and keeps each one's draws together (``metrics.sampled``'s cluster
+bootstrap), since draws of one prompt are not independent.
+
 Input: the per-sample lines of samples.jsonl (see README "samples.jsonl"); per drafter it reads the chain
 rounds (``anchors``/``accepted``/``produced``) and, when present, the top-k tree rounds under
 ``tree.topk``. Rounds are rebuilt and checked by ``sample_rounds.rounds_from_entry``; stored ``tau`` values
@@ -22,6 +26,7 @@ from typing import Mapping, Sequence
 from remote_payload.errors import PayloadError
 from remote_payload.metrics.chain import sample_tau
 from remote_payload.metrics.sample_rounds import rounds_from_entry
+from remote_payload.metrics.sampled import cluster_sums, clusters_of
 from remote_payload.metrics.stats import bootstrap_cis
 
 DEFAULT_RESAMPLES = 2000
@@ -103,7 +108,8 @@ def _verdict(a: str, b: str, tau_ci, ddtree_ci, k) -> str:
     return text
 
 
-def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed: int) -> dict:
+def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed: int,
+          clusters: list[int] | None = None) -> dict:
     used = [i for i in range(len(da.tau)) if da.tau[i] is not None and db.tau[i] is not None]
     n = len(used)
     P = min(da.block_size, db.block_size) - 1
@@ -114,12 +120,18 @@ def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed
     rows = [[db.tau[i] - da.tau[i], da.produced[i], da.rounds[i], db.produced[i], db.rounds[i],
              (db.tree_tau[i] - da.tree_tau[i]) if have_tree else 0.0,
              *da.hits[i][:P], *da.eligible[i][:P], *db.hits[i][:P], *db.eligible[i][:P]] for i in used]
+    counts = [1] * len(rows)
+    if clusters is not None:  # T > 0: a prompt's draws resampled together (their sums, and how many)
+        kept = [clusters[i] for i in used]
+        renumber = {c: j for j, c in enumerate(dict.fromkeys(kept))}
+        rows = cluster_sums([[*row, 1.0] for row in rows], [renumber[c] for c in kept])
+        counts = [int(row.pop()) for row in rows]
 
     def statistic(idx):
         tot = [0.0] * (6 + 4 * P)
         for i in idx:
             tot = list(map(add, tot, rows[i]))
-        m = len(idx)
+        m = sum(counts[i] for i in idx)
         out = {"tau_macro": tot[0] / m if m else None,
                "tau_micro": (tot[3] / tot[4] - tot[1] / tot[2]) if m and tot[2] and tot[4] else None,
                "ddtree": tot[5] / m if m and have_tree else None}
@@ -128,8 +140,8 @@ def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed
             out[f"p{j + 1}"] = hb / eb - ha / ea if ea and eb else None
         return out
 
-    point = statistic(list(range(n)))
-    cis = bootstrap_cis(n, statistic, resamples=resamples, confidence=confidence, seed=seed) if n else {}
+    point = statistic(list(range(len(rows))))
+    cis = bootstrap_cis(len(rows), statistic, resamples=resamples, confidence=confidence, seed=seed) if n else {}
 
     def stat(name, a_val=None, b_val=None):
         ci = cis.get(name)
@@ -179,7 +191,13 @@ def compare_drafters(sample_lines: Sequence[dict], drafter_names: Sequence[str] 
         raise PayloadError(f"comparison: need 0 < confidence < 1 and resamples >= 1 (got {confidence}, {resamples})")
     per = {n: _Drafter(n, sample_lines, int(block_sizes[n])) for n in names}
     base = names[0]
-    return {"baseline": base, "drafters": names, "confidence": confidence, "resamples": resamples, "seed": seed,
-            "pairs": [_pair(per[base], per[b], resamples=resamples, confidence=confidence, seed=seed)
-                      for b in names[1:]],
-            "definition": _definition(resamples, confidence, seed)}
+    clusters = clusters_of(sample_lines)
+    grouped = len(set(clusters)) < len(clusters)  # draws at T > 0 (a greedy run's lines are their own clusters)
+    out = {"baseline": base, "drafters": names, "confidence": confidence, "resamples": resamples, "seed": seed,
+           "pairs": [_pair(per[base], per[b], resamples=resamples, confidence=confidence, seed=seed,
+                           clusters=clusters if grouped else None) for b in names[1:]],
+           "definition": _definition(resamples, confidence, seed)}
+    if grouped:
+        out["definition"] += (" At T > 0: the samples are draws, every drafter measured on the same draws (paired by "
+                              "prompt and seed); a resample draws prompts and keeps each one's draws together.")
+    return out

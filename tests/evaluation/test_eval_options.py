@@ -218,6 +218,8 @@ def _non_default(o: declared.Option):
         return next(c for c in o.choices if c != o.request_default and c != "float16")
     if o.kind is int:
         return 3
+    if o.kind is float:
+        return 0.5
     if o.field == "expect_p1":
         return ["ours=0.5"]
     if o.field == "engine_concurrency":
