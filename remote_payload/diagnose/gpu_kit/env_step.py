@@ -100,9 +100,13 @@ def run(part: Part, mode: str, device: str) -> None:
     with part.section("device") as out:
         out["nvidia_smi"] = _nvidia_smi()
         out["device"] = device
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device (torch.version.cuda is "
+                               f"{torch.version.cuda}); the versions above are what this machine offers")
         if device == "cuda":
             props = torch.cuda.get_device_properties(0)
             out.update(name=props.name, capability=f"{props.major}.{props.minor}",
                        memory_gib=round(props.total_memory / 2**30, 1), multiprocessors=props.multi_processor_count)
-    with part.section("bf16_matmul") as out:
-        out.update(matmul_tflops(device, **MATMUL[mode]))
+    if part.ok("device"):
+        with part.section("bf16_matmul") as out:
+            out.update(matmul_tflops(device, **MATMUL[mode]))

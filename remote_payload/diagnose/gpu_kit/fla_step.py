@@ -56,7 +56,15 @@ def layer_table(target_dir: str, dtype: str, device: str, kernel: str, new_token
     for row in report["per_layer"]:
         row["relative"] = relative(row)
     return {"dtype": dtype, "device": device, "kernel_path": t.kernel_path, "kernels": t.kernel_details,
-            "weights_digest": t.digest.get("value"), "tokens": len(ref.tokens), "new_tokens": new_tokens, **report}
+            "fla_tf32_dots": _fla_tf32(), "weights_digest": t.digest.get("value"), "tokens": len(ref.tokens),
+            "new_tokens": new_tokens, **report}
+
+
+def _fla_tf32() -> bool | None:
+    """Whether fla runs some fp32 products in TF32 (it does on Ampere and newer NVIDIA GPUs): fp32 then drifts more
+    from the torch path than the interpreter, which computes fp32 exactly. None when fla is not loaded."""
+    mod = sys.modules.get("fla.utils")
+    return None if mod is None else bool(getattr(mod, "IS_TF32_SUPPORTED", False))
 
 
 def band_checks(tables: dict) -> dict:

@@ -115,13 +115,21 @@ def test_bad_arguments_are_refused_with_a_reason(tmp_path, args, phrase):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_gpu_step_without_cuda_fails_with_a_clear_reason(tmp_path):
-    part = tmp_path / "env.json"
-    proc = subprocess.run([sys.executable, "-m", "remote_payload.diagnose.gpu_kit", "step", "env", "--part", str(part),
+def _gpu_step(name, part):
+    return subprocess.run([sys.executable, "-m", "remote_payload.diagnose.gpu_kit", "step", name, "--part", str(part),
                            "--mode", "gpu"], capture_output=True, text=True, timeout=120, env=_env(), cwd=str(REPO))
-    data = json.loads(part.read_text())
-    assert proc.returncode == 1 and data["status"] == "failed"
+
+
+def test_a_gpu_step_without_cuda_fails_with_a_clear_reason(tmp_path):
+    proc = _gpu_step("cost", tmp_path / "cost.json")
+    data = json.loads((tmp_path / "cost.json").read_text())
+    assert proc.returncode == 1 and data["status"] == "failed" and not data["sections"]
     assert "needs a CUDA device" in data["errors"]["step"]["message"]
+    # env still reports what the machine offers before it says what is missing
+    proc = _gpu_step("env", tmp_path / "env.json")
+    data = json.loads((tmp_path / "env.json").read_text())
+    assert proc.returncode == 1 and data["sections"]["versions"]["payload_pins"]["transformers"] == "5.24.0"
+    assert "no CUDA device" in data["errors"]["device"]["message"] and "bf16_matmul" not in data["sections"]
 
 
 def test_merge_keeps_what_a_killed_or_failed_step_measured(tmp_path):
