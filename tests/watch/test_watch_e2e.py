@@ -23,11 +23,13 @@ from pathlib import Path
 import pytest
 from cli_runner import dfo, dfo_argv, dfo_env
 
+from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import load_inventory
 from orchestrator.evaluation.runs import list_runs
 from orchestrator.jobs.operation import cancel_job, launch_job
 from orchestrator.provision.operation import provision
 from orchestrator.transport import Connector
+from orchestrator.watch.series import load_series
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 
@@ -51,9 +53,10 @@ def trainer_events(log: Path) -> list[dict]:
 
 
 def series_state(path: Path) -> dict:
+    """The series whose series.json is PATH, its journal replayed ({} while there is none)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return load_series(path.parent) or {}
+    except InputError:
         return {}
 
 
