@@ -48,7 +48,10 @@ def running_pid(folder: Path) -> int | None:
     return pid if b"orchestrator.watch.supervisor" in cmdline else None
 
 
-def supervise(folder: Path, dfo_args: list[str]) -> int:
+def supervise(folder: Path, dfo_args: list[str], *, argv: list[str] | None = None,
+              sleep=time.sleep, clock=time.monotonic) -> int:
+    """Run the watcher (``argv``: its command line, default `python -m orchestrator DFO_ARGS`) until it exits
+    0 or 2 or SIGTERM stops it, restarting it after each other exit with the backoff."""
     child: subprocess.Popen | None = None
     stopping = False
 
@@ -62,16 +65,16 @@ def supervise(folder: Path, dfo_args: list[str]) -> int:
     signal.signal(signal.SIGINT, stop)
     backoff = BACKOFF_START
     while True:
-        started = time.monotonic()
-        child = subprocess.Popen([sys.executable, "-m", "orchestrator", *dfo_args], stdin=subprocess.DEVNULL)
+        started = clock()
+        child = subprocess.Popen(argv or [sys.executable, "-m", "orchestrator", *dfo_args], stdin=subprocess.DEVNULL)
         code = child.wait()
         if stopping or code in (0, INPUT_ERROR):
             print(f"dfo watch supervisor: watcher exited with {code}; stopping", flush=True)
             return code
-        if time.monotonic() - started > BACKOFF_MAX:
+        if clock() - started > BACKOFF_MAX:
             backoff = BACKOFF_START  # it ran a good while: a fresh failure, not a crash loop
         print(f"dfo watch supervisor: watcher exited with {code}; restarting in {backoff:.0f}s", flush=True)
-        time.sleep(backoff)
+        sleep(backoff)
         if stopping:
             return code
         backoff = min(BACKOFF_MAX, backoff * 2)

@@ -4,6 +4,8 @@ a clean exit."""
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -98,3 +100,29 @@ def test_running_pid_ignores_a_stale_or_foreign_pid(tmp_path):
     (tmp_path / "supervisor.pid").write_text("garbage")
     assert supervisor.running_pid(tmp_path) is None
     assert supervisor.running_pid(Path(tmp_path / "missing")) is None
+
+
+def test_the_supervisor_backs_off_10s_doubling_to_5_min_and_starts_over_after_a_long_run(tmp_path, capsys):
+    """Real child processes (exit 1 on each of the first 11 starts, then 0); the waits and the clock are recorded
+    and simulated (no test waits half an hour): start 8 ran 'long' (over 5 min), so the wait after it is 10 s."""
+    count = tmp_path / "starts"
+    child = [sys.executable, "-c", f"import pathlib, sys; p = pathlib.Path({str(count)!r}); "
+             "n = int(p.read_text()) + 1 if p.exists() else 1; p.write_text(str(n)); sys.exit(0 if n >= 12 else 1)"]
+    waits: list[float] = []
+    now = [0.0]
+
+    def clock() -> float:  # each start and each exit: one second later; start 8 exits 400 s after it started
+        now[0] += 400.0 if count.exists() and count.read_text() == "8" and len(waits) == 7 else 1.0
+        return now[0]
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = supervisor.supervise(tmp_path, [], argv=child, sleep=waits.append, clock=clock)
+    finally:  # supervise installs its own (it is a process of its own in production)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == 0 and count.read_text() == "12"
+    assert waits == [10, 20, 40, 80, 160, 300, 300, 10, 20, 40, 80]
+    out = capsys.readouterr().out
+    assert out.count("watcher exited with 1; restarting in") == 11 and "restarting in 300s" in out
+    assert "watcher exited with 0; stopping" in out
