@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 from dataclasses import asdict
 from pathlib import Path
@@ -38,7 +39,7 @@ from orchestrator.jobs.operation import JobRefused, cancel_job, job_status, laun
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.transport import Connector
 from remote_payload.eval.options import ENGINES
-from remote_payload.eval.worker import WORKER_GONE
+from remote_payload.eval.worker import TEST_EXIT_ENV, WORKER_GONE
 
 RECORD = "worker.json"
 UNSUPPORTED = ("--diagnose", "--online-check")  # payload arguments a worker does not serve
@@ -157,7 +158,7 @@ class Resident:
         try:
             handle = launch_job(self.connector, host, [python, "-m", "remote_payload", *args],
                                 cwd=payload_dir(self.connector.inventory.hosts[host].workdir),
-                                job_name="dfo watch resident eval worker", job_id=new_job_id())
+                                job_name="dfo watch resident eval worker", job_id=new_job_id(), env=_test_env())
         except JobRefused as exc:
             self.events.warn(f"no resident worker: {exc.message}; one eval job per checkpoint meanwhile")
             return False
@@ -202,6 +203,12 @@ class Resident:
         except DfoError as exc:
             self.events.warn(f"could not stop the resident worker {self.record['job_id']}: {exc.message}")
         self._forget()
+
+
+def _test_env() -> dict[str, str]:
+    """A test's kill point meant for the worker travels with it (never set in production)."""
+    point = os.environ.get(TEST_EXIT_ENV, "")
+    return {TEST_EXIT_ENV: point} if point.startswith("worker-") else {}
 
 
 def worker_gone(run: Run) -> bool:

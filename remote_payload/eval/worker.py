@@ -37,6 +37,7 @@ from remote_payload.errors import PayloadError
 WORKER_GONE = 75  # EX_TEMPFAIL: the handover did not happen; nothing is wrong with the drafter
 STATUS_FILE = "worker-status.json"  # in the client job's folder
 HEARTBEAT_S = 2.0
+TEST_EXIT_ENV = "DFO_WATCH_TEST_KILL_AT"  # tests only (orchestrator/watch/loop.py's kill points)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 SHA_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
@@ -193,6 +194,8 @@ class Worker:
             os.replace(path, taken)  # one worker acts on a request once
         except OSError:
             return
+        if os.environ.get(TEST_EXIT_ENV) == "worker-take":  # tests only: a worker that dies under a handover
+            os._exit(1)
         doc = _read_json(taken)
         job_dir = None
         try:
