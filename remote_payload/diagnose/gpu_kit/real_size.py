@@ -1,8 +1,10 @@
 """Models at the real size from their published configurations alone: random weights, built on the device.
 
-``data/qwen3.6-27b.config.json`` is Qwen3.6-27B's config.json (the ``qwen3_5`` family's; its text model is
-~26.9 B parameters, ~54 GB in bf16) and ``data/qwen3.6-27b-dflash.config.json`` the configuration of z-lab's
-DFlash drafter for it (5 layers, fc over target layers 1, 16, 31, 46, 61). Both are built with random weights,
+``data/qwen3.6-27b.config.json`` is Qwen3.6-27B's config.json (the ``qwen3_5`` family's, from public copies,
+checked against the model card; its text model is ~26.9 B parameters, ~54 GB in bf16) and
+``data/qwen3.6-27b-dflash.config.json`` the configuration of z-lab's DFlash drafter for it (5 layers, 4 sliding of
+2048 then 1 full, fc over target layers 1, 16, 31, 46, 61; rope left at its default: it changes no cost). Both are
+built with random weights,
 directly on the device in the requested dtype (``torch.device`` as the default device while the modules are
 made), so no weights are downloaded and no full-size copy ever sits in host memory. The target is wrapped as
 the payload's own :class:`~remote_payload.models.target.Target`, so extraction, decoding and drafting run the
