@@ -42,8 +42,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure_extraction(target, layer_ids, size: dict, part_out: dict):
-    """First call, then ``timed`` calls on fresh token ids; returns the last call's Features."""
+def measure_extraction(target, layer_ids, size: dict, part_out: dict, save=lambda: None):
+    """First call, then ``timed`` calls on fresh token ids; returns the last call's Features. ``save`` writes the
+    part after the first call (Triton's compile and autotune), so a step killed later still tells how long it took."""
     from remote_payload.eval.stages import PeakMemory
     from remote_payload.inputs.features import extract
 
@@ -55,6 +56,7 @@ def measure_extraction(target, layer_ids, size: dict, part_out: dict):
         import torch
 
         part_out["cuda_allocated_before_bytes"] = torch.cuda.memory_allocated()  # the weights, mostly
+    save()
     memory = PeakMemory(target.device)
     seconds = []
     for i in range(size["timed"]):
@@ -79,20 +81,22 @@ def measure_decode(target, size: dict) -> dict:
             "seconds_per_token": per_token, "tokens_per_s": 1 / per_token}
 
 
-def measure_drafter(runtime, spec, feats, topk: int, tree: dict) -> dict:
-    """Draft pass + replays over one sample, for the chain (top-1) and for the eval's pass with the tree."""
+def measure_drafter(runtime, spec, feats, topk: int, tree: dict, out: dict, save=lambda: None) -> None:
+    """Draft pass + replays over one sample, for the chain (top-1) and for the eval's pass with the tree; into ``out``,
+    saved after the chain."""
     from remote_payload.eval.offline import draft_sample, replay
     from remote_payload.metrics.tree import sample_tree_rounds
 
     tokens, P = feats.tokens, feats.prompt_len
     draft_sample(runtime, feats.layers, tokens[:P + 2 * spec.block_size], P)  # warm-up on a short sample
-    out: dict = {"anchors": len(tokens) - 1 - P, "block_size": spec.block_size}
+    out.update(anchors=len(tokens) - 1 - P, block_size=spec.block_size)
     chain = draft_sample(runtime, feats.layers, tokens, P, topk=1)
     t0 = time.perf_counter()
     rounds = replay(chain)
     chain_replay_s = time.perf_counter() - t0
     out["chain"] = {"draft_s": chain.seconds, "replay_s": chain_replay_s, "rounds": len(rounds),
                     "tokens_per_s": out["anchors"] / (chain.seconds + chain_replay_s)}
+    save()
     both = draft_sample(runtime, feats.layers, tokens, P, topk=topk)
     t0 = time.perf_counter()
     replay(both)
@@ -101,7 +105,6 @@ def measure_drafter(runtime, spec, feats, topk: int, tree: dict) -> dict:
     out["ddtree"] = {"topk": topk, **tree, "draft_s": both.seconds, "replay_s": replay_s,
                      "rounds_topk": len(trees.topk), "rounds_budgeted": len(trees.budgeted),
                      "tokens_per_s": out["anchors"] / (both.seconds + replay_s)}
-    return out
 
 
 def run(part: Part, mode: str, device: str, kernel: str) -> None:
@@ -137,7 +140,7 @@ def run(part: Part, mode: str, device: str, kernel: str) -> None:
                    CACHE_FILE_EXTRA_BYTES_PER_TOKEN, layer_ids=layer_ids, dtype="bfloat16")
     feats = None
     with part.section("extraction") as out:
-        feats = measure_extraction(target, layer_ids, size, out)
+        feats = measure_extraction(target, layer_ids, size, out, part.save)
     with part.section("decode") as out:
         out.update(measure_decode(target, size))
     if feats is None or not part.ok("extraction"):
@@ -146,5 +149,5 @@ def run(part: Part, mode: str, device: str, kernel: str) -> None:
         spec, runtime = real_size.drafter_runtime(dcfg, target)
         out["drafter_parameters"] = sum(p.numel() for p in runtime.model.parameters())
         s = EvalSettings(target="", drafters=[])
-        out.update(measure_drafter(runtime, spec, feats, s.draft_topk,
-                                   {"k": s.tree_k, "budget": s.tree_budget, "K": s.tree_K}))
+        measure_drafter(runtime, spec, feats, s.draft_topk, {"k": s.tree_k, "budget": s.tree_budget, "K": s.tree_K},
+                        out, part.save)
