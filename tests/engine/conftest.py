@@ -56,12 +56,14 @@ def pytest_terminal_summary(terminalreporter):
 def engine_python() -> str:
     import engine_venv
 
+    from orchestrator.testing.venvs import RegistryUnreachable
+
     started = time.monotonic()
     try:
         python, info = engine_venv.ensure_venv()
-    except engine_venv.RegistryUnreachable as exc:
+    except RegistryUnreachable as exc:
         pytest.skip(f"vLLM engine venv not cached and the package registry is unreachable: {exc}")
-    TIMINGS["venv"] = f"{info['status']} in {time.monotonic() - started:.1f} s ({info.get('versions')})"
+    TIMINGS["venv"] = f"{info['status']} in {time.monotonic() - started:.1f} s ({info.get('checked')})"
     return str(python)
 
 

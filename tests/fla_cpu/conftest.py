@@ -1,7 +1,7 @@
 """Fixtures for the fla-path tests: the separate fla venv, the tiny fixture target, a payload runner.
 
 The payload runs in a subprocess with the fla venv's python and the CPU shim active (bootstrap.py); this
-process (the test venv) never imports fla or triton. The venv is built once (~2-3 min, from PyPI) and
+process (the test venv) never imports fla or triton. The venv is built once (seconds from uv's cache, minutes from PyPI) and
 reused; see fla_env.py.
 """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import dfo
-from test_provision import ROOT, make_wheel, read_marker, write_lock
+from provision_helpers import make_wheel, read_marker, write_lock
 
 from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.inventory import Host, load_inventory
@@ -38,6 +38,7 @@ from orchestrator.provision.plan import (
 from orchestrator.provision.replies import ProbeFacts, PythonFacts, VenvFacts
 from orchestrator.transport import Connector
 
+ROOT = Path(__file__).resolve().parents[2]
 HASH = "sha256:" + "a" * 64
 
 

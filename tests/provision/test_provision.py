@@ -7,18 +7,17 @@ they are quick and hermetic.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import subprocess
-import zipfile
 from pathlib import Path
 
 import pytest
 from cli_runner import dfo
+from provision_helpers import make_wheel, read_marker, write_lock
 
 from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.inventory import Host, load_inventory
@@ -41,53 +40,14 @@ from orchestrator.provision.wheelhouse import Target
 from orchestrator.transport import Connector
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKER = ".dfo-provision.json"
 
 
 # --------------------------------------------------------------------------------- helpers
 
 
-def make_wheel(folder: Path, name: str, version: str, *, requires_python: str | None = None,
-               padding: int = 0) -> tuple[Path, str]:
-    """A minimal valid pure-Python wheel (with RECORD hashes, as installers check them)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}/__init__.py": f"VERSION = {version!r}\n".encode() + (b"#" * padding + b"\n" if padding else b""),
-        f"{dist}/METADATA": ("Metadata-Version: 2.1\n" f"Name: {name}\n" f"Version: {version}\n"
-                             + (f"Requires-Python: {requires_python}\n" if requires_python else "")).encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: dfo-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{dist}/RECORD,,")
-    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-    return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
-
-
-def write_lock(path: Path, entries: list[tuple[str, str, str]]) -> Path:
-    lines = ["# tiny test lock"]
-    for name, version, sha in entries:
-        lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def host_python(sandbox, host: str, venv: str, code: str) -> subprocess.CompletedProcess:
     """Run Python code in a host venv through the system ssh (a real remote command, not local)."""
     return sandbox.run_ssh(host, f"{venv}/bin/python -c {json.dumps(code)}", timeout=120)
-
-
-def read_marker(venv: str) -> dict | None:
-    # The sandbox hosts share this machine's filesystem; reading the marker directly is exact.
-    path = Path(venv) / MARKER
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 # ------------------------------------------------------------------------------- pure logic

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_provision import make_wheel, write_lock
+from provision_helpers import make_wheel, write_lock
 
 from orchestrator.core.errors import HostError
 from orchestrator.provision.lock import load_lock

@@ -11,12 +11,12 @@ import os
 import re
 import secrets
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from cli_runner import dfo
 from hostile import HostileHost, tree
+from provision_helpers import make_wheel, write_lock
 
 from orchestrator.core.errors import HostError
 from orchestrator.core.events import QuietEvents
@@ -26,10 +26,6 @@ from orchestrator.provision.operation import provision
 from orchestrator.provision.plan import controller_uv
 from orchestrator.provision.wheelhouse import MANIFEST, Target, wheelhouse_key
 from orchestrator.transport import Connector
-
-# The tiny-wheel helpers of the provision tests (their folder is not on the path when only this one runs).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "provision"))
-from test_provision import make_wheel, write_lock  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 HOST = "ct129"
