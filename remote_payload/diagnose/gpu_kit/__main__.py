@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import traceback
@@ -29,11 +30,17 @@ def _step_module(name: str):
     return {"env": env_step, "fla": fla_step, "kernel_path": kernel_path_step, "cost": cost_step}[name]
 
 
+def _terminated(signum, frame):
+    # The script's timeout sends SIGTERM: unwind (sections save what they hold, scratch folders go) and exit.
+    raise SystemExit(128 + signum)
+
+
 def run_step(args) -> int:
     device = args.device or DEFAULTS[args.mode]["device"]
     kernel = args.kernel or DEFAULTS[args.mode]["kernel"]
     part = Part(Path(args.part), args.name, args.mode)
     part.data.update(device=device, kernel=kernel)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         import torch
 
@@ -45,7 +52,8 @@ def run_step(args) -> int:
         if args.name == "env":
             module.run(part, args.mode, device)
         else:
-            module.run(part, args.mode, device, kernel)
+            with tempfile.TemporaryDirectory(prefix=f"dfo-gpu-kit-{args.name}-") as work:
+                module.run(part, args.mode, device, kernel, Path(work))
     except Exception as exc:  # noqa: BLE001 - whatever stopped the step is recorded in its part, not lost
         part.data["errors"]["step"] = {"type": type(exc).__name__, "message": str(exc)[:2000],
                                        "traceback": traceback.format_exc().strip().splitlines()[-12:]}
@@ -77,9 +85,10 @@ def record_cpu_figures(args) -> int:
     import torch
 
     torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="dfo-gpu-kit-cpu-"))
-    kit_fixtures.build(work, ["target"])
-    tables = {d: layer_table(str(work / "target"), d, "cpu", "fla", TABLE_NEW_TOKENS["gpu"]) for d in DTYPES}
+    with tempfile.TemporaryDirectory(prefix="dfo-gpu-kit-cpu-") as work:
+        kit_fixtures.build(Path(work), ["target"])
+        tables = {d: layer_table(str(Path(work) / "target"), d, "cpu", "fla", TABLE_NEW_TOKENS["gpu"])
+                  for d in DTYPES}
     source = {"command": "<fla-venv>/bin/python tests/fla_cpu/bootstrap.py -m remote_payload.diagnose.gpu_kit "
                          "record-cpu-figures --out remote_payload/diagnose/gpu_kit/data/cpu_interpreter_figures.json",
               "recorded": now_utc(), "versions": versions(),

@@ -19,6 +19,7 @@ drafts at every anchor either way, costs the same.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from remote_payload.diagnose.gpu_kit import real_size
 from remote_payload.diagnose.gpu_kit.part import Part
@@ -107,7 +108,7 @@ def measure_drafter(runtime, spec, feats, topk: int, tree: dict, out: dict, save
                      "tokens_per_s": out["anchors"] / (both.seconds + replay_s)}
 
 
-def run(part: Part, mode: str, device: str, kernel: str) -> None:
+def run(part: Part, mode: str, device: str, kernel: str, work: Path) -> None:
     import torch
 
     from remote_payload.eval.settings import EvalSettings
@@ -119,7 +120,7 @@ def run(part: Part, mode: str, device: str, kernel: str) -> None:
     target = None
     with part.section("build") as out:
         t0 = time.perf_counter()
-        target = real_size.build_target(real_size.target_config(toy), device, "bfloat16")
+        target = real_size.build_target(real_size.target_config(toy), device, "bfloat16", work)
         _sync(device)
         params = sum(p.numel() for p in target.model.parameters())
         out.update(seconds=round(time.perf_counter() - t0, 2), parameters=params,

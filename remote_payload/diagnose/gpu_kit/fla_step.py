@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from remote_payload.diagnose.gpu_kit import fixtures as kit_fixtures
@@ -131,15 +130,13 @@ def _payload_eval(fixtures: Path, work: Path, mode: str, device: str, kernel: st
             "warnings": res.get("warnings", [])}
 
 
-def run(part: Part, mode: str, device: str, kernel: str) -> None:
+def run(part: Part, mode: str, device: str, kernel: str, work: Path) -> None:
     from remote_payload.models.target import weights_digest
 
-    work = Path(tempfile.mkdtemp(prefix="dfo-gpu-kit-fla-"))
     fixtures = work / "fixtures"
     with part.section("fixture") as out:
         kit_fixtures.build(fixtures, ["target", "random-drafter"])
         out["target_weights_digest"] = weights_digest(fixtures / "target")["value"]
-        out["folder"] = str(fixtures)
     if not part.ok("fixture"):
         return
     with part.section("payload_eval") as out:

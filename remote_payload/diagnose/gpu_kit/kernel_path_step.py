@@ -7,7 +7,6 @@ On a GPU the fla rows are real Triton kernels; a run whose target did not bind f
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 from remote_payload.diagnose.gpu_kit import fixtures as kit_fixtures
@@ -19,11 +18,9 @@ SIZES = {"gpu": {"n_samples": 12, "max_new_tokens": 96, "train_steps": None, "re
          "smoke": {"n_samples": 2, "max_new_tokens": 12, "train_steps": 2, "resamples": 20}}
 
 
-def run(part: Part, mode: str, device: str, kernel: str) -> None:
-    work = Path(tempfile.mkdtemp(prefix="dfo-gpu-kit-kp-"))
-    with part.section("fixture") as out:
+def run(part: Part, mode: str, device: str, kernel: str, work: Path) -> None:
+    with part.section("fixture"):
         kit_fixtures.build(work, ["target"])
-        out["folder"] = str(work)
     if not part.ok("fixture"):
         return
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-import tempfile
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -51,8 +50,9 @@ def drafter_config(toy: bool) -> dict:
     return cfg
 
 
-def build_target(config: dict, device: str, dtype: str):
-    """A random-weight target of ``config`` on ``device``, as the payload's Target (no tokenizer, no stop ids).
+def build_target(config: dict, device: str, dtype: str, work: Path):
+    """A random-weight target of ``config`` on ``device``, as the payload's Target (no tokenizer, no stop ids);
+    its config.json is written into a folder under ``work``, read back as a target folder's would be.
 
     Call :func:`remote_payload.models.kernels.apply_policy` first, as load_target does, so the kernel path is
     chosen before transformers' modelling code is imported.
@@ -63,8 +63,8 @@ def build_target(config: dict, device: str, dtype: str):
     from remote_payload.models import kernels
     from remote_payload.models.target import Target, decoder_layers, read_target_config, resolve_dtype
 
-    folder = Path(tempfile.mkdtemp(prefix="dfo-gpu-kit-")) / TARGET_NAME
-    folder.mkdir()
+    folder = work / TARGET_NAME
+    folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     cfg = read_target_config(folder)
     torch_dtype = resolve_dtype(dtype)

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,32 @@ def test_a_gpu_step_without_cuda_fails_with_a_clear_reason(tmp_path):
     data = json.loads((tmp_path / "env.json").read_text())
     assert proc.returncode == 1 and data["sections"]["versions"]["payload_pins"]["transformers"] == "5.24.0"
     assert "no CUDA device" in data["errors"]["device"]["message"] and "bf16_matmul" not in data["sections"]
+
+
+@pytest.mark.slow
+def test_a_step_stopped_by_sigterm_keeps_its_figures_and_leaves_no_scratch(tmp_path):
+    """What the script's timeout does to an overrunning step: SIGTERM mid-way, here during the fla step's eval."""
+    part, scratch = tmp_path / "fla.json", tmp_path / "tmp"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "remote_payload.diagnose.gpu_kit", "step", "fla", "--part",
+                             str(part), "--mode", "smoke"], env={**_env(), "TMPDIR": str(scratch)}, cwd=str(REPO),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = 600  # polls of 0.1 s: a bound on a hang, not a timing assertion
+        while deadline and not (part.exists() and "section_s" in json.loads(part.read_text() or "{}")
+                                .get("sections", {}).get("fixture", {})):
+            if proc.poll() is not None:
+                pytest.fail(f"the step ended (exit {proc.returncode}) before its fixture section was saved")
+            time.sleep(0.1)
+            deadline -= 1
+        proc.terminate()  # the eval's child process is running now
+        assert proc.wait(timeout=120) == 128 + 15
+    finally:
+        proc.kill()
+    data = json.loads(part.read_text())
+    assert data["status"] == "running" and not data["errors"]  # stopped, not failed: the script says "timeout"
+    assert "section_s" in data["sections"]["fixture"] and "payload_eval" in data["sections"]
+    assert not any(p.name.startswith("dfo-gpu-kit-") for p in scratch.iterdir())
 
 
 def test_merge_keeps_what_a_killed_or_failed_step_measured(tmp_path):
