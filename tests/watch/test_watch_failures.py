@@ -1,0 +1,212 @@
+"""`dfo watch`'s failure paths on the sandbox hosts (real sshd), each at a named kill point
+(``DFO_WATCH_TEST_KILL_AT``, orchestrator/watch/loop.py) or a named event:
+
+- ``launched``: the eval job runs, the series does not know it (an orphan): the next watcher reattaches to it,
+  no second relay or job;
+- ``recorded``: the result is in the series, --on-result has not run: the next watcher delivers it once;
+- the resident worker outlives the watchers and is reused; ``worker-take``: it dies under a handover, and the
+  watcher evaluates that checkpoint in a job of its own (the handover's run never counts);
+- the GPU lock held by another job: nothing is recorded against the checkpoint, the next look evaluates it;
+- a checkpoint that vanishes while it is relayed, and a corrupt one: recorded as failed, the watcher goes on,
+  the stripped copy a killed relay would leave on the training host is removed (kept with --keep);
+- TensorBoard events here and in the trainer's logdir on kpro6, read back with TensorBoard's reader.
+
+Checkpoints are copies of the fixtures' training-format checkpoint, settled (an hour old) from the start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_runner import dfo_argv, dfo_env
+from test_series_scale import _read_scalars
+
+from orchestrator.core.errors import InputError
+from orchestrator.core.inventory import load_inventory
+from orchestrator.evaluation.runs import list_runs
+from orchestrator.jobs.operation import cancel_job, launch_job
+from orchestrator.transport import Connector
+from orchestrator.watch.probe import strip_key
+from orchestrator.watch.series import load_series
+
+pytestmark = [pytest.mark.sshd, pytest.mark.slow]
+EVAL = ["--samples", "3", "--max-new-tokens", "32", "--dtype", "float32", "--threads", "1", "--settle", "1",
+        "--pattern", "step_*.pt", "--worker-idle", "120"]
+
+
+def watch(sandbox, runs: Path, folder: Path, series: str, *extra: str, kill_at: str | None = None,
+          wait: bool = True):
+    """`dfo watch --once` as a process of its own (a kill point SIGKILLs it)."""
+    env = {**dfo_env(sandbox.inventory_path), "DFO_RUNS_DIR": str(runs)}
+    if kill_at:
+        env["DFO_WATCH_TEST_KILL_AT"] = kill_at
+    args = dfo_argv("watch", f"kpro6:{folder}/", "--host", "ct129", "--series", series, "--once", *EVAL, *extra)
+    if not wait:
+        return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+
+
+def series(runs: Path, name: str) -> dict:
+    try:
+        return load_series(runs / "series" / name) or {}
+    except InputError:
+        return {}
+
+
+def settled_checkpoint(eval_hosts, folder: Path, step: int) -> Path:
+    src = Path(eval_hosts["ours"].split(":", 1)[1])
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src.with_name("spec.json"), folder / "spec.json")  # the drafter spec the strip reads beside it
+    path = folder / f"step_{step}.pt"
+    shutil.copyfile(src, path)
+    os.utime(path, (time.time() - 3600, time.time() - 3600))
+    return path
+
+
+def strip_folder(sandbox, path: Path) -> Path:
+    st = path.stat()
+    return sandbox.hosts["kpro6"].workdir / "relay-strip" / strip_key(str(path), st.st_size, st.st_mtime_ns)
+
+
+@pytest.fixture
+def stop_workers(sandbox):
+    """Cancels the resident workers the test's watchers leave (they hold ct129's GPU lock)."""
+    folders: list[Path] = []
+    yield folders
+    with Connector(load_inventory(sandbox.inventory_path)) as connector:
+        for folder in folders:
+            record = folder / "worker.json"
+            if record.exists():
+                cancel_job(connector, "ct129", json.loads(record.read_text())["job_id"])
+
+
+def test_an_orphan_is_reattached_a_result_is_delivered_once_and_the_worker_is_reused(sandbox, eval_hosts, tmp_path,
+                                                                                   stop_workers):
+    folder = sandbox.hosts["kpro6"].checkpoints / f"orphan-{tmp_path.name[-12:]}"
+    ckpt = settled_checkpoint(eval_hosts, folder, 10)
+    runs, name = tmp_path / "runs", "orphan"
+    stop_workers.append(runs / "series" / name)
+    hook_log = tmp_path / "hook.jsonl"
+    hook = tmp_path / "hook.py"
+    hook.write_text(f"import sys\nopen({str(hook_log)!r}, 'a').write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n")
+    tb_local, tb_remote = tmp_path / "tb", sandbox.hosts["kpro6"].checkpoints / f"tb-{tmp_path.name[-12:]}"
+    extra = ["--target", eval_hosts["target"], "--on-result", f"{sys.executable} {hook}",
+             "--tensorboard", str(tb_local), "--tensorboard-logdir", str(tb_remote)]
+
+    first = watch(sandbox, runs, folder, name, *extra, kill_at="launched")
+    assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
+    e = series(runs, name)["checkpoints"]["step_10.pt"]
+    assert e["status"] == "relaying" and e["run"] is None  # the job runs; the series never heard of it
+    launched = [r for r in list_runs(runs) if r.record.get("jobs")]
+    assert len(launched) == 1 and launched[0].record.get("resident_worker")
+    worker = json.loads((runs / "series" / name / "worker.json").read_text())
+
+    second = watch(sandbox, runs, folder, name, *extra, kill_at="recorded")
+    assert second.returncode == -signal.SIGKILL, second.stdout + second.stderr
+    e = series(runs, name)["checkpoints"]["step_10.pt"]
+    assert e["status"] == "done" and e["run"] == launched[0].name and e["attempts"] == 1
+    assert e["notify_pending"] and not hook_log.exists()
+    assert "reattaching to step_10.pt" in second.stderr
+    assert len([r for r in list_runs(runs) if r.record.get("jobs")]) == 1  # no second relay, no second job
+
+    settled_checkpoint(eval_hosts, folder, 11)
+    third = watch(sandbox, runs, folder, name, *extra)
+    assert third.returncode == 0, third.stderr[-3000:]
+    deliveries = [json.loads(line) for line in hook_log.read_text().splitlines()]
+    assert [(d["checkpoint"], d["status"]) for d in deliveries] == [("step_10.pt", "done"), ("step_11.pt", "done")]
+    entries = series(runs, name)["checkpoints"]
+    assert entries["step_10.pt"]["on_result"]["ok"] and not entries["step_10.pt"]["notify_pending"]
+    assert entries["step_11.pt"]["resident"]  # handed to the worker the first watcher started
+    assert json.loads((runs / "series" / name / "worker.json").read_text())["job_id"] == worker["job_id"]
+    assert "resident eval worker" not in third.stderr  # reused, not started again
+
+    taus = [(s, round(entries[f"step_{s}.pt"]["measures"]["tau_macro"]["value"], 4)) for s in (10, 11)]
+    for where in (tb_local, tb_remote / f"dfo-{name}"):
+        got = _read_scalars(where)
+        assert got["dflash/tau_macro"] == taus, where  # once each, though step_10's watcher was killed after it
+        assert {"dflash/tau_micro", "dflash/ddtree_8", "dflash/p1", "dflash/p4"} <= set(got), where
+    assert not list(tb_remote.rglob(".*dfo-tmp"))
+    assert not strip_folder(sandbox, ckpt).exists()
+
+
+def test_gpu_lock_retry_vanished_and_corrupt_checkpoints_and_a_worker_that_dies(sandbox, eval_hosts, tmp_path,
+                                                                              stop_workers):
+    folder = sandbox.hosts["kpro6"].checkpoints / f"fail-{tmp_path.name[-12:]}"
+    runs, name = tmp_path / "runs", "fail"
+    stop_workers.append(runs / "series" / name)
+    target = ["--target", eval_hosts["target"]]
+    ckpt = settled_checkpoint(eval_hosts, folder, 20)
+
+    # 1. Another job holds ct129's GPU lock: no worker, no job, nothing recorded; the next look evaluates.
+    with Connector(load_inventory(sandbox.inventory_path)) as connector:
+        holder = launch_job(connector, "ct129", ["sleep", "600"], job_name="someone else's eval")
+        try:
+            busy = watch(sandbox, runs, folder, name, *target)
+        finally:
+            cancel_job(connector, "ct129", holder.job_id)
+    assert busy.returncode == 0, busy.stderr[-3000:]
+    text = " ".join(busy.stderr.split())
+    assert f"lock 'gpu' is held by running job ct129:{holder.job_id}" in text
+    assert "no resident worker" in text and "will try step_20.pt again" in text
+    assert series(runs, name)["checkpoints"] == {}
+
+    # 2. A corrupt checkpoint beside it, with the stripped copy a killed relay of it left on kpro6.
+    corrupt = folder / "step_30.pt"
+    corrupt.write_bytes(b"not a checkpoint" * 1000)
+    os.utime(corrupt, (time.time() - 3600, time.time() - 3600))
+    left = strip_folder(sandbox, corrupt)
+    (left / "partial").mkdir(parents=True)
+    (left / "partial" / "model.safetensors.part").write_bytes(b"x" * 100)
+    # 3. The worker dies when it takes step_20's handover: step_20 is evaluated by a job of its own.
+    run = watch(sandbox, runs, folder, name, *target, kill_at="worker-take")
+    assert run.returncode == 0, run.stderr[-3000:]
+    entries = series(runs, name)["checkpoints"]
+    assert entries["step_20.pt"]["status"] == "done" and not entries["step_20.pt"]["resident"], entries["step_20.pt"]
+    assert entries["step_20.pt"]["attempts"] == 2 and len(entries["step_20.pt"]["superseded_runs"]) >= 1
+    gone = entries["step_20.pt"]["superseded_runs"][0]
+    assert gone != entries["step_20.pt"]["run"]
+    assert "the resident worker stopped" in " ".join(run.stderr.split())
+    assert entries["step_30.pt"]["status"] == "failed" and "strip-checkpoint" in entries["step_30.pt"]["error"]
+    assert not left.exists() and entries["step_30.pt"]["strip_removed"]
+    assert not strip_folder(sandbox, ckpt).exists()
+
+    # 4. A checkpoint removed while the watcher is relaying it: failed, with the reason; the watcher goes on.
+    vanishing = settled_checkpoint(eval_hosts, folder, 40)
+    proc = watch(sandbox, runs, folder, name, *target, "--no-resident", wait=False)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (series(runs, name).get("checkpoints", {}).get("step_40.pt") or {}).get("status") == "relaying":
+            vanishing.unlink()
+            break
+        time.sleep(0.05)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    e = series(runs, name)["checkpoints"]["step_40.pt"]
+    assert e["status"] == "failed" and "relay/launch" in e["error"] and "step_40.pt" in e["error"], e
+    shown = subprocess.run(dfo_argv("series", "show", name), env={**dfo_env(), "DFO_RUNS_DIR": str(runs)},
+                           capture_output=True, text=True, timeout=120)
+    assert "2 failed" in shown.stdout and "step_40.pt" in shown.stdout
+
+
+def test_keep_keeps_the_stripped_copy_a_failed_relay_left(sandbox, eval_hosts, tmp_path):
+    folder = sandbox.hosts["kpro6"].checkpoints / f"keep-{tmp_path.name[-12:]}"
+    folder.mkdir(parents=True)
+    corrupt = folder / "step_5.pt"
+    corrupt.write_bytes(b"garbage" * 100)
+    os.utime(corrupt, (time.time() - 3600, time.time() - 3600))
+    left = strip_folder(sandbox, corrupt)
+    left.mkdir(parents=True)
+    run = watch(sandbox, tmp_path / "runs", folder, "keep", "--target", eval_hosts["target"], "--no-resident",
+                "--keep")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert series(tmp_path / "runs", "keep")["checkpoints"]["step_5.pt"]["status"] == "failed"
+    assert left.is_dir()
