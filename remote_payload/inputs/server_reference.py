@@ -6,10 +6,10 @@ over exactly the tokens the server produced.
 
 The request (token-id prompts on ``/completions``, greedy, the target's stop ids, ids back) and why it is so:
 ``openai_client.py``. At T > 0 (``SeededDraws``) each request samples at T with its draw's seed; before the
-first one, a cheap probe (``check_seeded``: three short requests on the first prompt, a few more only when
-needed) refuses a server whose draws do not follow the seed: two requests with one seed must give the same
-tokens, and other seeds other tokens (a server that ignores the seed, or samples greedily, fails one or the
-other). A run whose draws all come from the cache sends no probe.
+first one, a cheap probe (``check_seeded``: four short requests on a prompt, more only where the target is
+near-certain) refuses a server whose draws do not follow the seed: two requests with one seed must give the
+same tokens, and other seeds other tokens (a server that ignores the seed, or samples greedily, fails one or
+the other). A run whose draws all come from the cache sends no probe.
 
 Round trip: the server's text re-tokenised with our tokenizer vs the server's token ids. A mismatch (e.g.
 the model emitted a non-canonical split of its text, or the server's tokenizer differs from ours) is
@@ -308,7 +308,7 @@ def fetch_references(endpoint: Endpoint, prompts: Sequence[Any], tokenizer, *, e
                  on_sample, sampled)
     run.plan(prompts, enable_thinking)
     pending = run.reuse_cached()
-    seed_check = check_seeded(run, pending[0]) if sampled is not None and pending else None
+    seed_check = check_seeded(run, pending) if sampled is not None and pending else None
     run.request(pending)
     batch = ReferenceBatch(url=run.base, model=run.model, prompt_format=endpoint.prompt_format,
                            settings=run.settings, samples=[r for r in run.results if r is not None],
@@ -475,19 +475,28 @@ def _report(batch: ReferenceBatch, strict_roundtrip: bool, say: Callable[[str], 
 # ----------------------------------------------------------------------------------------------- the seed probe
 
 SEED_PROBE_TOKENS = 32  # tokens per probe request (at most max_tokens)
-SEED_PROBE_SEEDS = 4  # distinct seeds tried before concluding that the draws do not depend on the seed
+SEED_PROBE_SEEDS = 4  # distinct seeds tried on one prompt before the next prompt is tried
+SEED_PROBE_PROMPTS = 3  # prompts tried before concluding that the draws do not depend on the seed
 
 
-def check_seeded(run: _Fetch, job: _Job) -> dict:
+def check_seeded(run: _Fetch, pending: list[_Job]) -> dict:
     """Refuse a server whose draws at T > 0 do not follow the request's seed (its references would be neither
-    reproducible nor cached correctly): the first prompt twice with one seed must give the same tokens, and with
-    other seeds, other tokens. Three short requests, up to ``SEED_PROBE_SEEDS`` + 1 when the first other seeds
-    happen to draw the same tokens."""
+    reproducible nor cached correctly): one prompt twice with one seed must give the same tokens, and with other
+    seeds, other tokens. A prompt the target answers almost surely the same way (a memorised answer) shows neither,
+    so the probe moves on to the next prompt until one draws differently under another seed, and that seed must draw
+    its tokens again: four short requests on a prompt with entropy, at most ``SEED_PROBE_PROMPTS`` ×
+    (``SEED_PROBE_SEEDS`` + 2). One request at a time,
+    so batching cannot change a seeded draw."""
     assert run.sampled is not None
     n = min(SEED_PROBE_TOKENS, run.max_tokens)
     ep = run.endpoint
+    where = f"reference server {run.base} (model {run.model!r})"
+    law = run.sampled.sampling.label()
+    requests = 0
 
-    def draw(seed: int) -> list[int]:
+    def draw(job: _Job, seed: int) -> list[int]:
+        nonlocal requests
+        requests += 1
         body = request_body(run.model, job.prompt, n, run.stop_ids, run.sampled_fields(seed))
         try:
             obj = with_retries(ep, lambda: http_json("POST", run.base + "/completions", body, ep.timeout_s,
@@ -499,24 +508,35 @@ def check_seeded(run: _Fetch, job: _Job) -> dict:
             raise run.fail(job, f"malformed response to the seed probe: {exc}") from None
         return list(raw["token_ids"]) if raw["token_ids"] is not None else retokenize(run.tokenizer, raw["text"])
 
-    law = run.sampled.sampling.label()
-    base = int(job.seed or 0)
-    first, again = draw(base), draw(base)
-    where = f"reference server {run.base} (model {run.model!r})"
-    if first != again:
-        at = next((i for i, (a, b) in enumerate(zip(first, again, strict=False)) if a != b), min(len(first),
-                                                                                                  len(again)))
-        raise PayloadError(f"{where} ignores the request's seed: two requests with seed {base} at {law} drew "
-                           f"different tokens (from token {at} on), so its references can be neither reproduced nor "
-                           "cached per seed; use a server that honours `seed` (vLLM, SGLang), or --reference target")
-    tried = [base]
-    for k in range(1, SEED_PROBE_SEEDS):
-        other = (base + k * 7919) % (1 << 31)
-        tried.append(other)
-        if draw(other) != first:
-            return {"ok": True, "tokens": n, "requests": 2 + k, "seeds": tried,
-                    "rule": "same seed -> same tokens, another seed -> other tokens"}
-    raise PayloadError(f"{where} drew the same {n} tokens for {len(tried)} different seeds at {law}: its draws do not "
-                       "depend on the seed (it ignores the seed and samples greedily, or ignores the temperature); "
-                       "if the target really is that certain at this temperature, sampling changes nothing: use "
-                       "--temperature 0")
+    probes = list({job.prompt_sha: job for job in pending}.values())[:SEED_PROBE_PROMPTS]
+    tried: list[int] = []
+    for job in probes:
+        base = int(job.seed or 0)
+        first, again = draw(job, base), draw(job, base)
+        if first != again:
+            at = next((i for i, (a, b) in enumerate(zip(first, again, strict=False)) if a != b),
+                      min(len(first), len(again)))
+            raise PayloadError(f"{where} ignores the request's seed: two requests for {job.sample_id!r} with seed "
+                               f"{base} at {law} drew different tokens (from token {at} on), so its references can "
+                               "be neither reproduced nor cached per seed; use a server that honours `seed` (vLLM, "
+                               "SGLang), or --reference target")
+        tried = [base]
+        for k in range(1, SEED_PROBE_SEEDS):
+            other = (base + k * 7919) % (1 << 31)
+            tried.append(other)
+            drawn = draw(job, other)
+            if drawn == first:
+                continue
+            # two different draws: each seed must give its own again (chance alone rarely repeats a rarer draw)
+            if draw(job, other) != drawn:
+                raise PayloadError(f"{where} ignores the request's seed: two requests for {job.sample_id!r} with "
+                                   f"seed {other} at {law} drew different tokens, so its references can be neither "
+                                   "reproduced nor cached per seed; use a server that honours `seed` (vLLM, "
+                                   "SGLang), or --reference target")
+            return {"ok": True, "tokens": n, "requests": requests, "prompt": job.sample_id, "seeds": tried,
+                    "rule": "same seed -> same tokens, another seed -> other tokens (on the first prompt whose "
+                            "draws differ), and that seed's tokens again"}
+    raise PayloadError(f"{where} drew the same {n} tokens for {len(tried)} different seeds at {law} on each of "
+                       f"{len(probes)} prompt(s): its draws do not depend on the seed (it ignores the seed and samples "
+                       "greedily, or ignores the temperature); if the target really is that certain at this "
+                       "temperature, sampling changes nothing: use --temperature 0")
