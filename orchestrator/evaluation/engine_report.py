@@ -44,6 +44,8 @@ NEAR_TIE = ("the engine runs its own implementation of the drafter, and near-tie
 
 def tolerance_text(agreement: dict) -> str:
     """What the ± beside each figure means, from the agreement's own ``tolerance`` and ``samples`` blocks."""
+    if agreement.get("sampled"):  # T > 0: expectations compared (remote_payload.metrics.sampled)
+        return f"tolerance: {clean(str(agreement.get('rule') or ''))}"
     tol = agreement.get("tolerance") or {}
     if "alpha" not in tol:
         return f"tolerance: {FIXED_TOLERANCE} — {NEAR_TIE}; aggregates agree closely"

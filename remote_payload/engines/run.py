@@ -51,6 +51,7 @@ class EnginePrompt:
     id: str
     prompt_ids: list[int]
     reference: list[int] | None = None  # the target's greedy continuation, when known
+    sampled: dict | None = None  # T > 0: the request's sampling fields and seed (None: greedy)
 
 
 def _http(method: str, url: str, body: dict | None, timeout: float, api_key: str) -> bytes:
@@ -88,7 +89,8 @@ def positions_of(cfg: ServerConfig) -> int:
 def run_one(server: EngineServer, prompt: EnginePrompt, max_tokens: int, stop_ids: Sequence[int],
             positions: int = 0, timeout_s: float = 900.0) -> dict:
     server.check_serving()
-    path, body = server.engine.completion_request(server.cfg, prompt.prompt_ids, max_tokens, stop_ids)
+    path, body = server.engine.completion_request(server.cfg, prompt.prompt_ids, max_tokens, stop_ids,
+                                                  prompt.sampled)
     started = time.perf_counter()
     raw = _http("POST", server.root + path, body, timeout_s, server.api_key)
     seconds = time.perf_counter() - started

@@ -100,10 +100,15 @@ class Sglang:
         return Launch(server_argv(cfg, port, config), env, {config: config_text(api_key)})
 
     def completion_request(self, cfg: ServerConfig, prompt_ids: Sequence[int], max_tokens: int,
-                           stop_ids: Sequence[int]) -> tuple[str, dict]:
+                           stop_ids: Sequence[int], sampled: dict | None = None) -> tuple[str, dict]:
         params = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": int(max_tokens),
                   "stop_token_ids": [int(i) for i in stop_ids], "ignore_eos": False, "skip_special_tokens": False,
                   "spaces_between_special_tokens": False, "no_stop_trim": True}
+        if sampled:  # T > 0: temperature, top_p, top_k and the request's seed (SGLang's sampling_seed)
+            seed = sampled.get("seed")
+            params.update({k: v for k, v in sampled.items() if k != "seed"})
+            if seed is not None:
+                params["sampling_seed"] = int(seed)
         return "/generate", {"input_ids": [int(i) for i in prompt_ids], "sampling_params": params, "stream": False}
 
     def parse_completion(self, obj: Any, stop_ids: Sequence[int]) -> Completion:

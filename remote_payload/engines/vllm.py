@@ -86,8 +86,8 @@ class Vllm:
         return Launch(server_argv(cfg, port), server_env(cfg, api_key))
 
     def completion_request(self, cfg: ServerConfig, prompt_ids: Sequence[int], max_tokens: int,
-                           stop_ids: Sequence[int]) -> tuple[str, dict]:
-        return "/v1/completions", request_body(cfg.served_name, list(prompt_ids), max_tokens, stop_ids)
+                           stop_ids: Sequence[int], sampled: dict | None = None) -> tuple[str, dict]:
+        return "/v1/completions", request_body(cfg.served_name, list(prompt_ids), max_tokens, stop_ids, sampled)
 
     def parse_completion(self, obj: Any, stop_ids: Sequence[int]) -> Completion:
         try:

