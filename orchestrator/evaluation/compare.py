@@ -3,6 +3,11 @@
 The paired Δτ is in the committed convention (the headline τ); the zlab τ (macro, paired the same way) and
 the vllm τ (micro) of both runs ride along where the runs have them. Runs on benchmark datasets are also
 paired per dataset (``by_dataset``): a drafter's Δτ on gsm8k is never mixed with its Δτ on mt-bench.
+
+At T > 0 a run's lines are draws (several per prompt, each with its seed): they are paired by prompt, each side's
+τ being the mean over that prompt's draws, so the bootstrap over prompts carries the draws' noise; where both runs
+drew with the same law and seed the draws are the same continuations (the noise cancels further), which the notes
+say. A greedy run's prompt pairs with the same prompt of a sampled one (Δτ is then the temperature's effect).
 """
 
 from __future__ import annotations
@@ -11,23 +16,48 @@ from orchestrator.evaluation.report import HEADLINE, SHOWN, _obj, _real, convent
 from orchestrator.evaluation.runs import Run
 from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
 
-# Settings that make two runs' numbers incomparable when they differ.
-_SETTINGS = ("enable_thinking", "max_new_tokens", "dtype", "prompts")
+# Settings that make two runs' numbers incomparable when they differ (sampling: absent in a greedy run).
+_SETTINGS = ("enable_thinking", "max_new_tokens", "dtype", "prompts", "sampling")
 
 
 def _per_sample_tau(samples: list[dict], drafter: str, convention: str = HEADLINE) -> dict[str, float]:
-    out = {}
+    """τ per prompt: a line's own (greedy), or at T > 0 the mean over the prompt's draws (keyed by its prompt id)."""
+    groups: dict[str, list[float]] = {}
     for s in samples:
-        entry = _obj(_obj(_obj(s).get("drafters")).get(drafter))
-        if convention == HEADLINE:
-            tau = _real(entry.get("tau"))
-        else:
-            produced = _obj(_obj(entry.get("conventions")).get(convention)).get("produced")
-            values = [_real(x) for x in produced] if isinstance(produced, list) else []
-            tau = sum(values) / len(values) if values and None not in values else None  # type: ignore[arg-type]
-        if tau is not None:
-            out[str(s.get("id"))] = tau
-    return out
+        tau = _line_tau(_obj(s), drafter, convention)
+        if tau is None:
+            continue
+        prompt = _obj(s).get("prompt_id")
+        key = str(prompt) if prompt is not None and isinstance(_obj(s).get("draw"), int) else str(_obj(s).get("id"))
+        groups.setdefault(key, []).append(tau)
+    return {k: sum(v) / len(v) for k, v in groups.items()}
+
+
+def _line_tau(s: dict, drafter: str, convention: str) -> float | None:
+    entry = _obj(_obj(s.get("drafters")).get(drafter))
+    if convention == HEADLINE:
+        return _real(entry.get("tau"))
+    produced = _obj(_obj(entry.get("conventions")).get(convention)).get("produced")
+    values = [_real(x) for x in produced] if isinstance(produced, list) else []
+    return sum(values) / len(values) if values and None not in values else None  # type: ignore[arg-type]
+
+
+def _draws_note(ra: dict, rb: dict, sa: list[dict], sb: list[dict]) -> list[str]:
+    """At T > 0: whether the two runs drew the same continuations (same law and seeds) or independent ones."""
+    la, lb = _obj(_obj(ra.get("settings")).get("sampling")), _obj(_obj(rb.get("settings")).get("sampling"))
+    if not la and not lb:
+        return []
+    seeds_a = {(str(_obj(s).get("prompt_id")), _obj(s).get("draw")): _obj(s).get("seed") for s in sa}
+    seeds_b = {(str(_obj(s).get("prompt_id")), _obj(s).get("draw")): _obj(s).get("seed") for s in sb}
+    common = [k for k in seeds_a if k in seeds_b]
+    same = sum(1 for k in common if seeds_a[k] is not None and seeds_a[k] == seeds_b[k])
+    law_a = {k: la.get(k) for k in ("temperature", "top_p", "top_k")}
+    law_b = {k: lb.get(k) for k in ("temperature", "top_p", "top_k")}
+    if la and lb and law_a == law_b and same:
+        return [f"paired by prompt and seed: {same} draw(s) share their seed and law in both runs (the same "
+                "continuations where the targets agree); each prompt's τ is the mean over its draws"]
+    return ["paired by prompt: each prompt's τ is the mean over its draws, and the runs' draws are independent "
+            "(other law or seeds), so their sampling noise adds to the CI"]
 
 
 def _of_dataset(samples: list[dict], dataset: str) -> list[dict]:
@@ -121,6 +151,7 @@ def compare_runs(a: Run, b: Run) -> dict:
         if va != vb:
             notes.append(f"settings differ: {key} = {va!r} in A, {vb!r} in B")
     notes += _dataset_notes(_obj(ra.get("settings")), _obj(rb.get("settings")))
+    notes += _draws_note(ra, rb, sa, sb)
     ta, tb = _obj(ra.get("target")), _obj(rb.get("target"))
     da, db = digest_value(ta.get("weights_digest")), digest_value(tb.get("weights_digest"))
     if da and db and da != db:

@@ -23,6 +23,9 @@ HEADLINE = "committed"  # the convention of the headline τ (metrics.tau_macro /
 SHOWN = {"zlab": "tau_macro", "vllm": "tau_micro"}
 DATASETS_NOTE = ("NAME τ [CI]: τ macro in the committed convention over that dataset's samples (each turn of a "
                  "multi-turn row one sample), 95% bootstrap CI; report.md's Benchmarks has zlab τ and categories.")
+SAMPLED_NOTE = ("{law}: every figure is an expectation over continuations drawn from the target ({k} per prompt, "
+                "seeded): the teacher-forced replay on a drawn output is exactly the loop's acceptance on it; "
+                "[CI] = 95% cluster bootstrap over prompts (a prompt's draws resampled together).")
 CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens); zlab = z-lab's "
                     "benchmark loop, the one its published τ uses (drafts accepted past the end counted); vllm = "
                     "vLLM's spec-decode counters (1 + accepted/drafts). A committed τ and a model card's τ are "
@@ -118,6 +121,62 @@ def drafter_rows(results: dict) -> list[dict]:
     return rows
 
 
+def sampling_of(results: dict) -> dict | None:
+    """The run's sampling settings (``settings.sampling``, T > 0), None for a greedy run."""
+    s = _obj(_obj(results.get("settings")).get("sampling"))
+    return s if _real(s.get("temperature")) else None
+
+
+def law_label(sampling: dict | None) -> str:
+    """'T=1', 'T=0.6, top-p 0.95' …; 'T=0' for a greedy run."""
+    if sampling is None:
+        return "T=0"
+    top_p, top_k = _real(sampling.get("top_p")), _small_int(sampling.get("top_k"))
+    return (f"T={fmt_number(sampling.get('temperature'), 'g')}" + (f", top-p {top_p:g}" if top_p and top_p < 1 else "")
+            + (f", top-k {top_k}" if top_k else ""))
+
+
+def sampled_figure(results: dict, drafter: str, key: str = "tau_macro") -> dict:
+    """One figure of ``metrics.sampled`` (T > 0): {"value", "ci"} (None when absent)."""
+    block = _obj(_obj(_obj(_obj(results.get("drafters")).get(drafter)).get("metrics")).get("sampled"))
+    fig = _obj(block.get(key))
+    ci = fig.get("ci")
+    return {"value": fig.get("value"), "ci": ci if isinstance(ci, list) and len(ci) == 2 else None}
+
+
+def sampled_lines(results: dict) -> list[str]:
+    """Per drafter at T > 0: the expected τ with its CI, the variance parts and the online check's verdict."""
+    sampling = sampling_of(results)
+    if sampling is None:
+        return []
+    out = []
+    for name, d in _obj(results.get("drafters")).items():
+        block = _obj(_obj(_obj(d).get("metrics")).get("sampled"))
+        if not block:
+            continue
+        var = _obj(block.get("variance"))
+        parts = [f"τ macro {fmt_with_ci(sampled_figure(results, name))}",
+                 f"τ micro {fmt_with_ci(sampled_figure(results, name, 'tau_micro'))}",
+                 f"zlab {fmt_with_ci(sampled_figure(results, name, 'zlab_tau_macro'))}",
+                 f"DDTree {fmt_with_ci(sampled_figure(results, name, 'ddtree'))}"]
+        line = (f"{name} at {law_label(sampling)} over {_count(block.get('prompts'))} prompts × "
+                f"{fmt_number(block.get('draws_per_prompt'), 'g')} draws: " + "; ".join(parts))
+        if _real(var.get("between")) is not None and _real(var.get("within")) is not None:
+            line += (f"; per-draw τ variance between prompts {_fmt(var['between'])}, within a prompt "
+                     f"{_fmt(var['within'])}")
+        out.append(line)
+        check = _obj(_obj(d).get("online_check"))
+        for conv, verdict in _obj(check.get("agreement")).items() if check.get("sampled") else ():
+            verdict = _obj(verdict)
+            if verdict.get("agree") is None:
+                continue
+            out.append(f"{name} online check ({conv}): offline {_fmt(verdict.get('offline_tau'))} vs online loop "
+                       f"{_fmt(verdict.get('online_tau'))}, Δ {fmt_number(verdict.get('difference'), '+.3f')} "
+                       f"{'within' if verdict.get('agree') else 'OUTSIDE'} ±{_fmt(verdict.get('bound'), 3)} "
+                       f"({_count(verdict.get('prompts'))} prompts, 1% false alarm)")
+    return out
+
+
 def datasets_of(results: dict) -> list[str]:
     """The benchmark datasets of a run, in its order (from the drafters' ``metrics.by_dataset``)."""
     names: list[str] = []
@@ -199,20 +258,24 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     rows = drafter_rows(results)
     k = next((r["ddtree_k"] for r in rows if r["ddtree_k"]), 8)
     conv = has_conventions(results)
-    notes = ([CONVENTIONS_NOTE, *convention_notes(results)] if conv else []) + (
+    sampling = sampling_of(results)
+    notes = ([SAMPLED_NOTE.format(law=law_label(sampling), k=fmt_number(sampling.get("samples_per_prompt"), "d"))]
+             if sampling else []) + ([CONVENTIONS_NOTE, *convention_notes(results)] if conv else []) + (
         [DATASETS_NOTE] if datasets_of(results) else [])
     caption = Text("\n".join(notes)) if notes else None
     table = Table(title=Text(title) if title is not None else None, title_justify="left", caption=caption,
                   caption_justify="left")
     datasets = datasets_of(results)
-    columns = ["drafter", f"{HEADLINE} τ macro", "τ micro", *(["zlab τ macro", "vllm τ micro"] if conv else []),
+    columns = ["drafter", f"{HEADLINE} τ macro", *([f"{law_label(sampling)} τ [CI]"] if sampling else []), "τ micro",
+               *(["zlab τ macro", "vllm τ micro"] if conv else []),
                f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s",
                *[f"{d} τ [CI]" for d in datasets]]
     for col in columns:  # the headline's convention must stay readable in its header; a τ with its CI on one line
         table.add_column(col, justify="left" if col == "drafter" else "right", no_wrap=col.endswith("[CI]"),
                          min_width=len(HEADLINE) if col.startswith(HEADLINE) else None)
     for r in rows:
-        cells = [r["drafter"], _fmt(r["tau_macro"]), _fmt(r["tau_micro"]),
+        cells = [r["drafter"], _fmt(r["tau_macro"]),
+                 *([fmt_with_ci(sampled_figure(results, r["drafter"]))] if sampling else []), _fmt(r["tau_micro"]),
                  *([fmt_convention(r["zlab"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),
                  *[_fmt(p) for p in r["positions"]], _count(r["samples"]), _count(r["rounds"]), _fmt(r["eval_s"], 1),
                  *[fmt_with_ci(dataset_figure(results, r["drafter"], d)) for d in datasets]]
@@ -238,6 +301,9 @@ def settings_lines(results: dict) -> list[str]:
     prompts = s.get("prompts")
     if isinstance(prompts, dict):
         prompts = prompts.get("source") or prompts.get("name") or prompts
+    sampling = sampling_of(results)
+    drawn = ([f"sampling: {law_label(sampling)}, {sampling.get('samples_per_prompt')} draw(s) per prompt, seed "
+              f"{sampling.get('seed')} (each draw's seed in samples.jsonl)"] if sampling else [])
     return [
         f"target: {t.get('path') or t.get('name')} ({t.get('architecture') or t.get('model_type') or '?'}, "
         f"{t.get('num_layers') or '?'} layers, weights sha256 {str(digest_value(t.get('weights_digest')))[:16]})",
@@ -245,6 +311,7 @@ def settings_lines(results: dict) -> list[str]:
         f"enable_thinking: {s.get('enable_thinking')}",
         f"device: {s.get('device')}; dtype: {s.get('dtype')}; linear-attention kernels: {e.get('kernel_path')}",
         f"versions: torch {v.get('torch')}, transformers {v.get('transformers')}, payload {v.get('payload')}",
+        *drawn,
     ]
 
 
@@ -280,6 +347,7 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     if conv:
         out += ["", f"p_k and the τ histogram below are the {HEADLINE} convention's.", ""]
         out += conventions_markdown(results)
+    out += sampled_markdown(results)
     out += benchmarks_markdown(results)
     engine = engine_lines(results, markdown=True)
     out += ["", *engine] if engine else []
@@ -311,6 +379,39 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def sampled_markdown(results: dict) -> list[str]:
+    """``## Sampling``: at T > 0 each figure with its CI over prompts, the variance parts, the online check, and
+    the estimator (why it is exact in expectation)."""
+    sampling = sampling_of(results)
+    if sampling is None:
+        return []
+    figures = [("tau_macro", f"τ macro ({HEADLINE})"), ("tau_micro", "τ micro"), ("zlab_tau_macro", "zlab τ macro"),
+               ("vllm_tau_micro", "vllm τ micro"), ("ddtree", "DDTree"), ("budgeted", "budgeted DDTree")]
+    out = ["", f"## Sampling ({md_text(law_label(sampling))})", "",
+           "| drafter | " + " | ".join(label for _, label in figures) + " | "
+           + " | ".join(f"p{i}" for i in range(1, FIRST_POSITIONS + 1)) + " | prompts × draws |",
+           "|---|" + "---|" * (len(figures) + FIRST_POSITIONS + 1)]
+    estimator = ci = None
+    for name, d in _obj(results.get("drafters")).items():
+        block = _obj(_obj(_obj(d).get("metrics")).get("sampled"))
+        if not block:
+            continue
+        estimator, ci = estimator or block.get("estimator"), ci or block.get("ci")
+        positions = {p.get("k"): p for p in _objs(block.get("per_position"))}
+        cells = [fmt_with_ci(sampled_figure(results, name, key)) for key, _ in figures]
+        cells += [fmt_with_ci({"value": (p := _obj(positions.get(i))).get("value"),
+                               "ci": p["ci"] if isinstance(p.get("ci"), list) and len(p["ci"]) == 2 else None})
+                  for i in range(1, FIRST_POSITIONS + 1)]
+        out.append(f"| {md_text(name)} | " + " | ".join(cells) + f" | {_count(block.get('prompts'))} × "
+                   f"{fmt_number(block.get('draws_per_prompt'), 'g')} |")
+    out += [""] + [f"- {md_text(line)}" for line in sampled_lines(results)]
+    if estimator:
+        out.append(f"- **estimator**: {md_text(estimator)}")
+    if ci:
+        out.append(f"- **CI**: {md_text(ci)}")
+    return out
 
 
 def benchmarks_markdown(results: dict) -> list[str]:
