@@ -101,7 +101,7 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
                         text="provision both hosts (uv venv from the CPU lock, wheels pushed from this machine)")
             prov = provision_hosts(connector, ["kpro6", "ct129"], events=events)
             raise_failures("provision", prov)
-            pythons = {h: o.value.python for h, o in prov.items()}
+            pythons = {h: o.result.python for h, o in prov.items()}
             plan = demo_plan(str(box.hosts["ct129"].models), str(box.hosts["kpro6"].checkpoints), engine)
             _fixtures_and_engine(connector, plan, pythons, events)
             datasets = demo_datasets(samples, engine, events)
@@ -210,5 +210,5 @@ def _fixtures_and_engine(connector: Connector, plan: DemoPlan, pythons: dict, ev
             events.info(f"  waiting for the {plan.engine} engine venv on ct129")
         outcomes = engine_venv.result()
     raise_failures(f"provision --engine {plan.engine}", outcomes)
-    res = outcomes["ct129"].value
+    res = outcomes["ct129"].result
     events.success(f"  engine venv on ct129: {res.status} ({res.python})")
