@@ -34,7 +34,7 @@ def deploy_cmd(
     failed = [o for o in outcomes.values() if not o.ok]
     if json_out:
         app_ctx.print_json({
-            "hosts": {n: (o.value.as_dict() if o.ok else {"status": "failed", "error": str(o.error)})
+            "hosts": {n: (o.result.as_dict() if o.ok else {"status": "failed", "error": str(o.error)})
                       for n, o in outcomes.items()},
             "ok": not failed,
         })
@@ -47,7 +47,7 @@ def deploy_cmd(
             if not o.ok:
                 table.add_row(Text(n), Text("failed", style="red"), "", "", Text(str(o.error)))
                 continue
-            r = o.value
+            r = o.result
             detail = ""
             if r.plan and r.status == "would-deploy":
                 detail = ", ".join(r.plan.changed[:8]) + (" …" if len(r.plan.changed) > 8 else "")
@@ -63,7 +63,7 @@ def deploy_cmd(
             table.add_row(Text(n), Text(r.status, style=style), Text(str(r.release)), Text(uploaded), Text(detail))
         app_ctx.out.print(table)
         for o in failed:
-            if o.error.hint:
+            if o.error is not None and o.error.hint:
                 app_ctx.err.print(Text(f"{o.host}: hint: {o.error.hint}", style="dim"))
     if failed:
         raise typer.Exit(1)

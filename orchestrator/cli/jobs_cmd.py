@@ -139,7 +139,7 @@ def list_cmd(
     outcomes = for_each_host(names, lambda n: list_jobs(app_ctx.connector, n, limit=limit))
     failed = [o for o in outcomes.values() if not o.ok]
     if json_out:
-        app_ctx.print_json({"hosts": {n: ([j.as_dict() for j in o.value] if o.ok else {"error": str(o.error)})
+        app_ctx.print_json({"hosts": {n: ([j.as_dict() for j in o.result] if o.ok else {"error": str(o.error)})
                                       for n, o in outcomes.items()}, "ok": not failed})
     else:
         # Plain aligned lines (no table): job references stay whole and copy-pastable at any width.
@@ -150,9 +150,10 @@ def list_cmd(
             if not o.ok:
                 out.print(Text.assemble(f"{n + ':':<28} ", (f"{'unreachable':<18}", "red"), f" {o.error}"))
                 continue
-            if not o.value:
+            jobs = o.result
+            if not jobs:
                 out.print(Text(f"{n}: no jobs", style="dim"))
-            for j in o.value:
+            for j in jobs:
                 state = j.state + (f" ({j.exit_code})" if j.state == "failed" and j.exit_code is not None else "")
                 label = (f"{j.name}: " if j.name else "") + " ".join(j.argv)
                 label = label if len(label) <= 70 else label[:69] + "…"

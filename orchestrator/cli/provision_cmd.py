@@ -58,7 +58,7 @@ def provision_cmd(
     failed = [o for o in outcomes.values() if not o.ok]
     if json_out:
         app_ctx.print_json({
-            "hosts": {n: (o.value.as_dict() if o.ok else {"status": "failed", "error": str(o.error)})
+            "hosts": {n: (o.result.as_dict() if o.ok else {"status": "failed", "error": str(o.error)})
                       for n, o in outcomes.items()},
             "ok": not failed,
         })
@@ -69,10 +69,10 @@ def provision_cmd(
             table.add_column(col)
         plans = []
         for n, o in outcomes.items():
-            if not o.ok:
+            if o.error is not None:
                 table.add_row(n, Text("failed", style="red"), "", "", Text(o.error.message.removeprefix(f"{n}: ")))
                 continue
-            r = o.value
+            r = o.result
             mode = "offline" if r.offline else "online" if r.offline is False else ""
             if r.status == "would-install":
                 detail = "; ".join(r.reasons)
@@ -94,10 +94,10 @@ def provision_cmd(
             for step in r.steps:
                 app_ctx.out.print(Text(f"  - {step}"))
         for n, o in outcomes.items():
-            if o.ok and o.value.status != "would-install":
-                app_ctx.out.print(Text(f"{n}: python {o.value.python}"), highlight=False)
+            if o.ok and o.result.status != "would-install":
+                app_ctx.out.print(Text(f"{n}: python {o.result.python}"), highlight=False)
         for o in failed:
-            if o.error.hint:
+            if o.error is not None and o.error.hint:
                 app_ctx.err.print(Text(f"{o.host}: hint: {o.error.hint}", style="dim"))
     if failed:
         raise typer.Exit(1)

@@ -100,7 +100,7 @@ def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, 
                                             events=events))
             prov = provision_hosts(connector, ["kpro6", "ct129"], events=events)
             raise_failures("provision", prov)
-            pythons = {h: o.value.python for h, o in prov.items() if o.value}  # raise_failures: all ok
+            pythons = {h: o.result.python for h, o in prov.items()}  # raise_failures: all ok
             models, ckpts = str(box.hosts["ct129"].models), str(box.hosts["kpro6"].checkpoints)
             for host, out in (("ct129", models), ("kpro6", ckpts)):
                 _build_fixtures(connector, host, pythons[host], out, FIXTURES_ON[host], events)

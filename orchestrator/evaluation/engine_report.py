@@ -101,7 +101,8 @@ def engine_rows(results: dict) -> list[dict]:
 
 def engine_title(results: dict) -> str:
     """The engine's name as written ("vLLM"): the registry's for a known name, else the host's text."""
-    run = results.get("engine") if isinstance(results.get("engine"), dict) else {}
+    engine = results.get("engine")
+    run = engine if isinstance(engine, dict) else {}
     name = run.get("name") or next((d["engine"].get("engine") for d in (results.get("drafters") or {}).values()
                                     if isinstance(d, dict) and isinstance(d.get("engine"), dict)), None) or "vllm"
     known = ENGINES.get(name) if isinstance(name, str) else None

@@ -18,7 +18,7 @@ import shutil
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
 from orchestrator.core.events import Events
@@ -42,7 +42,7 @@ from orchestrator.jobs.operation import (
 )
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.relay.operation import RelayOptions, relay
-from orchestrator.transport import Connector, for_each_host, hostcall
+from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
 from orchestrator.transport.hostlock import host_lock
 
 ENGINE_DIR = "engine"  # the payload's engine logs, inside a host's pulled results
@@ -69,7 +69,7 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
     """
     eval_hosts = set(plan.provision_hosts)
 
-    def check(host: str) -> dict:
+    def check(host: str) -> dict[str, Any]:
         inv_host = connector.inventory.hosts[host]
         paths = plan.checks.get(host, [])
         reply = hostcall.call(connector.session(host), HOST_SCRIPT, "input_facts", python=inv_host.python,
@@ -77,7 +77,7 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
                               list_gpus=host in eval_hosts and plan.request.device == "cuda")
         return _input_facts(host, reply, paths)
 
-    outcomes: dict[str, Any] = for_each_host(list(plan.checks), check)
+    outcomes = for_each_host(list(plan.checks), check)
     failures = [o for o in outcomes.values() if not o.ok]
     if failures:
         raise OperationError("cannot check the inputs on every host:\n" +
@@ -87,23 +87,24 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
     for d in plan.request.drafters:
         role[d.path] = f"drafter '{d.name}'"
     for host, o in outcomes.items():
-        for path in o.value["missing"]:
+        facts = o.result
+        for path in facts["missing"]:
             if path == plan.engine_pythons.get(host):
                 problems.append(f"{host}: the vLLM engine venv is not provisioned ({path} does not exist); build it "
                                 f"with `dfo provision --host {host} --engine vllm`")
                 continue
             problems.append(f"{host}: {role.get(path, 'input')} {path} does not exist")
-        free = o.value.get("free_bytes")
+        free = facts.get("free_bytes")
         if free is not None and free < MIN_FREE_BYTES:
             problems.append(f"{host}: only {free / 2**30:.1f} GiB free at {connector.inventory.hosts[host].workdir} "
                             f"(need at least {MIN_FREE_BYTES / 2**30:.0f} GiB)")
-        if plan.request.device == "cuda" and host in eval_hosts and not o.value.get("gpus"):
+        if plan.request.device == "cuda" and host in eval_hosts and not facts.get("gpus"):
             problems.append(f"{host}: --device cuda but nvidia-smi lists no GPU")
     if problems:
         raise InputError("inputs are not ready; nothing was uploaded or relayed:\n" +
                          "\n".join(f"  {p}" for p in problems),
                          hint="fix the paths (they are paths on the named host) and run again")
-    return {h: o.value for h, o in outcomes.items()}
+    return {h: o.result for h, o in outcomes.items()}
 
 
 def _input_facts(host: str, reply: object, paths: list[str]) -> dict[str, Any]:
@@ -129,20 +130,21 @@ def _prepare_hosts(connector: Connector, plan: EvalPlan, events: Events) -> dict
     outcomes = deploy(connector, plan.deploy_hosts, root=default_payload_root(), events=events)
     raise_failures("deploy", outcomes)
     for h, o in outcomes.items():
-        events.info(f"  {h}: {o.value.status} ({o.value.release}, {o.value.uploaded_files} file(s) uploaded)")
+        r = o.result
+        events.info(f"  {h}: {r.status} ({r.release}, {r.uploaded_files} file(s) uploaded)")
     events.step(f"provision the venv on {', '.join(plan.provision_hosts)}")
     prov = provision_hosts(connector, plan.provision_hosts, events=events)
     raise_failures("provision", prov)
     for h, p in prov.items():
-        events.info(f"  {h}: {p.value.status} ({p.value.flavour}, {p.value.python})")
-    return {h: p.value.python for h, p in prov.items()}
+        events.info(f"  {h}: {p.result.status} ({p.result.flavour}, {p.result.python})")
+    return {h: p.result.python for h, p in prov.items()}
 
 
-def raise_failures(what: str, outcomes: dict) -> None:
-    failed = [o for o in outcomes.values() if not o.ok]
-    if failed:
-        hints = [o.error.hint for o in failed if o.error.hint]
-        raise OperationError(f"{what} failed:\n" + "\n".join(f"  {o.error.message}" for o in failed),
+def raise_failures(what: str, outcomes: Mapping[str, HostOutcome[Any]]) -> None:
+    errors = [o.error for o in outcomes.values() if o.error is not None]
+    if errors:
+        hints = [e.hint for e in errors if e.hint]
+        raise OperationError(f"{what} failed:\n" + "\n".join(f"  {e.message}" for e in errors),
                              hint="; ".join(hints) or None)
 
 

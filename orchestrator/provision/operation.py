@@ -169,8 +169,10 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
                         hint="install openssh-client on the controller")
     proc = subprocess.Popen(untar_argv(connector.resolved(name), staging, cipher=FAST_CIPHER),
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stdin, stderr = proc.stdin, proc.stderr
+    assert stdin is not None and stderr is not None  # both asked for as PIPE just above
     errors = bytearray()
-    reader = threading.Thread(target=lambda: errors.extend(proc.stderr.read()), daemon=True)
+    reader = threading.Thread(target=lambda: errors.extend(stderr.read()), daemon=True)
     reader.start()
     sent = 0
 
@@ -187,14 +189,14 @@ def push_files(connector: Connector, name: str, files: dict[str, tuple[Path, str
             return data
 
     try:
-        with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        with tarfile.open(fileobj=stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for arcname, (path, _sha) in sorted(files.items()):
                 with open(path, "rb") as fh:
                     info = tarfile.TarInfo(arcname)  # from the opened file: what is read is what is described
                     st = os.fstat(fh.fileno())
                     info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
                     tar.addfile(info, _Counting(fh))
-        proc.stdin.close()
+        stdin.close()
     except (BrokenPipeError, OSError):
         pass  # the remote side went away; its stderr says why
     code = proc.wait()

@@ -47,8 +47,8 @@ def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable
         return Stripped(out_dir, None, f"would deploy the payload to {host_name}, strip {path} there with "
                                        f"{python} into {out_dir}, and relay that folder")
     outcome = deploy(connector, [host_name], root=default_payload_root())[host_name]
-    if not outcome.ok:
-        raise outcome.error  # type: ignore[misc]
+    if outcome.error is not None:
+        raise outcome.error
     cmd = (f"cd {shlex.quote(payload_dir(host.workdir))} && exec {shlex.quote(python)} -m remote_payload "
            f"strip-checkpoint {shlex.quote(path)} {shlex.quote(out_dir)}")
     res = connector.session(host_name).run(cmd, check=False, env=connector.inventory.host_env(host_name) or None)

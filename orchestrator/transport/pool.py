@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Callable, Generic, Iterable, TypeVar, cast
 
 from orchestrator.core.errors import DfoError, HostError
 
@@ -27,6 +27,13 @@ class HostOutcome(Generic[T]):
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def result(self) -> T:
+        """The value ``fn`` returned; raises the host's error when it failed (``.value`` is None then)."""
+        if self.error is not None:
+            raise self.error
+        return cast(T, self.value)  # no error: ``value`` holds what ``fn`` returned, a T (which may be None)
 
 
 def for_each_host(

@@ -142,7 +142,7 @@ class Resident:
         raise_failures("deploy", deployed)
         provisioned = provision_hosts(self.connector, [host], events=self.events)
         raise_failures("provision", provisioned)
-        return provisioned[host].value.python, deployed[host].value.release  # type: ignore[union-attr]
+        return provisioned[host].result.python, deployed[host].result.release
 
     def fell_through(self, why: str) -> None:
         """The worker stopped under a handover: one-off jobs for the rest of this watcher's life."""
