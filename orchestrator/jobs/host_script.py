@@ -145,7 +145,7 @@ def _take_lock(workdir, name, job_id, job_dir, force):
 
     Examining, clearing and taking happen under the locks guard, so two launchers that both find a stale
     lock cannot both clear it and both run."""
-    notices = []
+    notices = []  # type: list[str]
     path = _lock_path(workdir, name)
     record = {"job_id": job_id, "job_dir": job_dir, "since": _now(), "taken_by_pid": os.getpid()}
     with _Guard(workdir):
@@ -190,7 +190,7 @@ def launch(workdir, job_id, argv, env, cwd, job_name, lock, force, supervisor_so
     job_dir = _job_dir(workdir, job_id)
     if os.path.exists(job_dir):
         raise RuntimeError("job directory %s already exists" % job_dir)
-    notices = []
+    notices = []  # type: list[str]
     if lock:  # refuse before creating anything when a live job holds the lock
         holder, state = _lock_holder(workdir, lock)
         if holder and state in ("starting", "running") and not force:

@@ -121,16 +121,6 @@ def _uv_version(path):
     return parts[1] if len(parts) >= 2 and parts[0] == "uv" else None
 
 
-def _free_bytes(path):
-    while path and not os.path.exists(path):
-        path = os.path.dirname(path)
-    try:
-        st = os.statvfs(path or "/")
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
 
 
 def probe(workdir, venv, interpreter, dfo_uv, detect_gpu):

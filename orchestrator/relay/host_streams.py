@@ -80,7 +80,7 @@ def _say(line):
 class _Reader(object):
     def __init__(self):
         self.fd = None
-        self.spec = None
+        self.spec = {}  # type: dict  # the open file's, as the controller sent it
         self.whole = None       # sequential mode: sha256 of the file, in order
         self.hashed_to = 0
         self.view = memoryview(bytearray(BUF))
@@ -106,9 +106,12 @@ class _Reader(object):
     def send_range(self, idx, offset, length):
         """DATA header and bytes into the pipe; the chunk's sha256 after it in chunk mode. Returns an exit
         code when the process must stop."""
-        why = "no file open" if self.fd is None else _changed(os.fstat(self.fd), self.spec)
+        if self.fd is None:
+            self._refuse(idx, "no file open")
+            return None
+        why = _changed(os.fstat(self.fd), self.spec)
         if why:
-            _write_all(1, frame(REPLY, {"error": "changed", "detail": why, "chunk": idx}))
+            self._refuse(idx, why)
             return None
         _write_all(1, range_frame(DATA, idx, offset, length))
         if self.whole is not None and offset != self.hashed_to:
@@ -116,7 +119,7 @@ class _Reader(object):
         h = hashlib.sha256() if self.spec.get("hash") == "chunk" else self.whole
         done = 0
         while done < length:
-            n = self._send_piece(offset + done, min(BUF, length - done), h)
+            n = self._send_piece(self.fd, offset + done, min(BUF, length - done), h)
             if n == 0:
                 sys.stderr.write("dfo-relay: %s ended at offset %d while %d bytes were expected "
                                  "(the file shrank during the relay)\n" % (self.spec["path"], offset + done,
@@ -129,12 +132,15 @@ class _Reader(object):
             _write_all(1, frame(REPLY, {"chunk": idx, "sha256": h.hexdigest()}))
         return None
 
-    def _send_piece(self, at, want, h):
+    def _refuse(self, idx, why):
+        _write_all(1, frame(REPLY, {"error": "changed", "detail": why, "chunk": idx}))
+
+    def _send_piece(self, fd, at, want, h):
         self._pace(want)
         view = self.view
         if h is not None:
             # Hash from our buffer, send from the page cache: sendfile spares the copy to the pipe.
-            n = _pread_into(self.fd, view[:want], at)
+            n = _pread_into(fd, view[:want], at)
             if not n:
                 return 0
             h.update(view[:n])
@@ -143,7 +149,7 @@ class _Reader(object):
             sent = 0
             try:
                 while sent < want:
-                    k = os.sendfile(1, self.fd, at + sent, want - sent)
+                    k = os.sendfile(1, fd, at + sent, want - sent)
                     if k == 0:
                         break
                     sent += k
@@ -153,7 +159,7 @@ class _Reader(object):
                     raise
                 self.sendfile = False
         if h is None:
-            want = _pread_into(self.fd, view[:want], at)
+            want = _pread_into(fd, view[:want], at)
         _write_all(1, view[:want])
         return want
 
@@ -248,6 +254,7 @@ class _Partial(object):
     def close(self):
         if self.view is not None:
             self.view.release()
+        if self.map is not None:
             self.map.close()
         os.close(self.fd)
 
@@ -264,7 +271,7 @@ class _Writer(object):
     def __init__(self):
         self.part = None
         self.jfd = None
-        self.spec = None
+        self.spec = {}  # type: dict  # the open file's: the controller's open command and the paths beside it
         self.whole = None
         self.whole_to = 0
         self.view = memoryview(bytearray(BUF))
@@ -312,7 +319,7 @@ class _Writer(object):
     def data(self, idx, offset, length, inp):
         """One chunk from the pipe into the partial; acknowledged with its sha256 (chunk mode)."""
         spec = self.spec
-        if self.part is None or offset != idx * spec["chunk_size"] or offset >= spec["size"] or \
+        if self.part is None or self.jfd is None or offset != idx * spec["chunk_size"] or offset >= spec["size"] or \
                 length != min(spec["chunk_size"], spec["size"] - offset):
             raise _WriterFailed("protocol", "a data frame (chunk %d, %d bytes at %d) that does not fit the open "
                                 "file" % (idx, length, offset), 2)
@@ -323,7 +330,7 @@ class _Writer(object):
         done, reported = 0, 0
         try:
             while done < length:
-                n = self._write_piece(inp, offset + done, min(BUF, length - done))
+                n = self._write_piece(self.part, inp, offset + done, min(BUF, length - done))
                 self.part.hash_range(hashers, offset + done, n)
                 done += n
                 if done - reported >= PROGRESS_EVERY and done < length:
@@ -342,8 +349,7 @@ class _Writer(object):
         os.write(self.jfd, ("done %d %s\n" % (idx, digest)).encode())
         _say("ack %d %d %d %s" % (idx, offset, length, digest))
 
-    def _write_piece(self, inp, at, want):
-        part = self.part
+    def _write_piece(self, part, inp, at, want):
         if part.splice:
             try:
                 n = os.splice(0, part.fd, want, offset_dst=at)
@@ -351,7 +357,7 @@ class _Writer(object):
                 if exc.errno not in (errno.EINVAL, errno.ENOSYS):
                     raise
                 part.splice = False
-                return self._write_piece(inp, at, want)
+                return self._write_piece(part, inp, at, want)
         else:
             n = inp.readinto(self.view[:want])
             written = 0
@@ -362,14 +368,14 @@ class _Writer(object):
         return n
 
     def finish(self):
-        if self.part is None:
+        if self.part is None or self.jfd is None:
             raise _WriterFailed("protocol", "finish without an open file", 2)
         os.fsync(self.part.fd)
         self.part.close()
         os.close(self.jfd)
         self.part = self.jfd = None
-        ok = self.whole is not None and self.whole_to == self.spec["size"]
-        return "end %s" % (self.whole.hexdigest() if ok else "-")
+        whole = self.whole if self.whole_to == self.spec["size"] else None
+        return "end %s" % (whole.hexdigest() if whole is not None else "-")
 
     def publish(self, args):
         """Rename a verified partial into place and/or write the sidecar manifest (beside ROOT)."""
@@ -486,7 +492,9 @@ def _dfo_stream(kind, kwargs):
         faulthandler.enable()  # a SIGBUS or crash still says something on stderr
     except Exception:
         pass
-    funcs = {"reader": _stream_reader, "writer": _stream_writer, "follow": _follow_hash, "hash": _hash_source}
+    # Typed as a plain dict: the four take different arguments, and their joined type is one mypy cannot call.
+    funcs = {"reader": _stream_reader, "writer": _stream_writer, "follow": _follow_hash,
+             "hash": _hash_source}  # type: dict
     try:
         code = funcs[kind](**kwargs)
     except (EOFError, BrokenPipeError):
