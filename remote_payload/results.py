@@ -8,6 +8,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from remote_payload import RESULTS_SCHEMA, __version__
 from remote_payload.inputs.cache import atomic_write_bytes, atomic_write_json
@@ -25,8 +26,8 @@ def _dist_version(name: str) -> str | None:
 
 def versions() -> dict:
     """Package versions from metadata (no imports of fla/triton), plus CUDA facts when torch is loaded."""
-    out = {"payload": __version__, "python": platform.python_version(),
-           **{name: _dist_version(name) for name in PACKAGES}}
+    out: dict[str, Any] = {"payload": __version__, "python": platform.python_version(),
+                           **{name: _dist_version(name) for name in PACKAGES}}
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = torch.__version__

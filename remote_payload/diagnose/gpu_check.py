@@ -141,12 +141,16 @@ def run(target: str | None, drafter: str | None = None, samples: int = 4, max_ne
     from remote_payload.results import versions
 
     started = time.perf_counter()
+    folder: str | Path
     if synthetic:
         work = Path(tempfile.mkdtemp(prefix="dfo-gpu-check-"))
         progress.progress("gpu-check", 0, samples, unit="samples", message=f"building a synthetic target in {work}")
-        target, synthetic_drafter = build_synthetic(work, REAL_SHAPES if device == "cuda" else TINY_SHAPES)
+        folder, synthetic_drafter = build_synthetic(work, REAL_SHAPES if device == "cuda" else TINY_SHAPES)
         drafter = drafter or str(synthetic_drafter)
-    t = load_target(target, device=device, dtype="bfloat16", progress=progress)
+    else:
+        assert target is not None  # exactly one of target and synthetic, checked above
+        folder = target
+    t = load_target(folder, device=device, dtype="bfloat16", progress=progress)
     report = {"dfo": "gpu-check", "versions": versions(), "target": t.info(), "samples": samples,
               "max_new_tokens": max_new_tokens, "synthetic": synthetic}
     if t.kernel_path != "fla":

@@ -42,7 +42,7 @@ class TensorStats:
     def to_json(self) -> dict:
         n = self.count
         mean = self.sum / n if n else None
-        std = math.sqrt(max(0.0, self.sumsq / n - mean * mean)) if n else None
+        std = math.sqrt(max(0.0, self.sumsq / n - mean * mean)) if mean is not None else None
         rms = math.sqrt(self.sumsq / n) if n else None
         return {"mean": round_sig(mean), "std": round_sig(std), "rms": round_sig(rms),
                 "abs_max": round_sig(self.abs_max if n else None), "nan": self.nan, "inf": self.inf,

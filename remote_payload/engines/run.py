@@ -26,6 +26,7 @@ FILE.jsonl: one {"id", "prompt_ids", ["reference"]} per line; writes DIR/engine.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -191,7 +192,7 @@ def sweep(server: EngineServer, prompts: Sequence[EnginePrompt], max_tokens: int
     for c in sorted(levels):
         before = counters(server) if checked and not out else None
         level = run_prompts(server, prompts, max_tokens, stop_ids, concurrency=c,
-                            on_sample=(lambda d, t, rec, c=c: on_sample(c, d, t, rec)) if on_sample else None)
+                            on_sample=functools.partial(on_sample, c) if on_sample else None)
         if before is not None:
             check = counter_check(level, _settled(server, before, level["tokens"]) - before, positions)
         out.append(level)

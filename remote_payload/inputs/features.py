@@ -113,7 +113,7 @@ def load_cached(path: Path, expected: dict, layer_ids: list[int]) -> tuple[Featu
             meta_text = (fh.metadata() or {}).get("dfo")
             found = json.loads(meta_text) if meta_text else None
             reasons = mismatches(expected, found, FEATURE_FIELDS)
-            if reasons:
+            if reasons or found is None:  # no metadata is a reason
                 return None, reasons
             have = set(found.get("layer_ids", []))
             missing = sorted(set(layer_ids) - have)

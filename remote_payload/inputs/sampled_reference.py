@@ -17,6 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from remote_payload.inputs.cache import atomic_write_json, mark_used, mismatches, safe_name, tokens_digest
 from remote_payload.inputs.reference import Reference, forward, new_cache, numerics
@@ -105,7 +106,7 @@ def cached_sampled_reference(target: Target, prompt_ids: list[int], max_new_toke
     return ref
 
 
-def _token_list(value) -> bool:
+def _token_list(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 

@@ -62,9 +62,10 @@ def _cached_tail(path: Path | None, tokens: list[int], n: int) -> list[int] | No
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     tail = found.get("tail") if isinstance(found, dict) else None
-    complete = isinstance(tail, list) and (found.get("max_tokens", 0) >= n or found.get("finish_reason") == "stop")
-    if found.get("schema") != TAIL_SCHEMA or found.get("tokens") != tokens or not complete \
-            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tail):
+    if not isinstance(tail, list) or found.get("schema") != TAIL_SCHEMA or found.get("tokens") != tokens:
+        return None
+    complete = found.get("max_tokens", 0) >= n or found.get("finish_reason") == "stop"
+    if not complete or not all(isinstance(t, int) and not isinstance(t, bool) for t in tail):
         return None
     return list(tail[:n])
 
@@ -115,10 +116,10 @@ def fetch_tails(endpoint: Endpoint, batch: ReferenceBatch, n: int, cache_dir: st
         except (RequestFailed, ValueError) as exc:
             failed.append(f"sample {batch.samples[i].sample_id!r}: {exc}")
             return None
-        if paths[i] is not None:
-            atomic_write_json(paths[i], {"schema": TAIL_SCHEMA, "model": batch.model, "tokens": seqs[i],
-                                                  "max_tokens": n, "tail": ids,
-                                                  "finish_reason": parse_completion(obj)["finish_reason"]})
+        path = paths[i]
+        if path is not None:
+            atomic_write_json(path, {"schema": TAIL_SCHEMA, "model": batch.model, "tokens": seqs[i], "max_tokens": n,
+                                     "tail": ids, "finish_reason": parse_completion(obj)["finish_reason"]})
         return ids, note
 
     if pending:

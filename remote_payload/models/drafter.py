@@ -28,6 +28,7 @@ with them to test a drafter against pitfalls 2 and 3 (mask-filled slot 0, anothe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -186,7 +187,9 @@ class DrafterRuntime:
         inv_freq = model.rotary_emb.inv_freq.clone()
         self.model = model.to(device=self.device, dtype=dtype).eval()
         # RoPE frequencies stay fp32 (a bf16 inv_freq shifts positions noticeably at long context).
-        self.model.rotary_emb.inv_freq = inv_freq.to(self.device)
+        # transformers assigns inv_freq as an nn.Buffer, so mypy types it Buffer; Module.__setattr__ stores a plain
+        # tensor into the registered buffer (still non-persistent).
+        self.model.rotary_emb.inv_freq = inv_freq.to(self.device)  # type: ignore[assignment]
         if spec.embed_source == "checkpoint":
             self.embed = nn.Embedding.from_pretrained(loaded.extras["embed_tokens.weight"].to(dtype), freeze=True)
             self.embed.to(self.device)
@@ -201,7 +204,8 @@ class DrafterRuntime:
         else:
             if target_head is None:
                 raise PayloadError("drafter borrows lm_head from the target, but no target lm_head was given")
-            self.head = target_head
+            # The target's lm_head, an nn.Linear (transformers types get_output_embeddings() as nn.Module).
+            self.head = cast(nn.Linear, target_head)
         self.d2t = loaded.extras["d2t"].to(torch.int64).to(self.device) if spec.vocab_map == "d2t" else None
         self.mask_groups = self._mask_groups()
 
@@ -227,7 +231,7 @@ class DrafterRuntime:
             pos = torch.arange(c.shape[0], device=self.device)
             cos, sin = self.model.cos_sin(pos, self.dtype)
             ks, vs = [], []
-            for layer in self.model.layers:
+            for layer in cast("list[DraftLayer]", self.model.layers):  # an nn.ModuleList yields nn.Module
                 k, v = layer.self_attn.keys_values(c, cos, sin)
                 ks.append(k)
                 vs.append(v)

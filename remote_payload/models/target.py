@@ -113,7 +113,8 @@ def read_target_config(path: str | os.PathLike) -> TargetConfig:
     if not folder.is_dir():
         raise PayloadError(f"target path {folder} does not exist or is not a folder")
     raw = read_json(folder / "config.json", f"target {folder}")
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    nested = raw.get("text_config")
+    text = nested if isinstance(nested, dict) else raw
     missing = [k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if k not in text]
     if missing:
         raise PayloadError(f"target {folder}/config.json: missing field(s) {', '.join(missing)}"

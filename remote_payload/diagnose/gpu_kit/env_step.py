@@ -45,7 +45,7 @@ def deviations(installed: dict, pins: dict) -> dict:
 def _installed(names) -> dict:
     from importlib import metadata
 
-    found = {}
+    found: dict[str, str | None] = {}
     for name in names:
         try:
             found[name] = metadata.version(name)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from remote_payload.diagnose.gpu_kit import fixtures as kit_fixtures
 from remote_payload.diagnose.gpu_kit import kernel_path
 from remote_payload.diagnose.gpu_kit.part import Part
 
 # gpu: the benchmark's defaults (12 built-in prompts, 96 new tokens, the fixture drafter's 45 steps).
-SIZES = {"gpu": {"n_samples": 12, "max_new_tokens": 96, "train_steps": None, "resamples": 1000},
-         "smoke": {"n_samples": 2, "max_new_tokens": 12, "train_steps": 2, "resamples": 20}}
+SIZES: dict[str, dict[str, Any]] = {
+    "gpu": {"n_samples": 12, "max_new_tokens": 96, "train_steps": None, "resamples": 1000},
+    "smoke": {"n_samples": 2, "max_new_tokens": 12, "train_steps": 2, "resamples": 20}}
 
 
 def run(part: Part, mode: str, device: str, kernel: str, work: Path) -> None:

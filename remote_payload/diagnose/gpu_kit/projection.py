@@ -37,7 +37,9 @@ def project(rates: dict, table: dict) -> dict:
     ex_rate, s_tok = rates.get("extraction_tokens_per_s"), rates.get("decode_seconds_per_token")
     dr_rate, per_tok = rates.get("drafter_tokens_per_s"), rates.get("cache_file_bytes_per_token")
     tail = (rates.get("block_size") or 16) - 1
-    per_dataset, totals = {}, {"reference_s": 0.0, "extraction_s": 0.0, "drafter_eval_s": 0.0, "cache_bytes": 0}
+    per_dataset = {}
+    totals: dict[str, float | None] = {"reference_s": 0.0, "extraction_s": 0.0, "drafter_eval_s": 0.0,
+                                       "cache_bytes": 0}
     for name, d in table["datasets"].items():
         n, seq = d["samples"], d["tokens"]
         new = n * max_new
@@ -51,7 +53,8 @@ def project(rates: dict, table: dict) -> dict:
         for key in totals:
             totals[key] = None if totals[key] is None or row[key] is None else totals[key] + row[key]
     stages = [totals["reference_s"], totals["extraction_s"], totals["drafter_eval_s"]]
-    total_s = sum(stages) if all(v is not None for v in stages) else None  # type: ignore[arg-type]
+    known = [v for v in stages if v is not None]
+    total_s = sum(known) if len(known) == len(stages) else None
     return {"upper_bound": True, "max_new_tokens": max_new, "rates": rates, "per_dataset": per_dataset,
             "total": {**totals, "total_s": total_s, "hours": None if total_s is None else total_s / 3600,
                       "cache_gib": None if totals["cache_bytes"] is None else totals["cache_bytes"] / 2**30}}

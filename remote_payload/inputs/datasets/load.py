@@ -31,10 +31,11 @@ def load_one(spec: DatasetSpec, file: str | None, start: int = 0) -> tuple[list[
     adapter = spec.adapter
     package = None
     if file is None:
-        path, version = package_source(adapter)
+        path, version = package_source(adapter)  # refuses an adapter with neither a bundled file nor a package
+        pkg = adapter.package
         package = {"distribution": "dfo payload", "version": version, "file": adapter.bundled, "licence": None} \
-            if adapter.bundled else {"distribution": adapter.package.distribution, "version": version,
-                                     "file": adapter.package.path, "licence": adapter.package.licence}
+            if adapter.bundled or pkg is None else {"distribution": pkg.distribution, "version": version,
+                                                    "file": pkg.path, "licence": pkg.licence}
     else:
         path = Path(file)
     try:

@@ -64,7 +64,7 @@ def dataset_specs(values: list[str] | None, suite: str | None = None) -> list[Da
     if suite is not None and suite not in SUITES:
         raise PayloadError(f"--suite {suite!r}: unknown suite (known: {', '.join(SUITES)})")
     by_name = {s.name: s for s in given}
-    out = [by_name.pop(n, None) or DatasetSpec(n, ADAPTERS[n].split, ADAPTERS[n].zlab_samples)
+    out = [by_name.pop(n) if n in by_name else DatasetSpec(n, ADAPTERS[n].split, ADAPTERS[n].zlab_samples)
            for n in SUITES.get(suite or "", ())]
     return out + [s for s in given if s.name in by_name]
 
