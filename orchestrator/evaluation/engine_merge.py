@@ -10,11 +10,17 @@ another, like the baseline), mismatches listed together; the hosts' counter cros
 and must all hold. Per-host server facts (start seconds, logs, versions) are kept under ``engine.hosts``.
 The figures came from the hosts: a drafter whose figures are missing or not numbers gets an ``error``
 instead of a merged block (the run's other figures stand).
+
+At T > 0 (the hosts' blocks say ``sampled``) outputs are draws, not compared with the references: the agreement is
+the payload's expectation test (``metrics.sampled.sampled_engine_agreement``) over every host's draws, clustered by
+prompt (``prompt_index`` of each sample line), with the hosts' greedy probes summed.
 """
 
 from __future__ import annotations
 
+from remote_payload.engines import registry as engine_registry
 from remote_payload.metrics.engine_agreement import compare, engine_figures, per_step_differences
+from remote_payload.metrics.sampled import sampled_engine_agreement
 
 CONVENTION = "vllm"
 COMMITTED = "committed (the vllm convention's rounds; the last round capped at the kept tokens, a lower bound there)"
@@ -122,6 +128,8 @@ def _merge_drafter(name: str, host_results: dict[str, dict], samples: list[dict]
     if failed:
         return {"engine": engine, "error": "; ".join(f"{h}: {e}" for h, e in failed.items())}
     positions = next(iter(per_host.values()))["num_speculative_tokens"]
+    if any(b.get("sampled") for b in per_host.values()):
+        return _merge_sampled(name, str(engine), positions, per_host, host_results, samples)
     rows = [(line["id"], line["drafters"][name]) for line in samples
             if "engine" in (line.get("drafters") or {}).get(name, {})]
     eng = [{"id": sid, **entry["engine"]} for sid, entry in rows]
@@ -144,6 +152,41 @@ def _merge_drafter(name: str, host_results: dict[str, dict], samples: list[dict]
             "total": engine_figures(eng, positions),
             "outputs": {"samples": len(eng), "match_reference": len(kept), "mismatches": mismatches,
                         "equal_plain": None if None in equal_plain else all(equal_plain)},
+            "tokens_per_s": {"plain": plain_tps, "dflash": dflash,
+                             "speedup": round(dflash / plain_tps, 3) if dflash and plain_tps else None},
+            "agreement": agreement, "exported": next(iter(per_host.values())).get("exported"),
+            "concurrency": _merged_levels([b.get("concurrency") or [] for b in per_host.values()]),
+            "counter_check": _merged_checks(checks) if checks else None,
+            "hosts": {h: {k: b.get(k) for k in ("folder", "server", "tokens_per_s")} for h, b in per_host.items()}}
+
+
+def _merge_sampled(name: str, engine: str, positions: int, per_host: dict[str, dict], host_results: dict[str, dict],
+                   samples: list[dict]) -> dict:
+    """A drafter's engine block at T > 0 over every host: the draws' figures and the expectation test."""
+    lines = [line for line in samples if "engine" in (line.get("drafters") or {}).get(name, {})]
+    eng = [{"id": line["id"], **line["drafters"][name]["engine"]} for line in lines]
+    offline = [_offline_accepted(line["drafters"][name]) for line in lines]
+    clusters = [int(line["prompt_index"]) for line in lines]
+    firsts = [b["agreement"] for b in per_host.values()]
+    probes = [a.get("greedy_probe") for a in firsts]
+    greedy = None if any(not isinstance(g, dict) for g in probes) else \
+        {k: sum(int(g.get(k) or 0) for g in probes) for k in ("requests", "rounds", "drafts_accepted")}
+    devices = {str((host_results[h].get("settings") or {}).get("device")) for h in per_host}
+    known = engine_registry.ENGINES.get(engine)
+    title = known.title if known else engine
+    agreement = sampled_engine_agreement([o for o, _ in offline], eng, clusters, title=title, law=firsts[0]["law"],
+                                         device=devices.pop() if len(devices) == 1 else "mixed", greedy=greedy)
+    agreement["offline_source"] = CONVENTION if all(ok for _, ok in offline) else COMMITTED
+    plain = [(host_results[h].get("engine") or {}).get("plain") or {} for h in per_host]
+    dflash = _rate(sum(e["tokens"] for e in eng), sum(e["seconds"] for e in eng))["tokens_per_s"]
+    plain_tps = _rate(sum(p.get("tokens") or 0 for p in plain),
+                      sum(p.get("seconds") or 0 for p in plain))["tokens_per_s"]
+    checks: dict[str, dict] = {h: b["counter_check"] for h, b in per_host.items()
+                               if isinstance(b.get("counter_check"), dict)}
+    return {"engine": engine, "num_speculative_tokens": positions, "sampled": True, "samples": eng,
+            "total": engine_figures(eng, positions),
+            "outputs": {"samples": len(eng), "match_reference": None, "mismatches": None,
+                        "note": next(iter(per_host.values())).get("outputs", {}).get("note")},
             "tokens_per_s": {"plain": plain_tps, "dflash": dflash,
                              "speedup": round(dflash / plain_tps, 3) if dflash and plain_tps else None},
             "agreement": agreement, "exported": next(iter(per_host.values())).get("exported"),

