@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from remote_payload.metrics.chain import Round, chain_rounds
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -22,8 +26,8 @@ class SampleDrafts:
     prompt_len: int
     tokens: list[int]
     anchors: list[int]
-    topk_ids: object  # LongTensor [A, B-1, k]
-    topk_logprobs: object  # FloatTensor [A, B-1, k]
+    topk_ids: torch.Tensor  # LongTensor [A, B-1, k]
+    topk_logprobs: torch.Tensor  # FloatTensor [A, B-1, k]
     seconds: float = 0.0
     end_drafts: list[int] | None = None  # top-1 drafts anchored at the last token (draft_sample(end=True))
     _top1: dict = field(default_factory=dict, repr=False)
