@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from remote_payload.errors import PayloadError
 from remote_payload.inputs.reference import forward, new_cache
@@ -77,7 +78,7 @@ class TargetSession:
         self.features: dict = {lid: [] for lid in self.layer_ids}
         self.forwards = 0
         self._last: dict = {}
-        self._pending = None  # (snapshot, block, length before verify)
+        self._pending: tuple[Any, list[int], int] | None = None  # (snapshot, block, length before verify)
         self._handles = [target.layers[lid].register_forward_hook(self._hook(lid)) for lid in self.layer_ids]
 
     def _hook(self, lid):
@@ -125,6 +126,7 @@ class TargetSession:
 
     def keep(self, kept: int) -> None:
         """Keep the first ``kept`` tokens of the last verified block in the cache, drop the rest."""
+        assert self._pending is not None, "keep() follows verify_logits()"
         snapshot, block, before = self._pending
         self._pending = None
         if kept == len(block):
@@ -155,7 +157,7 @@ def online_generate(target: Target, source, prompt_ids: list[int], max_new_token
     gen = generator(seed) if drawn else None
 
     def targets(logits) -> list[int]:  # the target's token at each row: drawn at T > 0, else its argmax
-        return sample(logits, sampling, gen) if drawn else logits.argmax(-1).tolist()
+        return sample(logits, sampling, gen) if drawn and sampling is not None else logits.argmax(-1).tolist()
 
     stop = set(target.stop_ids)
     B, P = source.block_size, len(prompt_ids)
