@@ -31,7 +31,7 @@ from remote_payload.inputs.cache import enforce_limit
 from remote_payload.inputs.datasets.load import load_datasets
 from remote_payload.inputs.features import FeatureStore, bytes_per_token, cache_path, cached_features, extract
 from remote_payload.inputs.prompts import Prompt, with_history
-from remote_payload.inputs.reference import cached_reference
+from remote_payload.inputs.reference import Reference, cached_reference
 from remote_payload.inputs.sampled_reference import cached_sampled_reference
 from remote_payload.inputs.sampling import draw_seed
 from remote_payload.models import checkpoint, kernels
@@ -108,6 +108,7 @@ def local_references(ctx: EvalContext) -> None:
     for i in range(len(ctx.prompts)):
         p = ask(ctx, i, refs.refs)
         ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
+        ref: Reference
         if s.sampled:
             draw = ctx.draws[i]
             draw.seed = draw_seed(s.seed, ids, draw.number)
@@ -179,8 +180,9 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
         part = fetch_references(
             endpoint, asked, ctx.tokenizer, enable_thinking=s.enable_thinking, max_tokens=s.max_new_tokens,
             stop_ids=ctx.stop_ids, cache_dir=ctx.cache_dir, strict_roundtrip=s.reference_strict_roundtrip,
-            on_sample=lambda d, t, r, done=done: progress.progress("reference", done + d, len(ctx.prompts),
-                                                                   unit="samples", message=r.sample_id),
+            # mypy cannot infer a lambda with a default argument (done, bound per wave)
+            on_sample=lambda d, t, r, done=done: progress.progress(  # type: ignore[misc]
+                "reference", done + d, len(ctx.prompts), unit="samples", message=r.sample_id),
             warn=ctx.warn, sampled=sampled)
         for i, ref in zip(wave, part.samples, strict=True):
             found[i] = ref
@@ -188,6 +190,7 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
                 ctx.draws[i].seed = ref.seed
         batch = part if batch is None else replace(batch, samples=batch.samples + part.samples,
                                                    requests=batch.requests + part.requests)
+    assert batch is not None  # a run has prompts, so at least one wave
     batch = replace(batch, samples=[found[i] for i in range(len(ctx.prompts))])
     refs = [r.to_reference() for r in batch.samples]
     ctx.references = References(refs=refs, batch=batch, tokens=sum(len(r.continuation) for r in refs if not r.cached),
