@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from remote_payload.errors import PayloadError
 
@@ -134,7 +135,7 @@ class Worker:
         self.settings, self.dir, self.progress = settings, worker_dir, progress
         self.drafter_root, self.jobs_root, self.idle_exit = drafter_root, jobs_root, idle_exit
         self.inbox = worker_dir / "inbox"
-        self.state = {"pid": os.getpid(), "state": "loading", "started": time.time(), "served": 0}
+        self.state: dict[str, Any] = {"pid": os.getpid(), "state": "loading", "started": time.time(), "served": 0}
         self._stop = threading.Event()
 
     def _beat(self) -> None:
@@ -184,7 +185,8 @@ class Worker:
         else:
             stages.local_references(ctx)
         stages.run_checks(ctx)
-        self.base = {"warnings": list(ctx.warnings), "findings": list(ctx.findings), "timings": dict(ctx.timings)}
+        self.base: dict[str, Any] = {"warnings": list(ctx.warnings), "findings": list(ctx.findings),
+                                     "timings": dict(ctx.timings)}
         self.layers: tuple | None = None
         return ctx
 
