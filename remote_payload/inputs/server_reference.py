@@ -139,7 +139,7 @@ def roundtrip_check(tokenizer, text: str, server_ids: Sequence[int], stop_ids: S
     server = [int(i) for i in server_ids]
     ours = retokenize(tokenizer, text)
     stops = set(int(i) for i in stop_ids)
-    result = {"checked": True, "ok": True, "first_difference": None, "server_tokens": len(server),
+    result: dict[str, Any] = {"checked": True, "ok": True, "first_difference": None, "server_tokens": len(server),
               "retokenized_tokens": len(ours), "detail": None}
     if server == ours:
         return result
@@ -386,7 +386,7 @@ class _Fetch:
                 ref = self.derive(job, hit["raw"]) if hit else None
             except ValueError:
                 ref = None
-            if ref is None:
+            if ref is None or hit is None:
                 pending.append(job)
             else:
                 self.record(job, ref, hit["seconds"], True)
