@@ -214,7 +214,8 @@ def _tree_params(d: dict) -> dict | None:
 
 
 def _merge_samples(parts) -> list[dict]:
-    samples, where = [], {}
+    samples: list[dict] = []
+    where: dict[int, int] = {}  # prompt index -> the part holding it
     for i, (r, lines) in enumerate(parts):
         for line in lines:
             idx = line.get("index")
@@ -320,7 +321,7 @@ def _merge_online(per_sample: list) -> dict:
 def _merge_sampled_online(samples: list[dict], name: str, chain: list, conventions: dict | None) -> dict:
     """The T > 0 online check over all parts' draws, recomputed from each line's offline and online τ."""
     entries = [(line.get("drafters") or {}).get(name) or {} for line in samples]
-    online = [e.get("online") if isinstance(e.get("online"), dict) else {} for e in entries]
+    online = [o if isinstance(o, dict) else {} for o in (e.get("online") for e in entries)]
     zlab = [_mean_produced(((e.get("conventions") or {}).get("zlab") or {}).get("produced")) for e in entries]
     seconds = sum(o.get("seconds") or 0.0 for o in online if _real(o.get("seconds")))
     offline = [sum(r.produced for r in rs) / len(rs) if rs else None for rs in chain]
