@@ -67,6 +67,7 @@ def sample_tau(rounds: Sequence[Round]) -> float | None:
 def summarize(per_sample: Sequence[Sequence[Round]], block_size: int) -> dict:
     B = block_size
     with_rounds = [rs for rs in per_sample if rs]
+    taus = [t for t in map(sample_tau, with_rounds) if t is not None]  # every one: these samples have rounds
     all_rounds = [r for rs in per_sample for r in rs]
     n = len(all_rounds)
     per_position = []
@@ -81,7 +82,7 @@ def summarize(per_sample: Sequence[Sequence[Round]], block_size: int) -> dict:
     produced = sum(r.produced for r in all_rounds)
     accepted = sum(r.accepted for r in all_rounds)
     return {
-        "tau_macro": (sum(sample_tau(rs) for rs in with_rounds) / len(with_rounds)) if with_rounds else None,
+        "tau_macro": (sum(taus) / len(taus)) if taus else None,
         "tau_micro": produced / n if n else None,
         "mean_accepted": accepted / n if n else None,
         "rounds": n,
