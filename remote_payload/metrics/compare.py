@@ -21,7 +21,7 @@ are not trusted.
 from __future__ import annotations
 
 from operator import add
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from remote_payload.errors import PayloadError
 from remote_payload.metrics.chain import sample_tau
@@ -108,6 +108,12 @@ def _verdict(a: str, b: str, tau_ci, ddtree_ci, k) -> str:
     return text
 
 
+def _gain(a: float | None, b: float | None) -> float:
+    """b - a on a sample both drafters measured (the only ones _pair uses)."""
+    assert a is not None and b is not None
+    return b - a
+
+
 def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed: int,
           clusters: list[int] | None = None) -> dict:
     used = [i for i in range(len(da.tau)) if da.tau[i] is not None and db.tau[i] is not None]
@@ -117,8 +123,8 @@ def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed
     have_tree = n > 0 and len(tree_k) == 1 and all(
         da.tree_tau[i] is not None and db.tree_tau[i] is not None for i in used)
     # One row of additive per-sample figures; a resample's statistics are ratios of its column sums.
-    rows = [[db.tau[i] - da.tau[i], da.produced[i], da.rounds[i], db.produced[i], db.rounds[i],
-             (db.tree_tau[i] - da.tree_tau[i]) if have_tree else 0.0,
+    rows = [[_gain(da.tau[i], db.tau[i]), da.produced[i], da.rounds[i], db.produced[i], db.rounds[i],
+             _gain(da.tree_tau[i], db.tree_tau[i]) if have_tree else 0.0,
              *da.hits[i][:P], *da.eligible[i][:P], *db.hits[i][:P], *db.eligible[i][:P]] for i in used]
     counts = [1] * len(rows)
     if clusters is not None:  # T > 0: a prompt's draws resampled together (their sums, and how many)
@@ -193,10 +199,11 @@ def compare_drafters(sample_lines: Sequence[dict], drafter_names: Sequence[str] 
     base = names[0]
     clusters = clusters_of(sample_lines)
     grouped = len(set(clusters)) < len(clusters)  # draws at T > 0 (a greedy run's lines are their own clusters)
-    out = {"baseline": base, "drafters": names, "confidence": confidence, "resamples": resamples, "seed": seed,
-           "pairs": [_pair(per[base], per[b], resamples=resamples, confidence=confidence, seed=seed,
-                           clusters=clusters if grouped else None) for b in names[1:]],
-           "definition": _definition(resamples, confidence, seed)}
+    out: dict[str, Any] = {
+        "baseline": base, "drafters": names, "confidence": confidence, "resamples": resamples, "seed": seed,
+        "pairs": [_pair(per[base], per[b], resamples=resamples, confidence=confidence, seed=seed,
+                        clusters=clusters if grouped else None) for b in names[1:]],
+        "definition": _definition(resamples, confidence, seed)}
     if grouped:
         out["definition"] += (" At T > 0: the samples are draws, every drafter measured on the same draws (paired by "
                               "prompt and seed); a resample draws prompts and keeps each one's draws together.")
