@@ -100,7 +100,8 @@ def _line_row(line: dict, name: str, P: int, block_size: int) -> list[float]:
         row += [z or 0.0, 1.0 if z is not None else 0.0, float(sum(r.accepted for r in v)), float(len(v))]
     else:
         row += [0.0, 0.0, 0.0, 0.0]
-    tree = entry.get("tree") if isinstance(entry.get("tree"), dict) else {}
+    found_tree = entry.get("tree")
+    tree = found_tree if isinstance(found_tree, dict) else {}
     for kind in ("topk", "budgeted"):
         rec = tree.get(kind)
         t = _mean_tau(rounds_from_entry(rec, pt, ct, f"{where}, tree.{kind}")) if isinstance(rec, dict) else None
@@ -283,7 +284,7 @@ def sampled_engine_agreement(offline_accepted: Sequence[Sequence[int]], engine: 
     eng_rate = eng["drafts_accepted"] / eng["rounds"] if eng["rounds"] else 0.0
     greedy_rate = greedy["drafts_accepted"] / greedy["rounds"] if greedy and greedy.get("rounds") else 0.0
     collapsed = test["agree"] is False and off_rate > 0 and eng_rate <= COLLAPSE * off_rate
-    if collapsed and greedy_rate > max(COLLAPSE * off_rate, 10 * eng_rate):
+    if collapsed and greedy and greedy_rate > max(COLLAPSE * off_rate, 10 * eng_rate):
         why = CPU_LIMITATION if device == "cpu" and title == "vLLM" else (
             f"{title}'s rejection sampler rejects (nearly) every draft at T > 0 on this host")
         out["limitation"] = {
