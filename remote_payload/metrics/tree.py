@@ -135,7 +135,7 @@ def build_budgeted_tree(depth_ids: Sequence[Sequence[int]], depth_logprobs: Sequ
     D = len(depth_ids)
     if budget <= 0 or D == 0 or K <= 0:
         return tree
-    heap = [(-depth_logprobs[0][0], (0,), 0)]  # (−score, ranks, parent node)
+    heap: list[tuple[float, tuple[int, ...], int]] = [(-depth_logprobs[0][0], (0,), 0)]  # (−score, ranks, parent node)
     while heap and len(tree) < budget:
         neg, ranks, parent = heapq.heappop(heap)
         score, d, r = -neg, len(ranks) - 1, ranks[-1]
