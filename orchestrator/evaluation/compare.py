@@ -39,7 +39,8 @@ def _line_tau(s: dict, drafter: str, convention: str) -> float | None:
         return _real(entry.get("tau"))
     produced = _obj(_obj(entry.get("conventions")).get(convention)).get("produced")
     values = [_real(x) for x in produced] if isinstance(produced, list) else []
-    return sum(values) / len(values) if values and None not in values else None  # type: ignore[arg-type]
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known and len(known) == len(values) else None
 
 
 def _draws_note(ra: dict, rb: dict, sa: list[dict], sb: list[dict]) -> list[str]:
