@@ -41,6 +41,7 @@ def with_eval_options(command: str) -> Callable:
             context = next((v for v in kwargs.values() if hasattr(v, "get_parameter_source")), None)
             return func(**kwargs, options=with_suite_defaults(values, context))
 
+        # inspect.signature (and so typer) reads __signature__; mypy's function type does not declare it.
         command_func.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
         command_func.__annotations__ = {p.name: p.annotation for p in params}
         return command_func

@@ -43,7 +43,8 @@ def check_name(rel: object, *, host: str, what: str = "file name") -> str:
     if problem is not None:
         raise HostError(host, f"refused {what} {rel!r} from the host: {problem}",
                         hint="a host answered a name that would leave its folder; treat that host as compromised")
-    return rel  # type: ignore[return-value]
+    assert isinstance(rel, str)  # name_problem refuses anything else
+    return rel
 
 
 def confine(root: str | os.PathLike, rel: object, *, host: str, what: str = "file name") -> Path:

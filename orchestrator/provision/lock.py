@@ -22,7 +22,8 @@ PAYLOAD_DIR = Path(__file__).resolve().parents[2] / "remote_payload"
 try:  # `packaging` comes with pip, which the wheelhouse needs anyway
     from packaging.markers import InvalidMarker, Marker
 except ImportError:  # pragma: no cover - only without a standalone packaging
-    from pip._vendor.packaging.markers import InvalidMarker, Marker  # type: ignore
+    # The same classes, vendored: mypy sees pip's copy as other types than packaging's.
+    from pip._vendor.packaging.markers import InvalidMarker, Marker  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,7 @@ class ProgressView:
         extra = " ".join(x for x in (
             f"{st.tokens_per_s:.1f} tok/s" if st.tokens_per_s is not None else "", st.message or "") if x)
         if name not in self._tasks:
+            # rich's add_task annotates completed as int; its Task and Progress.update hold a float.
             self._tasks[name] = self._progress.add_task(name, total=st.total, completed=st.done,  # type: ignore[arg-type]
                                                         unit=st.unit or "", extra=extra)
         else:

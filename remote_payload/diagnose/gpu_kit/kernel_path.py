@@ -106,7 +106,7 @@ def evaluate(spec, weights, samples, feats, tb, tf) -> tuple[dict, dict]:
             drafts = [draft_sample(rt, f[key], r.tokens, len(r.prompt_ids))
                       for r, f in zip(samples, feats, strict=True)]
             rounds[row] = [replay(d) for d in drafts]
-            top1[row] = torch.cat([d.topk_ids[..., 0].reshape(-1) for d in drafts])  # type: ignore[index]
+            top1[row] = torch.cat([d.topk_ids[..., 0].reshape(-1) for d in drafts])
     # Top-1 drafts (every anchor, every depth) that differ from (a)'s: more sensitive than τ.
     flips = {row: float((ids != top1["a"]).float().mean()) for row, ids in top1.items()}
     return rounds, flips
