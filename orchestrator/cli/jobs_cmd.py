@@ -6,6 +6,7 @@ is searched for on every host, an id prefix is enough when unique, and ``HOST:la
 
 from __future__ import annotations
 
+import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
@@ -18,16 +19,20 @@ from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
 from orchestrator.jobs.operation import (
     DEFAULT_LOCK,
+    CancelPlan,
     JobStatus,
+    LaunchPlan,
     cancel_job,
     default_pull_dest,
     follow_job,
     job_status,
-    launch_job,
     list_jobs,
     locate_job,
+    plan_cancel,
+    plan_launch,
     poll_job,
     pull_results,
+    start_job,
 )
 from orchestrator.transport import for_each_host
 from orchestrator.ui.progress_view import ProgressView
@@ -96,6 +101,8 @@ def run_cmd(
     force: bool = typer.Option(False, "--force", help="Run although another live job holds the lock."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the log until the job ends."),
     json_out: bool = typer.Option(False, "--json", help="Print the job as JSON (not with --follow)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run (host, command, folders, lock, "
+                                 "environment keys); start nothing and connect to no host."),
 ) -> None:
     """Start COMMAND detached on a host; prints the job reference at once.
 
@@ -111,8 +118,12 @@ def run_cmd(
         if not sep or not key:
             raise InputError(f"--env expects KEY=VALUE, got {item!r}")
         extra[key] = value
-    handle = launch_job(app_ctx.connector, host, command, env=extra, cwd=cwd, job_name=name, force=force,
-                        lock=lock or None)
+    plan = plan_launch(app_ctx.connector, host, command, env=extra, cwd=cwd, job_name=name, force=force,
+                       lock=lock or None)
+    if dry_run:
+        _print_launch_plan(app_ctx, plan, json_out)
+        return
+    handle = start_job(app_ctx.connector, plan)
     for notice in handle.notices:
         app_ctx.err.print(Text(f"{host}: {notice}", style="yellow"))
     if json_out and not follow:
@@ -124,6 +135,22 @@ def run_cmd(
         _report_end(app_ctx, st)
     else:
         app_ctx.err.print(Text(f"follow: dfo jobs logs {handle.ref} -f", style="dim"))
+
+
+def _print_launch_plan(app_ctx: AppContext, plan: LaunchPlan, json_out: bool) -> None:
+    if json_out:
+        app_ctx.print_json({"dry_run": True, **plan.as_dict()})
+        return
+    out = app_ctx.out
+    out.print(Text.assemble(("dry run", "bold"), f": would start on {plan.host}; nothing started, no host contacted"))
+    lock = (f"{plan.lock} (" + ("--force: runs although a live job holds it" if plan.force else
+                               "a live job holding it on the host refuses the launch") + ")") if plan.lock else "none"
+    rows = [("job", f"{plan.ref}  (the id is new at each launch)"), ("name", plan.job_name or ""),
+            ("command", shlex.join(plan.argv)), ("directory", plan.job_dir), ("cwd", plan.cwd), ("lock", lock),
+            ("env", ", ".join(sorted(plan.env)) + "  (keys only)")]
+    for key, value in rows:
+        if value:
+            out.print(Text(f"  {key:10} {value}"), highlight=False)
 
 
 @jobs_app.command("list")
@@ -253,10 +280,15 @@ def cancel_cmd(
     host: Optional[str] = HOST_OPT,
     grace: float = typer.Option(5.0, "--grace", metavar="SECONDS", min=0, help="Seconds between SIGTERM and SIGKILL."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the job's state and the processes a cancel would "
+                                 "signal; signal nothing (the host is asked, nothing on it changes)."),
 ) -> None:
     """Stop a job: SIGTERM to its whole process group, SIGKILL after --grace seconds."""
     app_ctx: AppContext = ctx.obj
     h, job_id = locate_job(app_ctx.connector, job, host)
+    if dry_run:
+        _print_cancel_plan(app_ctx, plan_cancel(app_ctx.connector, h, job_id, grace=grace), json_out)
+        return
     before = job_status(app_ctx.connector, h, job_id, tail=0)
     st = cancel_job(app_ctx.connector, h, job_id, grace=grace)
     if json_out:
@@ -266,6 +298,25 @@ def cancel_cmd(
         app_ctx.out.print(Text.assemble(f"{st.ref}: already ", _state(st), "; nothing to cancel"))
     else:
         app_ctx.out.print(Text.assemble(f"{st.ref}: ", _state(st)))
+
+
+def _print_cancel_plan(app_ctx: AppContext, plan: CancelPlan, json_out: bool) -> None:
+    if json_out:
+        app_ctx.print_json({"dry_run": True, **plan.as_dict()})
+        return
+    out, st = app_ctx.out, plan.status
+    if not plan.would_signal:
+        out.print(Text.assemble(("dry run", "bold"), f": {st.ref}: already ", _state(st), "; nothing to cancel"))
+        return
+    group = f"process group {plan.pgid}" if plan.pgid else "its process group once it has started"
+    out.print(Text.assemble(("dry run", "bold"), f": {st.ref}: ", _state(st), f"; a cancel would send SIGTERM to "
+                            f"{group}, then SIGKILL after {plan.grace:g} s" + (f", and release lock {st.lock!r}"
+                                                                               if st.lock else "")
+                            + "; nothing signalled"))
+    if plan.processes is None:
+        out.print(Text("  (the host cannot list the group's processes: no /proc)", style="dim"))
+    for pid, argv in plan.processes or []:
+        out.print(Text(f"  {pid:>8}  {shlex.join(argv)}"), highlight=False)
 
 
 @jobs_app.command("pull")

@@ -398,6 +398,34 @@ def cancel(workdir, job_id, grace=5.0):
 
 
 
+def _group_members(pgid):
+    """[{pid, command}] of the processes in process group PGID, from /proc; None where there is no /proc."""
+    if not os.path.isdir("/proc"):
+        return None
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                stat = fh.read().decode("utf-8", "replace")
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:  # fields after "(comm)": state ppid pgrp
+                continue
+            with open("/proc/%s/cmdline" % name, "rb") as fh:
+                argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+        out.append({"pid": int(name), "command": argv or ["[" + stat[stat.find("(") + 1:stat.rfind(")")] + "]"]})
+    return sorted(out, key=lambda p: p["pid"])
+
+
+def cancel_preview(workdir, job_id):
+    """What ``cancel`` would signal, changing nothing: the job's state and the processes of its group."""
+    info = status(workdir, job_id, tail=0)
+    pgid = (_read_json(os.path.join(_job_dir(workdir, job_id), "pid.json")) or {}).get("pgid")
+    live = info["state"] in ("starting", "running") and isinstance(pgid, int) and pgid > 0
+    return {"job": info, "pgid": pgid if live else None, "processes": _group_members(pgid) if live else []}
+
 def results(workdir, job_id):
     """sha256 and size of every file under the job's results folder (what `pull` must reproduce)."""
     job_dir = _job_dir(workdir, job_id)

@@ -4,8 +4,10 @@ Public API (every function takes the Connector and an inventory host name, so a 
 be reopened; the host side lives in jobs/host_script.py, where the job-directory layout is
 documented):
 
-    launch_job(connector, host, argv, *, env=None, cwd=None, job_name=None, force=False, lock="gpu",
-               job_id=None) -> JobHandle
+    plan_launch(connector, host, argv, *, env=None, cwd=None, job_name=None, force=False, lock="gpu",
+                job_id=None) -> LaunchPlan      (pure: checks the inputs, connects to nothing; `jobs run --dry-run`)
+    start_job(connector, plan) -> JobHandle
+    launch_job(connector, host, argv, …same…) -> JobHandle   (plan_launch, then start_job)
         Start ``argv`` detached (`setsid nohup … >log 2>&1 </dev/null &` around a small supervisor) in
         ``<workdir>/jobs/<job id>/`` and return at once. The command gets ``DFO_RESULTS_DIR`` (its
         ``results/`` folder), ``DFO_JOB_ID``, ``DFO_JOB_DIR``; the argv placeholders ``{results}``,
@@ -19,6 +21,7 @@ documented):
         Stream the log until the job ends (progress lines rendered by the events' job output), reconnecting when
         the SSH connection drops. Works just as well after the launching controller died (reattach).
     cancel_job(connector, host, job_id, *, grace=5.0) -> JobStatus   (SIGTERM the process group, then SIGKILL)
+    plan_cancel(connector, host, job_id, *, grace=5.0) -> CancelPlan  (what cancel would signal; changes nothing)
     pull_results(connector, host, job_id, dest, *, force=False, allow_running=False) -> PullResult
         Copy ``results/`` into ``dest`` through a temporary sibling folder, check every sha256 against the
         host's, then rename: ``dest`` is either complete and verified or absent.
@@ -168,6 +171,57 @@ def _call(connector: Connector, host: str, func: str, *, call_timeout: float | N
 # ------------------------------------------------------------------------------------ launch
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a launch would start, decided from the inventory and the request alone (no host asked)."""
+    host: str
+    job_id: str
+    job_dir: str
+    argv: list[str]               # placeholders replaced
+    cwd: str
+    lock: str | None
+    force: bool
+    job_name: str | None
+    env: dict[str, str] = field(repr=False)  # values may be secrets: never printed, only their keys
+
+    @property
+    def ref(self) -> str:
+        return f"{self.host}:{self.job_id}"
+
+    def as_dict(self) -> dict:
+        return {"host": self.host, "job_id": self.job_id, "ref": self.ref, "job_dir": self.job_dir,
+                "argv": self.argv, "cwd": self.cwd, "lock": self.lock, "force": self.force, "name": self.job_name,
+                "env_keys": sorted(self.env)}
+
+
+def plan_launch(
+    connector: Connector,
+    host: str,
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    job_name: str | None = None,
+    force: bool = False,
+    lock: str | None = DEFAULT_LOCK,
+    job_id: str | None = None,
+) -> LaunchPlan:
+    """The launch of ``argv`` on ``host``, every input checked (the host, the lock name, the inventory's
+    ``${VAR}`` references); connects to nothing. A new job id unless ``job_id`` is given."""
+    if not argv:
+        raise InputError("no command to run")
+    check_lock_name(lock)
+    inv_host = _host(connector, host)
+    job_id = job_id or new_job_id()
+    job_dir = posixpath.join(inv_host.workdir, "jobs", job_id)
+    results = posixpath.join(job_dir, "results")
+    values = {"results": results, "job_dir": job_dir, "job_id": job_id}
+    full_env = {**connector.inventory.host_env(host), **(env or {}), "DFO_RESULTS_DIR": results, "DFO_JOB_ID": job_id,
+                "DFO_JOB_DIR": job_dir, "PYTHONUNBUFFERED": "1"}
+    return LaunchPlan(host, job_id, job_dir, substitute(argv, values), cwd or inv_host.workdir, lock, force, job_name,
+                      full_env)
+
+
 def launch_job(
     connector: Connector,
     host: str,
@@ -181,24 +235,23 @@ def launch_job(
     job_id: str | None = None,
     heartbeat_s: float = 5.0,
 ) -> JobHandle:
-    if not argv:
-        raise InputError("no command to run")
-    check_lock_name(lock)
-    inv_host = _host(connector, host)
-    job_id = job_id or new_job_id()
-    job_dir = posixpath.join(inv_host.workdir, "jobs", job_id)
-    results = posixpath.join(job_dir, "results")
-    values = {"results": results, "job_dir": job_dir, "job_id": job_id}
-    full_env = {**connector.inventory.host_env(host), **(env or {}), "DFO_RESULTS_DIR": results, "DFO_JOB_ID": job_id,
-                "DFO_JOB_DIR": job_dir, "PYTHONUNBUFFERED": "1"}
+    plan = plan_launch(connector, host, argv, env=env, cwd=cwd, job_name=job_name, force=force, lock=lock,
+                       job_id=job_id)
+    return start_job(connector, plan, heartbeat_s=heartbeat_s)
+
+
+def start_job(connector: Connector, plan: LaunchPlan, *, heartbeat_s: float = 5.0) -> JobHandle:
+    """Start what ``plan_launch`` planned (under the host lock; the job lock is taken on the host)."""
+    host = plan.host
     with host_lock(connector, host, "launch a job") as lock_notices:  # not while another dfo deploys/provisions
-        res = _call(connector, host, "launch", workdir=inv_host.workdir, job_id=job_id,
-                    argv=substitute(argv, values), env=full_env, cwd=cwd, job_name=job_name, lock=lock, force=force,
-                    supervisor_source=hostcall.program_source(HOST_SCRIPT), heartbeat_s=heartbeat_s)
+        res = _call(connector, host, "launch", workdir=_host(connector, host).workdir, job_id=plan.job_id,
+                    argv=plan.argv, env=plan.env, cwd=plan.cwd, job_name=plan.job_name, lock=plan.lock,
+                    force=plan.force, supervisor_source=hostcall.program_source(HOST_SCRIPT), heartbeat_s=heartbeat_s)
     launched = replies.Launched.from_host(host, res)
     if not launched.ok:
-        raise JobRefused(host, launched.refused, lock or "")
-    return JobHandle(host, job_id, job_dir, job_name, notices=lock_notices + launched.notices, status=launched.job)
+        raise JobRefused(host, launched.refused, plan.lock or "")
+    return JobHandle(host, plan.job_id, plan.job_dir, plan.job_name, notices=lock_notices + launched.notices,
+                     status=launched.job)
 
 
 # ------------------------------------------------------------------------------ inspection
@@ -324,6 +377,32 @@ def cancel_job(connector: Connector, host: str, job_id: str, *, grace: float = 5
                         hint="check the host with ps -g <pgid>")
     return status
 
+
+@dataclass(frozen=True)
+class CancelPlan:
+    """What ``cancel_job`` would do to a job now: nothing when it has ended, else SIGTERM to its process
+    group (the processes listed), SIGKILL after ``grace`` seconds, and its lock released."""
+    status: JobStatus
+    pgid: int | None
+    processes: list[tuple[int, list[str]]] | None   # None: the host could not list them
+    grace: float
+
+    @property
+    def would_signal(self) -> bool:
+        return not self.status.done
+
+    def as_dict(self) -> dict:
+        return {"ref": self.status.ref, "state": self.status.state, "would_signal": self.would_signal,
+                "pgid": self.pgid, "grace_s": self.grace, "lock": self.status.lock,
+                "processes": None if self.processes is None else [{"pid": pid, "command": argv}
+                                                                  for pid, argv in self.processes]}
+
+
+def plan_cancel(connector: Connector, host: str, job_id: str, *, grace: float = 5.0) -> CancelPlan:
+    """What cancelling the job would signal, read from the host without changing anything there."""
+    preview = replies.CancelPreview.from_host(host, _call(connector, host, "cancel_preview",
+                                                          workdir=_host(connector, host).workdir, job_id=job_id))
+    return CancelPlan(preview.job, preview.pgid, preview.processes, grace)
 
 def lock_status(connector: Connector, host: str, lock: str = DEFAULT_LOCK) -> dict:
     check_lock_name(lock)
@@ -469,7 +548,8 @@ def default_pull_dest(host: str, job_id: str, root: str | os.PathLike = "runs") 
 
 
 __all__ = [
-    "FINAL_STATES", "JobHandle", "JobRefused", "JobStatus", "PullResult", "cancel_job", "default_pull_dest",
-    "follow_job", "job_status", "launch_job", "list_jobs", "locate_job", "lock_status", "new_job_id",
-    "parse_job_ref", "poll_job", "pull_results", "resolve_job", "substitute",
+    "FINAL_STATES", "CancelPlan", "JobHandle", "JobRefused", "JobStatus", "LaunchPlan", "PullResult", "cancel_job",
+    "default_pull_dest", "follow_job", "job_status", "launch_job", "list_jobs", "locate_job", "lock_status",
+    "new_job_id", "parse_job_ref", "plan_cancel", "plan_launch", "poll_job", "pull_results", "resolve_job",
+    "start_job", "substitute",
 ]

@@ -207,6 +207,30 @@ def cancelled(host: str, reply: object) -> tuple[JobStatus, bool]:
     return JobStatus.from_host(host, reply.get("job")), alive
 
 
+@dataclass(frozen=True)
+class CancelPreview:
+    """``cancel_preview``'s answer: the job, and the process group a cancel would signal (none when the job is
+    not running; ``processes`` None when the host cannot list them)."""
+    job: JobStatus
+    pgid: int | None
+    processes: list[tuple[int, list[str]]] | None
+
+    @classmethod
+    def from_host(cls, host: str, reply: object) -> "CancelPreview":
+        reply = _object(host, "the cancel preview", reply)
+        members = reply.get("processes")
+        processes: list[tuple[int, list[str]]] | None = None
+        if members is not None:
+            if not isinstance(members, list):
+                raise malformed(host, "the job's processes", members)
+            processes = []
+            for member in members:
+                member = _object(host, "a process of the job", member)
+                pid = _int(host, "a process id", member.get("pid"), optional=False, minimum=1)
+                processes.append((pid or 0, _strings(host, "a process command", member.get("command"))))
+        return cls(JobStatus.from_host(host, reply.get("job")),
+                   _int(host, "the process group", reply.get("pgid"), minimum=1), processes)
+
 def results_listing(host: str, reply: object) -> tuple[JobStatus, Any]:
     """(status, the raw manifest: ``operation._checked_manifest`` checks its names, sizes and digests)."""
     reply = _object(host, "the results reply", reply)
