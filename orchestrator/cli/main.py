@@ -26,8 +26,8 @@ app = typer.Typer(
     name="dfo",
     help="Run and verify the DFlash drafter evaluation loop across SSH hosts.\n\n"
     "Hosts come from inventory.yaml (see `dfo inventory show`). Commands that plan before they change a host "
-    "(deploy, relay-checkpoint, provision, eval, watch) have --dry-run; commands whose output feeds scripts have "
-    "--json. --force always means: do it although a safety check refused (a held lock, different results at the "
+    "(deploy, relay-checkpoint, provision, eval, watch, jobs run, jobs cancel) have --dry-run; commands whose "
+    "output feeds scripts have --json. --force always means: do it although a safety check refused (a held lock, different results at the "
     "destination, a host others jump through).",
     epilog="Environment: DFO_INVENTORY (--inventory), DFO_CONNECT_TIMEOUT (--connect-timeout), DFO_RUNS_DIR "
     "(--runs-dir), DFO_DEBUG=1 (tracebacks). Exit codes: 0 done, 1 an operation failed, 2 bad input, "
