@@ -1,8 +1,8 @@
 """Fixtures for the fla-path tests: the separate fla venv, the tiny fixture target, a payload runner.
 
 The payload runs in a subprocess with the fla venv's python and the CPU shim active (bootstrap.py); this
-process (the test venv) never imports fla or triton. The venv is built once (seconds from uv's cache, minutes from PyPI) and
-reused; see fla_env.py.
+process (the test venv) never imports fla or triton. The venv is built once (seconds from uv's cache,
+minutes from PyPI) and reused; see fla_env.py.
 """
 
 from __future__ import annotations
