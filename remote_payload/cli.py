@@ -108,8 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_tools(sub)
     from remote_payload.eval.worker import add_parsers  # stdlib at import: --help stays light
+    from remote_payload.models import strip_worker
 
     add_parsers(sub, _argparse_spec)
+    strip_worker.add_parsers(sub)
     return p
 
 

@@ -1,19 +1,27 @@
 """`--strip-optimizer`: turn a training checkpoint into drafter weights on the source host, so only those
 cross the network. The payload's `strip-checkpoint` writes a folder under the host's workdir (named by
-the checkpoint's path, size and mtime); the relay then moves that folder and removes it once verified."""
+the checkpoint's path, size and mtime); the relay then moves that folder and removes it once verified.
+
+A `dfo watch` session may hand its checkpoints to a resident strip worker on the training host instead
+(orchestrator/watch/resident.py registers it with ``attach_stripper``): the same folder and record, without
+a Python + torch start per checkpoint. When the worker is not running the strip is the one-shot command."""
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import shlex
+import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from orchestrator.core.errors import HostError, InputError
 from orchestrator.relay.processes import last_lines
 from orchestrator.transport import Connector
+from remote_payload.models.strip_worker import strip_key
+from remote_payload.resident import WORKER_GONE
 
+__all__ = ["STRIP_DIR", "Stripped", "Stripper", "attach_stripper", "detach_stripper", "strip_key", "strip_on_source"]
 STRIP_DIR = "relay-strip"
 KEEP = ("source_path", "sha256", "bytes", "step", "dropped", "format")
 
@@ -25,9 +33,34 @@ class Stripped:
     note: str = ""                # dry run: what would happen
 
 
-def strip_key(path: str, size: int, mtime_ns: int) -> str:
-    """The name of PATH's stripped copy under <workdir>/relay-strip/ (a rewritten checkpoint gets another)."""
-    return hashlib.sha256(f"{path}\0{size}\0{mtime_ns}".encode()).hexdigest()[:16]
+class Stripper(Protocol):
+    """A resident strip worker on one host, as strip_on_source uses it."""
+
+    def worker_for(self, path: str) -> tuple[str, str] | None:
+        """(its interpreter, its folder) when the worker takes PATH's strip, or None: strip it one-shot."""
+
+    def gone(self, why: str) -> None:
+        """The worker stopped before it took the checkpoint (the one-shot strip follows)."""
+
+
+_STRIPPERS: "weakref.WeakKeyDictionary[Connector, dict[str, Stripper]]" = weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()
+
+
+def attach_stripper(connector: Connector, host: str, stripper: Stripper) -> None:
+    """Strips on HOST through CONNECTOR go to STRIPPER first (for as long as the connector lives)."""
+    with _GUARD:
+        _STRIPPERS.setdefault(connector, {})[host] = stripper
+
+
+def detach_stripper(connector: Connector, host: str) -> None:
+    with _GUARD:
+        (_STRIPPERS.get(connector) or {}).pop(host, None)
+
+
+def _stripper(connector: Connector, host: str) -> Stripper | None:
+    with _GUARD:
+        return (_STRIPPERS.get(connector) or {}).get(host)
 
 
 def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable: float, dry_run: bool,
@@ -49,9 +82,21 @@ def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable
     outcome = deploy(connector, [host_name], root=default_payload_root())[host_name]
     if outcome.error is not None:
         raise outcome.error
-    cmd = (f"cd {shlex.quote(payload_dir(host.workdir))} && exec {shlex.quote(python)} -m remote_payload "
-           f"strip-checkpoint {shlex.quote(path)} {shlex.quote(out_dir)}")
-    res = connector.session(host_name).run(cmd, check=False, env=connector.inventory.host_env(host_name) or None)
+    env = connector.inventory.host_env(host_name) or None
+    resident = _stripper(connector, host_name)
+    worker = resident.worker_for(path) if resident is not None else None
+    res = None
+    if worker is not None:
+        cmd = (f"cd {shlex.quote(payload_dir(host.workdir))} && exec {shlex.quote(worker[0])} -m remote_payload "
+               f"strip-handover --worker-dir {shlex.quote(worker[1])} {shlex.quote(path)} {shlex.quote(out_dir)}")
+        res = connector.session(host_name).run(cmd, check=False, env=env)
+        if res.exit_code == WORKER_GONE and resident is not None:
+            resident.gone(last_lines(res.err_text))
+            res = None
+    if res is None:
+        cmd = (f"cd {shlex.quote(payload_dir(host.workdir))} && exec {shlex.quote(python)} -m remote_payload "
+               f"strip-checkpoint {shlex.quote(path)} {shlex.quote(out_dir)}")
+        res = connector.session(host_name).run(cmd, check=False, env=env)
     if not res.ok:
         errs = [ln for ln in res.err_text.splitlines() if ln.startswith("dfo-payload error:")]
         detail = errs[-1].removeprefix("dfo-payload error:").strip() if errs else last_lines(res.err_text or res.text)

@@ -10,8 +10,9 @@ records each run's cache hits).
 
 With a resident worker (``resident``, the default where the eval allows it) the eval host keeps the target
 loaded for the whole session and each checkpoint is handed to it by a small job; without one (it cannot
-start, or it stopped) each checkpoint runs its own eval job. Each evaluated checkpoint also becomes
-TensorBoard scalars (``tensorboard``) when asked.
+start, or it stopped) each checkpoint runs its own eval job. Likewise a resident strip worker on the training
+host strips each checkpoint without a Python + torch start (else one strip process per checkpoint). Each
+evaluated checkpoint also becomes TensorBoard scalars (``tensorboard``) when asked.
 
 Restart safety: the series entry is written before each side effect (see ``series``); a restarted
 watcher reattaches to an eval job that was running and redoes an attempt that was still relaying (the
@@ -46,6 +47,7 @@ from orchestrator.evaluation.operation import follow_and_collect, preflight, sta
 from orchestrator.evaluation.plan import DrafterRef, EvalPlan, EvalRequest, hosts_used, plan_eval, relay_dir
 from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_atomic
 from orchestrator.jobs.operation import JobRefused
+from orchestrator.relay.strip import attach_stripper
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
 from orchestrator.watch import tensorboard
@@ -63,7 +65,7 @@ from orchestrator.watch.measures import (
 from orchestrator.watch.plot import write_plot
 from orchestrator.watch.probe import list_folder, remove_relayed, remove_stripped, strip_key
 from orchestrator.watch.render import series_markdown
-from orchestrator.watch.resident import Resident, worker_gone
+from orchestrator.watch.resident import Resident, ResidentStrip, worker_gone
 from orchestrator.watch.selection import Options, RoundPlan, plan_round
 from remote_payload.eval.options import WATCH, request_options
 
@@ -224,6 +226,10 @@ class Watcher:
         self._said_no_plots = False
         self.resident = Resident(connector, self.folder, cfg.runs_dir, events, idle=cfg.idle_exit,
                                  prompts_file=cfg.prompts_file) if cfg.resident else None
+        self.strip = ResidentStrip(connector, self.folder, events, host=cfg.source_host, source_root=cfg.folder,
+                                   idle=cfg.idle_exit) if cfg.resident else None
+        if self.strip is not None:
+            attach_stripper(connector, cfg.source_host, self.strip)
 
     # -- the loop
 
@@ -241,9 +247,11 @@ class Watcher:
             lock.release()
 
     def stop_worker(self) -> None:
-        """Stop the resident worker now (else it stops by itself after --worker-idle)."""
+        """Stop the resident workers now (else they stop by themselves after --worker-idle)."""
         if self.resident is not None:
             self.resident.stop()
+        if self.strip is not None:
+            self.strip.stop()
 
     def _open(self) -> None:
         cfg = self.cfg
@@ -271,6 +279,11 @@ class Watcher:
             self._reattach(e)
         for c, why in plan.waiting:
             self.events.info(f"waiting for {c.name}: {why}")
+        if plan.evaluate and self.strip is not None:
+            try:  # started now, its torch import overlaps the baselines and the first checkpoint's relay set-up
+                self.strip.ensure()
+            except DfoError as exc:
+                self.events.warn(f"no resident strip worker on {self.cfg.source_host}: {exc.message}")
         if plan.evaluate and self.cfg.request.drafters:
             self._baselines()
         for c in plan.evaluate:

@@ -11,6 +11,9 @@ id, key and interpreter are in ``worker.json`` in the series folder). The key is
 payload release: another setting or a redeployed payload starts a new worker (the old one is cancelled). It
 stops by itself after ``idle`` seconds without a drafter. When it cannot start (the GPU lock is held by
 another job) or stops under a handover (exit ``WORKER_GONE``), the watcher runs a one-off eval job instead.
+
+``ResidentStrip`` is its counterpart on the training host: a strip worker with torch imported, so the strip of
+each checkpoint costs no Python + torch start either (the same job, record and fallback machinery).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import hashlib
 import json
 import os
 import posixpath
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -35,13 +39,16 @@ from orchestrator.evaluation.operation import (
 )
 from orchestrator.evaluation.plan import EvalPlan, relay_dir
 from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
-from orchestrator.jobs.operation import JobRefused, cancel_job, job_status, launch_job, new_job_id
+from orchestrator.jobs.operation import JobHandle, JobRefused, cancel_job, job_status, launch_job, new_job_id
 from orchestrator.provision.operation import provision_hosts
-from orchestrator.transport import Connector
+from orchestrator.relay.operation import HOST_SCRIPT as RELAY_HOST_SCRIPT
+from orchestrator.relay.strip import STRIP_DIR
+from orchestrator.transport import Connector, hostcall
 from remote_payload.eval.options import ENGINES
-from remote_payload.eval.worker import TEST_EXIT_ENV, WORKER_GONE
+from remote_payload.resident import TEST_EXIT_ENV, WORKER_GONE
 
 RECORD = "worker.json"
+STRIP_RECORD = "strip-worker.json"
 UNSUPPORTED = ("--diagnose", "--online-check")  # payload arguments a worker does not serve
 
 
@@ -80,26 +87,35 @@ def handover_args(name: str, path: str, worker_dir: str, relayed_files: list[dic
     return args
 
 
-class Resident:
-    def __init__(self, connector: Connector, folder: Path, runs_dir: Path, events: Events, *, idle: float,
-                 prompts_file: Path | None = None):
-        self.connector, self.folder, self.runs_dir, self.events = connector, folder, runs_dir, events
-        self.idle, self.prompts_file = idle, prompts_file
+class _ResidentJob:
+    """A resident worker's detached job as the watcher knows it: its record in the series folder (host, job id
+    and folder, key, interpreter), whether it runs, and stopping it."""
+
+    def __init__(self, connector: Connector, folder: Path, events: Events, record: str):
+        self.connector, self.folder, self.events, self.record_file = connector, folder, events, folder / record
         self.record: dict | None = self._read()
         self._checked = False  # this process saw the worker's job run (and deployed, to know the release)
-        self.disabled: str | None = None  # why this process runs one-off jobs from now on
+        self.disabled: str | None = None  # why this process does without the worker from now on
 
     def _read(self) -> dict | None:
         try:
-            doc = json.loads((self.folder / RECORD).read_text(encoding="utf-8"))
+            doc = json.loads(self.record_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return doc if isinstance(doc, dict) and all(isinstance(doc.get(k), str) for k in
                                                     ("host", "job_id", "job_dir", "key", "python")) else None
 
+    def _remember(self, host: str, handle: JobHandle, key: str, python: str) -> None:
+        for notice in handle.notices:
+            self.events.warn(f"  {notice}")
+        self.record = {"host": host, "job_id": handle.job_id, "job_dir": handle.job_dir, "key": key,
+                       "python": python}
+        write_json_atomic(self.record_file, self.record)
+        self._checked = True
+
     def _forget(self) -> None:
         self.record, self._checked = None, False
-        (self.folder / RECORD).unlink(missing_ok=True)
+        self.record_file.unlink(missing_ok=True)
 
     def running(self) -> bool:
         """The worker's job runs (one look at the host)."""
@@ -110,6 +126,23 @@ class Resident:
                 ("starting", "running")
         except DfoError:
             return False
+
+    def stop(self) -> None:
+        """Cancel the worker's job (nothing when none is recorded)."""
+        if self.record is None:
+            return
+        try:
+            cancel_job(self.connector, self.record["host"], self.record["job_id"])
+        except DfoError as exc:
+            self.events.warn(f"could not stop the resident worker {self.record['job_id']}: {exc.message}")
+        self._forget()
+
+
+class Resident(_ResidentJob):
+    def __init__(self, connector: Connector, folder: Path, runs_dir: Path, events: Events, *, idle: float,
+                 prompts_file: Path | None = None):
+        super().__init__(connector, folder, events, RECORD)
+        self.runs_dir, self.idle, self.prompts_file = runs_dir, idle, prompts_file
 
     def ensure(self, stand_in: EvalPlan) -> bool:
         """A worker serves STAND_IN's settings (started now when none runs); False: use one-off jobs this time."""
@@ -158,16 +191,12 @@ class Resident:
         try:
             handle = launch_job(self.connector, host, [python, "-m", "remote_payload", *args],
                                 cwd=payload_dir(self.connector.inventory.hosts[host].workdir),
-                                job_name="dfo watch resident eval worker", job_id=new_job_id(), env=_test_env())
+                                job_name="dfo watch resident eval worker", job_id=new_job_id(),
+                                env=_test_env("worker-"))
         except JobRefused as exc:
             self.events.warn(f"no resident worker: {exc.message}; one eval job per checkpoint meanwhile")
             return False
-        for notice in handle.notices:
-            self.events.warn(f"  {notice}")
-        self.record = {"host": host, "job_id": handle.job_id, "job_dir": handle.job_dir, "key": key,
-                       "python": python}
-        write_json_atomic(self.folder / RECORD, self.record)
-        self._checked = True
+        self._remember(host, handle, key, python)
         self.events.step(f"resident eval worker {host}:{handle.job_id} started (target, references and features "
                          f"loaded once; stops after {self.idle:g}s without a checkpoint)", tag="watch")
         return True
@@ -194,21 +223,82 @@ class Resident:
                              "argv": argv, "state": "running"}}, status="running")
         return run
 
-    def stop(self) -> None:
-        """Cancel the worker's job (nothing when none is recorded)."""
-        if self.record is None:
-            return
+class ResidentStrip(_ResidentJob):
+    """The resident strip worker of a watch session: one job on the training host with torch imported, that
+    strips each checkpoint the watcher relays (remote_payload/models/strip_worker.py is the host side).
+
+    Registered with the relay's strip (orchestrator/relay/strip.py ``attach_stripper``): a checkpoint inside
+    the watched folder is handed to it by a small ``strip-handover`` command over SSH (no torch start); when
+    it is not running, or stops under a handover, the one-shot ``strip-checkpoint`` runs. It holds no lock
+    (the training host's GPU is the trainer's), outlives a watcher that dies (``strip-worker.json`` in the
+    series folder; a restarted watcher reuses it), is replaced when the deployed payload changes and stops
+    after ``idle`` seconds without a checkpoint."""
+
+    def __init__(self, connector: Connector, folder: Path, events: Events, *, host: str, source_root: str,
+                 idle: float):
+        super().__init__(connector, folder, events, STRIP_RECORD)
+        self.host, self.source_root, self.idle = host, source_root.rstrip("/") or "/", idle
+        self.used = 0.0  # when this process last handed it a checkpoint or saw it run (monotonic)
+
+    def ensure(self) -> bool:
+        """The worker runs (started now when none does, or it may have idled out); False: strip one-shot."""
+        if self.disabled:
+            return False
+        if self._checked and self.record is not None and time.monotonic() - self.used < self.idle / 2:
+            return True
+        inv_host = self.connector.inventory.hosts[self.host]
+        deployed = deploy(self.connector, [self.host], root=default_payload_root(), events=self.events)
+        raise_failures("deploy", deployed)
+        python = hostcall.call(self.connector.session(self.host), RELAY_HOST_SCRIPT, "python_for",
+                               python=inv_host.python, venv=inv_host.venv, fallback=inv_host.python)["python"]
+        args = strip_worker_args(self.source_root, posixpath.join(inv_host.workdir, STRIP_DIR), self.idle)
+        key = hashlib.sha256(json.dumps([self.host, args, python, deployed[self.host].result.release])
+                             .encode()).hexdigest()[:16]
+        if self.record is not None and self.record["key"] == key and self.running():
+            self._checked, self.used = True, time.monotonic()
+            return True
+        self.stop()  # another key, or a worker that is gone
         try:
-            cancel_job(self.connector, self.record["host"], self.record["job_id"])
+            handle = launch_job(self.connector, self.host, [python, "-m", "remote_payload", *args], lock=None,
+                                cwd=payload_dir(inv_host.workdir), job_name="dfo watch resident strip worker",
+                                job_id=new_job_id(), env=_test_env("strip-"))
         except DfoError as exc:
-            self.events.warn(f"could not stop the resident worker {self.record['job_id']}: {exc.message}")
+            self.disabled = exc.message
+            self.events.warn(f"no resident strip worker on {self.host}: {exc.message}; one strip process per "
+                             "checkpoint")
+            return False
+        self._remember(self.host, handle, key, python)
+        self.used = time.monotonic()
+        self.events.step(f"resident strip worker {self.host}:{handle.job_id} started (torch imported once; stops "
+                         f"after {self.idle:g}s without a checkpoint)", tag="watch")
+        return True
+
+    def worker_for(self, path: str) -> tuple[str, str] | None:
+        """(interpreter, worker folder) for the relay's ``strip-handover`` of PATH, or None: strip it one-shot
+        (PATH is not in the watched folder, or no worker runs)."""
+        inside = posixpath.normpath(path).startswith(self.source_root.rstrip("/") + "/")
+        if not inside or not self.ensure():
+            return None
+        assert self.record is not None
+        self.used = time.monotonic()
+        return self.record["python"], posixpath.join(self.record["job_dir"], "worker")
+
+    def gone(self, why: str) -> None:
+        """The worker stopped under a handover: one strip process per checkpoint for the rest of this watcher."""
+        self.disabled = why
+        self.events.warn(f"the resident strip worker stopped ({why}); one strip process per checkpoint from now on")
         self._forget()
 
 
-def _test_env() -> dict[str, str]:
-    """A test's kill point meant for the worker travels with it (never set in production)."""
+def strip_worker_args(source_root: str, strip_root: str, idle: float) -> list[str]:
+    return ["strip-worker", "--worker-dir", "{job_dir}/worker", "--source-root", source_root, "--strip-root",
+            strip_root, "--idle-exit", f"{idle:g}"]
+
+
+def _test_env(prefix: str) -> dict[str, str]:
+    """A test's kill point meant for a worker (named PREFIX…) travels with it (never set in production)."""
     point = os.environ.get(TEST_EXIT_ENV, "")
-    return {TEST_EXIT_ENV: point} if point.startswith("worker-") else {}
+    return {TEST_EXIT_ENV: point} if point.startswith(prefix) else {}
 
 
 def worker_gone(run: Run) -> bool:

@@ -16,66 +16,36 @@ in the inbox (temporary name, then rename), waits for the worker's status file a
 worker's one-line error, as ``eval`` would print it) or ``WORKER_GONE`` when the worker stopped first (the
 controller then runs a job of its own for that drafter).
 
-``WORKER_DIR/worker.json``: the worker's pid and state (``loading``, ``ready``, ``stopped``), rewritten as it
-changes and every few seconds while it runs (a heartbeat).
+The worker's folder, its loop and the client's wait are remote_payload/resident.py's (shared with the
+resident strip worker).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from remote_payload.errors import PayloadError
+from remote_payload.resident import (
+    NAME_RE,
+    ResidentLoop,
+    gone,
+    hand_over,
+    inside,
+    read_json,
+    test_exit,
+    write_json,
+)
 
-WORKER_GONE = 75  # EX_TEMPFAIL: the handover did not happen; nothing is wrong with the drafter
 STATUS_FILE = "worker-status.json"  # in the client job's folder
-HEARTBEAT_S = 2.0
-TEST_EXIT_ENV = "DFO_WATCH_TEST_KILL_AT"  # tests only (orchestrator/watch/loop.py's kill points)
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 SHA_RE = re.compile(r"^[0-9a-f]{64}\Z")
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    """Temporary name in the same folder, then rename: a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _inside(path: str, root: Path) -> Path:
-    """PATH resolved, when it lies strictly inside ROOT (links resolved too); else a PayloadError."""
-    real, base = Path(os.path.realpath(path)), Path(os.path.realpath(root))
-    if base not in real.parents:
-        raise PayloadError(f"{path} is not inside {root}")
-    return real
+INSTEAD = "the controller runs an eval job of its own"
 
 
 def _sha256(path: Path) -> str:
@@ -99,7 +69,7 @@ def checked_request(doc: object, *, drafter_root: Path, jobs_root: Path) -> dict
         raise PayloadError(f"request: drafter name {name!r:.80} is not a plain name")
     if not isinstance(path, str):
         raise PayloadError("request: the drafter path is missing")
-    drafter = _inside(path, drafter_root)
+    drafter = inside(path, drafter_root)
     if not isinstance(digests, dict) or not digests:
         raise PayloadError("request: no sha256 of the relayed files")
     for rel, digest in digests.items():
@@ -110,7 +80,7 @@ def checked_request(doc: object, *, drafter_root: Path, jobs_root: Path) -> dict
     job_dir = doc.get("job_dir")
     if not isinstance(job_dir, str):
         raise PayloadError("request: the client job folder is missing")
-    job = _inside(job_dir, jobs_root)
+    job = inside(job_dir, jobs_root)
     if job.parent != Path(os.path.realpath(jobs_root)):
         raise PayloadError(f"request: {job_dir} is not a job folder of {jobs_root}")
     return {"name": name, "path": drafter, "sha256": digests, "job_dir": job, "out": job / "results"}
@@ -129,44 +99,14 @@ def verify_relayed(drafter: Path, digests: dict[str, str]) -> None:
 # ------------------------------------------------------------------------------------------ the worker
 
 
-class Worker:
+class Worker(ResidentLoop):
     def __init__(self, settings, worker_dir: Path, drafter_root: Path, jobs_root: Path, idle_exit: float,
                  progress):
-        self.settings, self.dir, self.progress = settings, worker_dir, progress
-        self.drafter_root, self.jobs_root, self.idle_exit = drafter_root, jobs_root, idle_exit
-        self.inbox = worker_dir / "inbox"
-        self.state: dict[str, Any] = {"pid": os.getpid(), "state": "loading", "started": time.time(), "served": 0}
-        self._stop = threading.Event()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            self._publish()
-
-    def _publish(self, **changes) -> None:
-        self.state.update(changes, beat=time.time())
-        _write_json(self.dir / "worker.json", self.state)
+        super().__init__(worker_dir, idle_exit, progress, what="worker")
+        self.settings, self.drafter_root, self.jobs_root = settings, drafter_root, jobs_root
 
     def serve(self) -> int:
-        self.inbox.mkdir(parents=True, exist_ok=True)
-        self._publish()
-        threading.Thread(target=self._beat, daemon=True).start()
-        try:
-            ctx = self._load()
-            self._publish(state="ready", ready=time.time(), startup_s=round(time.time() - self.state["started"], 3))
-            self.progress.text(f"resident worker ready in {self.state['startup_s']:.1f}s; inbox {self.inbox}")
-            last = time.monotonic()
-            while time.monotonic() - last < self.idle_exit:
-                pending = sorted(p for p in self.inbox.glob("*.json") if not p.name.startswith("."))
-                if not pending:
-                    time.sleep(0.2)
-                    continue
-                self._handle(ctx, pending[0])
-                last = time.monotonic()
-            self.progress.text(f"no drafter for {self.idle_exit:g}s: the resident worker stops")
-            return 0
-        finally:
-            self._stop.set()
-            self._publish(state="stopped")
+        return self.run(self._load, self._handle)
 
     def _load(self):
         """The run-wide stages, once: everything but the drafters."""
@@ -190,15 +130,9 @@ class Worker:
         self.layers: tuple | None = None
         return ctx
 
-    def _handle(self, ctx, path: Path) -> None:
-        taken = path.with_name(f".{path.name}.taken")
-        try:
-            os.replace(path, taken)  # one worker acts on a request once
-        except OSError:
-            return
-        if os.environ.get(TEST_EXIT_ENV) == "worker-take":  # tests only: a worker that dies under a handover
-            os._exit(1)
-        doc = _read_json(taken)
+    def _handle(self, ctx, path: Path, taken: Path) -> None:
+        test_exit("worker-take")  # tests only: a worker that dies under a handover
+        doc = read_json(taken)
         job_dir = None
         try:
             request = checked_request(doc, drafter_root=self.drafter_root, jobs_root=self.jobs_root)
@@ -210,17 +144,14 @@ class Worker:
             outcome = {"ok": False, "error": " ".join(str(exc).split())}
         except Exception as exc:  # noqa: BLE001 - one bad drafter must not stop the worker
             outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            taken.unlink(missing_ok=True)
-        self.state["served"] += 1
-        self._publish(last=outcome)
+        self.publish(last=outcome, served=self.state["served"] + 1)
         if job_dir is None and isinstance(doc, dict) and isinstance(doc.get("job_dir"), str):
             try:  # the request itself was refused: tell its client, when its folder is a job folder
-                job_dir = _inside(doc["job_dir"], self.jobs_root)
+                job_dir = inside(doc["job_dir"], self.jobs_root)
             except PayloadError:
                 job_dir = None
         if job_dir is not None:
-            _write_json(job_dir / STATUS_FILE, outcome)
+            write_json(job_dir / STATUS_FILE, outcome)
         self.progress.text(f"request {path.stem}: " + ("done" if outcome["ok"] else f"failed: {outcome['error']}"))
 
     def _evaluate(self, ctx, request: dict, log) -> None:
@@ -296,34 +227,16 @@ def handover(args) -> int:
     worker_dir, job_dir = Path(args.worker_dir), Path(os.environ.get("DFO_JOB_DIR") or ".")
     name, _, path = (args.drafter or "").partition("=")
     digests = dict(d.partition("=")[::2] for d in args.sha256 or [])
-    state = _read_json(worker_dir / "worker.json") or {}
-    if state.get("state") not in ("loading", "ready") or not _pid_alive(state.get("pid")):
-        return _gone(f"no resident worker runs in {worker_dir}")
     request = worker_dir / "inbox" / f"{job_dir.name}.json"
-    _write_json(request, {"name": name, "path": path, "sha256": digests, "job_dir": str(job_dir)})
-    print(f"handed drafter {name} to resident worker {state['pid']} ({request})", flush=True)
-    status = job_dir / STATUS_FILE
-    while True:
-        outcome = _read_json(status)
-        if outcome is not None:
-            if outcome.get("ok"):
-                return 0
-            print(f"dfo-payload error: {outcome.get('error') or 'the resident worker failed'}", file=sys.stderr,
-                  flush=True)
-            return 2
-        state = _read_json(worker_dir / "worker.json") or {}
-        if state.get("state") not in ("loading", "ready") or not _pid_alive(state.get("pid")):
-            if request.exists():
-                request.unlink(missing_ok=True)  # not taken: a later worker must not act on it
-            if _read_json(status) is None:
-                return _gone(f"the resident worker {state.get('pid')} stopped before drafter {name} was evaluated")
-        time.sleep(0.2)
-
-
-def _gone(why: str) -> int:
-    print(f"dfo-payload error: {why} (worker gone: the controller runs an eval job of its own)", file=sys.stderr,
-          flush=True)
-    return WORKER_GONE
+    print(f"handing drafter {name} to the resident worker ({request})", flush=True)
+    outcome = hand_over(worker_dir, request, {"name": name, "path": path, "sha256": digests, "job_dir": str(job_dir)},
+                        job_dir / STATUS_FILE)
+    if outcome is None:
+        return gone(f"no resident worker took drafter {name} ({worker_dir})", INSTEAD)
+    if outcome.get("ok"):
+        return 0
+    print(f"dfo-payload error: {outcome.get('error') or 'the resident worker failed'}", file=sys.stderr, flush=True)
+    return 2
 
 
 # ------------------------------------------------------------------------------------------ the parsers

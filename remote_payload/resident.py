@@ -1,0 +1,150 @@
+"""What the resident workers of a `dfo watch` session share (``eval-worker`` in remote_payload/eval/worker.py,
+``strip-worker`` in remote_payload/models/strip_worker.py): the worker's folder and loop, and its client's wait.
+
+A worker's folder WORKER_DIR holds ``worker.json`` (its pid and state: ``loading``, ``ready``, ``stopped``,
+rewritten as it changes and every few seconds while it runs, a heartbeat) and ``inbox/``, where a client puts
+one request at a time (a temporary name, then a rename). The worker takes the oldest request by renaming it
+(so it acts on each once), serves it, and exits after ``idle_exit`` seconds without one. The client waits
+for its reply file, or exits ``WORKER_GONE`` when the worker stopped first (the controller then does the
+work without a worker). Stdlib only at import: a client imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from remote_payload.errors import PayloadError
+
+WORKER_GONE = 75  # EX_TEMPFAIL: the handover did not happen; nothing is wrong with what was handed over
+HEARTBEAT_S = 2.0
+TEST_EXIT_ENV = "DFO_WATCH_TEST_KILL_AT"  # tests only (orchestrator/watch/loop.py's kill points)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+LIVE = ("loading", "ready")
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Temporary name in the same folder, then rename: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def inside(path: str, root: Path) -> Path:
+    """PATH resolved, when it lies strictly inside ROOT (links resolved too); else a PayloadError."""
+    real, base = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    if base not in real.parents:
+        raise PayloadError(f"{path} is not inside {root}")
+    return real
+
+
+def test_exit(point: str) -> None:
+    """Tests only: a worker that dies at POINT (``DFO_WATCH_TEST_KILL_AT``; never set in production)."""
+    if os.environ.get(TEST_EXIT_ENV) == point:
+        os._exit(1)
+
+
+class ResidentLoop:
+    """A worker's folder and its loop: the state in worker.json (with a heartbeat), requests from inbox/."""
+
+    def __init__(self, worker_dir: Path, idle_exit: float, progress: Any, *, what: str):
+        self.dir, self.inbox, self.idle_exit, self.progress, self.what = worker_dir, worker_dir / "inbox", \
+            idle_exit, progress, what
+        self.state: dict[str, Any] = {"pid": os.getpid(), "state": "loading", "started": time.time(), "served": 0}
+        self._stop = threading.Event()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self.publish()
+
+    def publish(self, **changes: Any) -> None:
+        self.state.update(changes, beat=time.time())
+        write_json(self.dir / "worker.json", self.state)
+
+    def run(self, load: Callable[[], Any], handle: Callable[[Any, Path, Path], None]) -> int:
+        """``load()`` once (its value is passed on), then ``handle(value, request, taken)`` per request: TAKEN is
+        the request renamed out of the inbox (removed afterwards); REQUEST its name in the inbox. The handler
+        publishes its outcome (``served`` counts them)."""
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self.publish()
+        threading.Thread(target=self._beat, daemon=True).start()
+        try:
+            loaded = load()
+            self.publish(state="ready", ready=time.time(), startup_s=round(time.time() - self.state["started"], 3))
+            self.progress.text(f"resident {self.what} ready in {self.state['startup_s']:.1f}s; inbox {self.inbox}")
+            last = time.monotonic()
+            while time.monotonic() - last < self.idle_exit:
+                pending = sorted(p for p in self.inbox.glob("*.json") if not p.name.startswith("."))
+                if not pending:
+                    time.sleep(0.05)
+                    continue
+                taken = pending[0].with_name(f".{pending[0].name}.taken")
+                try:
+                    os.replace(pending[0], taken)  # one worker acts on a request once
+                except OSError:
+                    continue
+                try:
+                    handle(loaded, pending[0], taken)
+                finally:
+                    taken.unlink(missing_ok=True)
+                last = time.monotonic()
+            self.progress.text(f"no request for {self.idle_exit:g}s: the resident {self.what} stops")
+            return 0
+        finally:
+            self._stop.set()
+            self.publish(state="stopped")
+
+
+def worker_live(worker_dir: Path) -> dict | None:
+    """The worker's state when it is loading or ready and its process runs, else None."""
+    state = read_json(worker_dir / "worker.json") or {}
+    return state if state.get("state") in LIVE and pid_alive(state.get("pid")) else None
+
+
+def hand_over(worker_dir: Path, request: Path, doc: dict, reply: Path, poll: float = 0.05) -> dict | None:
+    """Put DOC in the worker's inbox as REQUEST and wait for the worker's REPLY: its document, or None when the
+    worker is not running or stopped before it replied (a request it never took is withdrawn)."""
+    if worker_live(worker_dir) is None:
+        return None
+    write_json(request, doc)
+    while True:
+        outcome = read_json(reply)
+        if outcome is not None:
+            return outcome
+        if worker_live(worker_dir) is None:
+            request.unlink(missing_ok=True)  # not taken: a later worker must not act on it
+            return read_json(reply)
+        time.sleep(poll)
+
+
+def gone(why: str, instead: str) -> int:
+    """The client's exit when the worker stopped first: its line (INSTEAD: what the controller does now), and
+    WORKER_GONE."""
+    print(f"dfo-payload error: {why} (worker gone: {instead})", file=sys.stderr, flush=True)
+    return WORKER_GONE
