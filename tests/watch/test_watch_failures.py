@@ -6,6 +6,8 @@
 - ``recorded``: the result is in the series, --on-result has not run: the next watcher delivers it once;
 - the resident worker outlives the watchers and is reused; ``worker-take``: it dies under a handover, and the
   watcher evaluates that checkpoint in a job of its own (the handover's run never counts);
+- the resident strip worker on kpro6 strips the checkpoints, refuses handovers that leave the watched folder or
+  the strip folder, and ``strip-take``: it dies under a strip, and the one-shot strip-checkpoint does it;
 - the GPU lock held by another job: nothing is recorded against the checkpoint, the next look evaluates it;
 - a checkpoint that vanishes while it is relayed, and a corrupt one: recorded as failed, the watcher goes on,
   the stripped copy a killed relay would leave on the training host is removed (kept with --keep);
@@ -79,14 +81,14 @@ def strip_folder(sandbox, path: Path) -> Path:
 
 @pytest.fixture
 def stop_workers(sandbox):
-    """Cancels the resident workers the test's watchers leave (they hold ct129's GPU lock)."""
+    """Cancels the resident workers the test's watchers leave (the eval worker holds ct129's GPU lock)."""
     folders: list[Path] = []
     yield folders
     with Connector(load_inventory(sandbox.inventory_path)) as connector:
         for folder in folders:
-            record = folder / "worker.json"
-            if record.exists():
-                cancel_job(connector, "ct129", json.loads(record.read_text())["job_id"])
+            for name, host in (("worker.json", "ct129"), ("strip-worker.json", "kpro6")):
+                if (folder / name).exists():
+                    cancel_job(connector, host, json.loads((folder / name).read_text())["job_id"])
 
 
 def test_an_orphan_is_reattached_a_result_is_delivered_once_and_the_worker_is_reused(sandbox, eval_hosts, tmp_path,
@@ -195,6 +197,53 @@ def test_gpu_lock_retry_vanished_and_corrupt_checkpoints_and_a_worker_that_dies(
     shown = subprocess.run(dfo_argv("series", "show", name), env={**dfo_env(), "DFO_RUNS_DIR": str(runs)},
                            capture_output=True, text=True, timeout=120)
     assert "2 failed" in shown.stdout and "step_40.pt" in shown.stdout
+
+
+def test_the_strip_worker_strips_refuses_hostile_handovers_and_one_that_dies_falls_back(sandbox, eval_hosts, tmp_path,
+                                                                                       stop_workers):
+    folder = sandbox.hosts["kpro6"].checkpoints / f"strip-{tmp_path.name[-12:]}"
+    ckpt = settled_checkpoint(eval_hosts, folder, 50)
+    runs, name = tmp_path / "runs", "strip"
+    stop_workers.append(runs / "series" / name)
+    target = ["--target", eval_hosts["target"]]
+
+    first = watch(sandbox, runs, folder, name, *target)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert series(runs, name)["checkpoints"]["step_50.pt"]["status"] == "done"
+    assert "resident strip worker kpro6:" in " ".join(first.stderr.split())
+    record = json.loads((runs / "series" / name / "strip-worker.json").read_text())
+    worker_dir = Path(record["job_dir"]) / "worker"  # the sandbox hosts' folders are on this machine
+    state = json.loads((worker_dir / "worker.json").read_text())
+    assert state["state"] == "ready" and state["served"] == 1 and state["last"]["ok"], state
+    assert not strip_folder(sandbox, ckpt).exists()  # relayed, then removed
+
+    # Handovers the watcher would never make, through kpro6's shell as the relay sends its own.
+    workdir = sandbox.hosts["kpro6"].workdir
+    outside = Path(eval_hosts["ours"].split(":", 1)[1])  # a checkpoint outside the watched folder
+    with Connector(load_inventory(sandbox.inventory_path)) as connector:
+        def handover(src: Path, out: Path):
+            return connector.session("kpro6").run(
+                f"cd {workdir / 'payload'} && exec {record['python']} -m remote_payload strip-handover "
+                f"--worker-dir {worker_dir} {src} {out}", check=False)
+
+        evil = workdir / "evil"
+        refused = [handover(outside, strip_folder(sandbox, outside)), handover(ckpt, evil),
+                   handover(ckpt, strip_folder(sandbox, outside))]
+    assert [r.exit_code for r in refused] == [2, 2, 2], [r.err_text for r in refused]
+    assert "is not inside" in refused[0].err_text and "strip request: output" in refused[1].err_text
+    assert not evil.exists() and not strip_folder(sandbox, outside).exists()
+    assert json.loads((worker_dir / "worker.json").read_text())["state"] == "ready"  # it goes on serving
+
+    # The worker dies when it takes step_60's strip: the one-shot strip-checkpoint does it, the watcher goes on.
+    with Connector(load_inventory(sandbox.inventory_path)) as connector:
+        cancel_job(connector, "kpro6", record["job_id"])
+    settled_checkpoint(eval_hosts, folder, 60)
+    dying = watch(sandbox, runs, folder, name, *target, kill_at="strip-take")
+    assert dying.returncode == 0, dying.stderr[-3000:]
+    e = series(runs, name)["checkpoints"]["step_60.pt"]
+    assert e["status"] == "done" and e["attempts"] == 1, e
+    assert "the resident strip worker stopped" in " ".join(dying.stderr.split())
+    assert not (runs / "series" / name / "strip-worker.json").exists()
 
 
 def test_keep_keeps_the_stripped_copy_a_failed_relay_left(sandbox, eval_hosts, tmp_path):

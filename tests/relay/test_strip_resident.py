@@ -1,0 +1,77 @@
+"""`--strip-optimizer` through a resident strip worker (orchestrator/relay/strip.py ``attach_stripper``) on the
+sandbox hosts: a real `strip-worker` job on kpro6 strips the checkpoint the relay then moves, and where the
+worker is absent the relay falls back to the one-shot strip-checkpoint, with the same result."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import sys
+from pathlib import Path
+
+import pytest
+from test_relay import _fake_training_checkpoint, _inventory_with_torch_on_kpro6, paths, sha  # noqa: F401
+from waiting import wait_for
+
+from orchestrator.core.inventory import load_inventory
+from orchestrator.jobs.operation import cancel_job, job_status, launch_job
+from orchestrator.relay.operation import RelayOptions, relay
+from orchestrator.relay.strip import STRIP_DIR, attach_stripper, detach_stripper
+from orchestrator.transport import Connector
+
+pytestmark = [pytest.mark.sshd]
+
+
+class Worker:
+    """The watcher's side of a strip worker, reduced to what the relay asks of it (orchestrator/watch/resident.py
+    ResidentStrip is the real one): which worker folder takes a strip, and being told it is gone."""
+
+    def __init__(self, worker_dir: str):
+        self.worker_dir, self.gone_why = worker_dir, ""
+
+    def worker_for(self, path: str) -> tuple[str, str] | None:
+        return sys.executable, self.worker_dir
+
+    def gone(self, why: str) -> None:
+        self.gone_why = why
+
+
+def _strip_relay(connector: Connector, src: Path, dst: Path):
+    return relay(connector, f"kpro6:{src}", f"ct129:{dst}/", RelayOptions(strip_optimizer=True))
+
+
+def test_a_strip_worker_strips_what_the_relay_moves_and_an_absent_one_falls_back(sandbox, paths, tmp_path):  # noqa: F811
+    src, dst = paths
+    ckpt = src / "step_7.pt"
+    _fake_training_checkpoint(ckpt)
+    workdir = str(sandbox.hosts["kpro6"].workdir)
+    with Connector(load_inventory(_inventory_with_torch_on_kpro6(sandbox, tmp_path))) as connector:
+        absent = Worker(posixpath.join(workdir, "jobs", "no-such-job", "worker"))
+        attach_stripper(connector, "kpro6", absent)
+        try:
+            first = _strip_relay(connector, ckpt, dst / "a")
+        finally:
+            detach_stripper(connector, "kpro6")
+        assert "no resident strip worker took" in absent.gone_why  # then the one-shot strip did it
+        assert first.stripped_from and first.stripped_from["sha256"] == sha(ckpt)
+
+        handle = launch_job(connector, "kpro6", [sys.executable, "-m", "remote_payload", "strip-worker",
+                                                 "--worker-dir", "{job_dir}/worker", "--source-root", str(src),
+                                                 "--strip-root", posixpath.join(workdir, STRIP_DIR),
+                                                 "--idle-exit", "120"],
+                            cwd=posixpath.join(workdir, "payload"), lock=None, job_name="test strip worker")
+        try:
+            worker = Worker(posixpath.join(handle.job_dir, "worker"))
+            attach_stripper(connector, "kpro6", worker)
+            second = _strip_relay(connector, ckpt, dst / "b")
+            state = json.loads((Path(handle.job_dir) / "worker" / "worker.json").read_text())
+            assert state["served"] == 1 and state["last"]["ok"] and not worker.gone_why, state
+            assert second.stripped_from == first.stripped_from  # the same record as the one-shot strip's
+            assert (dst / "b" / "step_7-weights" / "model.safetensors").read_bytes() == \
+                (dst / "a" / "step_7-weights" / "model.safetensors").read_bytes()
+            assert not list((sandbox.hosts["kpro6"].workdir / STRIP_DIR).glob("*"))  # removed once verified
+        finally:
+            detach_stripper(connector, "kpro6")
+            cancel_job(connector, "kpro6", handle.job_id)
+        wait_for(lambda: job_status(connector, "kpro6", handle.job_id, tail=0).state not in ("starting", "running"),
+                 "the strip worker's job to end", timeout=60)
