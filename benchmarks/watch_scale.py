@@ -10,9 +10,10 @@ it (a journal line), one update as it made it before (series.json rewritten whol
 back (series.json + journal), `series show` (the summary and the latest 30 rows; and --all), series.md, and
 tau_vs_step.png (all checkpoints; and --plot-last 100). Each figure is the median of a few repeats, in ms.
 
-Demo: `dfo demo --watch` twice in one process, the resident worker off then on, and per checkpoint the wall
-time from the start of its attempt to its record, split into relay + launch, the eval host's part (the
-whole job, or the worker's), and the rest (follow, pull, report, series update).
+Demo: `dfo demo --watch` twice in one process, the resident workers off then on (the eval worker on ct129 and
+the strip worker on kpro6), and per checkpoint the wall time from the start of its attempt to its record,
+split into relay + launch (the strip on the training host included), the eval host's part (the whole job,
+or the worker's), and the rest (follow, pull, report, series update); medians and ranges.
 """
 
 from __future__ import annotations
@@ -123,8 +124,11 @@ def demo(samples: int) -> dict:
                             "relay_launch_s": t.get("relay_launch_s"), "eval_host_s": host,
                             "drafter_load_s": t.get("drafter_load_s"), "resident": e.get("resident")})
             totals = [p["total_s"] for p in per if p["total_s"] is not None]
+            relays = [p["relay_launch_s"] for p in per if p["relay_launch_s"] is not None]
             key = "resident" if resident else "one_job_per_checkpoint"
             out[key] = {"checkpoints": per, "median_total_s": statistics.median(totals) if totals else None,
+                        "range_total_s": [min(totals), max(totals)] if totals else None,
+                        "median_relay_launch_s": statistics.median(relays) if relays else None,
                         "demo_s": round(outcome.seconds, 1)}
             print(json.dumps({key: out[key]}), flush=True)
     return out
