@@ -11,10 +11,14 @@ Point the dfo CLI at them with ``DFO_INVENTORY=str(box.inventory_path)``.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from sshd_support import require_sshd
 
 from orchestrator.core.inventory import load_inventory
+from orchestrator.jobs.operation import cancel_job
 from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
 
@@ -27,6 +31,27 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory):
     require_sshd()
     with Sandbox(tmp_path_factory.mktemp("sandbox")) as box:
         yield box
+
+
+@pytest.fixture(autouse=True)
+def _stop_resident_workers(request: pytest.FixtureRequest):
+    """After a test on the session sandbox: cancel the resident workers its watchers left (series folders
+    under its tmp_path). An eval worker holds ct129's GPU lock until it idles out, minutes later, and the
+    next test's watcher would find the lock taken."""
+    uses_sandbox = "sandbox" in request.fixturenames and "tmp_path" in request.fixturenames
+    # Asked for before the test runs, so both are torn down after this fixture, not before.
+    tmp_path: Path | None = request.getfixturevalue("tmp_path") if uses_sandbox else None
+    box = request.getfixturevalue("sandbox") if uses_sandbox else None
+    yield
+    if tmp_path is None or box is None:
+        return
+    records = [p for name in ("worker.json", "strip-worker.json") for p in tmp_path.rglob(f"series/*/{name}")]
+    if not records:
+        return
+    with Connector(load_inventory(box.inventory_path)) as conn:
+        for path in records:
+            record = json.loads(path.read_text())
+            cancel_job(conn, record["host"], record["job_id"])
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from waiting import wait_for
 from orchestrator.core.inventory import load_inventory
 from orchestrator.jobs.operation import cancel_job, job_status, launch_job
 from orchestrator.relay.operation import RelayOptions, relay
-from orchestrator.relay.strip import STRIP_DIR, attach_stripper, detach_stripper
+from orchestrator.relay.strip import STRIP_DIR, attach_stripper, detach_stripper, strip_key
 from orchestrator.transport import Connector
 
 pytestmark = [pytest.mark.sshd]
@@ -69,7 +69,9 @@ def test_a_strip_worker_strips_what_the_relay_moves_and_an_absent_one_falls_back
             assert second.stripped_from == first.stripped_from  # the same record as the one-shot strip's
             assert (dst / "b" / "step_7-weights" / "model.safetensors").read_bytes() == \
                 (dst / "a" / "step_7-weights" / "model.safetensors").read_bytes()
-            assert not list((sandbox.hosts["kpro6"].workdir / STRIP_DIR).glob("*"))  # removed once verified
+            st = ckpt.stat()  # this checkpoint's stripped copy is removed once verified (other tests keep theirs)
+            assert not (sandbox.hosts["kpro6"].workdir / STRIP_DIR / strip_key(str(ckpt), st.st_size,
+                                                                              st.st_mtime_ns)).exists()
         finally:
             detach_stripper(connector, "kpro6")
             cancel_job(connector, "kpro6", handle.job_id)

@@ -24,6 +24,7 @@ from orchestrator.evaluation.plan import EvalRequest, HostJob, relay_dir
 from orchestrator.jobs.operation import job_status, launch_job
 from orchestrator.transport import Connector
 from orchestrator.watch.loop import WatchConfig, Watcher
+from orchestrator.watch.series import load_series, save
 
 pytestmark = pytest.mark.sshd
 TRAIN, EVAL = "kpro6", "ct129"
@@ -86,8 +87,8 @@ def test_watch_refuses_a_listed_name_that_is_no_folder_entry(sandbox, tmp_path, 
     assert f"{TRAIN}: refused checkpoint name {evil!r} from the host" in _one_line(proc.stderr), proc.stderr
     assert tree(eval_root) == before, "nothing may be relayed or removed on the eval host"
     assert (relay_folder / "earlier.pt").read_bytes() == b"an earlier relay"
-    state = runs / "series" / "s1" / "series.json"
-    assert not state.exists() or json.loads(state.read_text())["checkpoints"] == {}
+    state = load_series(runs / "series" / "s1")
+    assert state is None or state["checkpoints"] == {}
 
 
 def test_watch_never_removes_the_relay_folder_for_a_recorded_path_that_is_not_one_checkpoint(sandbox, tmp_path,
@@ -115,22 +116,23 @@ def test_a_pending_hook_that_cannot_run_is_recorded_as_failed_once(sandbox, tmp_
     hook = f"{sys.executable} -c \"import sys; open({str(hook_log)!r}, 'a').write(sys.stdin.read()[:20])\""
     first = dfo(sandbox, *_watch(training_folder, "s3"), runs=runs)
     assert first.returncode == 0, first.stderr
-    state = runs / "series" / "s3" / "series.json"
-    series = json.loads(state.read_text())
+    folder = runs / "series" / "s3"
+    series = load_series(folder)  # series.json with its journal replayed: the state as the watcher left it
+    assert series is not None
     evil = "step\x007.pt"
     series["checkpoints"][evil] = {
         "name": evil, "path": f"{training_folder}/{evil}", "step": 7, "step_source": "name", "status": "failed",
         "attempts": 1, "observed": {"size": 700, "mtime": 1.0}, "started_utc": "2026-01-01T00:00:00Z", "run": None,
         "superseded_runs": [], "error": "relay/launch: x", "notify_pending": True,
         "finished_utc": "2026-01-01T00:01:00Z"}
-    state.write_text(json.dumps(series))
+    save(folder, series)
     runs_of_hook = []
     for _ in range(2):  # a restart must not fire it again
         proc = dfo(sandbox, *_watch(training_folder, "s3", "--on-result", hook), runs=runs)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         _no_traceback(proc)
         runs_of_hook.append("--on-result failed" in proc.stderr)
-        entry = json.loads(state.read_text())["checkpoints"][evil]
+        entry = (load_series(folder) or {})["checkpoints"][evil]
         assert entry["notify_pending"] is False
         assert entry["on_result"]["ok"] is False and "null byte" in entry["on_result"]["detail"]
     assert runs_of_hook == [True, False]

@@ -79,24 +79,10 @@ def strip_folder(sandbox, path: Path) -> Path:
     return sandbox.hosts["kpro6"].workdir / "relay-strip" / strip_key(str(path), st.st_size, st.st_mtime_ns)
 
 
-@pytest.fixture
-def stop_workers(sandbox):
-    """Cancels the resident workers the test's watchers leave (the eval worker holds ct129's GPU lock)."""
-    folders: list[Path] = []
-    yield folders
-    with Connector(load_inventory(sandbox.inventory_path)) as connector:
-        for folder in folders:
-            for name, host in (("worker.json", "ct129"), ("strip-worker.json", "kpro6")):
-                if (folder / name).exists():
-                    cancel_job(connector, host, json.loads((folder / name).read_text())["job_id"])
-
-
-def test_an_orphan_is_reattached_a_result_is_delivered_once_and_the_worker_is_reused(sandbox, eval_hosts, tmp_path,
-                                                                                   stop_workers):
+def test_an_orphan_is_reattached_a_result_is_delivered_once_and_the_worker_is_reused(sandbox, eval_hosts, tmp_path):
     folder = sandbox.hosts["kpro6"].checkpoints / f"orphan-{tmp_path.name[-12:]}"
     ckpt = settled_checkpoint(eval_hosts, folder, 10)
     runs, name = tmp_path / "runs", "orphan"
-    stop_workers.append(runs / "series" / name)
     hook_log = tmp_path / "hook.jsonl"
     hook = tmp_path / "hook.py"
     hook.write_text(f"import sys\nopen({str(hook_log)!r}, 'a').write(sys.stdin.read().replace('\\n', ' ') + '\\n')\n")
@@ -140,11 +126,9 @@ def test_an_orphan_is_reattached_a_result_is_delivered_once_and_the_worker_is_re
     assert not strip_folder(sandbox, ckpt).exists()
 
 
-def test_gpu_lock_retry_vanished_and_corrupt_checkpoints_and_a_worker_that_dies(sandbox, eval_hosts, tmp_path,
-                                                                              stop_workers):
+def test_gpu_lock_retry_vanished_and_corrupt_checkpoints_and_a_worker_that_dies(sandbox, eval_hosts, tmp_path):
     folder = sandbox.hosts["kpro6"].checkpoints / f"fail-{tmp_path.name[-12:]}"
     runs, name = tmp_path / "runs", "fail"
-    stop_workers.append(runs / "series" / name)
     target = ["--target", eval_hosts["target"]]
     ckpt = settled_checkpoint(eval_hosts, folder, 20)
 
@@ -199,12 +183,10 @@ def test_gpu_lock_retry_vanished_and_corrupt_checkpoints_and_a_worker_that_dies(
     assert "2 failed" in shown.stdout and "step_40.pt" in shown.stdout
 
 
-def test_the_strip_worker_strips_refuses_hostile_handovers_and_one_that_dies_falls_back(sandbox, eval_hosts, tmp_path,
-                                                                                       stop_workers):
+def test_the_strip_worker_strips_refuses_hostile_handovers_and_one_that_dies_falls_back(sandbox, eval_hosts, tmp_path):
     folder = sandbox.hosts["kpro6"].checkpoints / f"strip-{tmp_path.name[-12:]}"
     ckpt = settled_checkpoint(eval_hosts, folder, 50)
     runs, name = tmp_path / "runs", "strip"
-    stop_workers.append(runs / "series" / name)
     target = ["--target", eval_hosts["target"]]
 
     first = watch(sandbox, runs, folder, name, *target)
