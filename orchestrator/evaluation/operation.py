@@ -42,6 +42,7 @@ from orchestrator.jobs.operation import (
 )
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.relay.operation import RelayOptions, relay
+from orchestrator.relay.strip import Stripper
 from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
 from orchestrator.transport.hostlock import host_lock
 
@@ -148,13 +149,14 @@ def raise_failures(what: str, outcomes: Mapping[str, HostOutcome[Any]]) -> None:
                              hint="; ".join(hints) or None)
 
 
-def _relay_drafters(connector: Connector, plan: EvalPlan, events: Events) -> list[dict]:
+def _relay_drafters(connector: Connector, plan: EvalPlan, events: Events,
+                    stripper: Stripper | None = None) -> list[dict]:
     done = []
     for step in plan.relays:
         events.step(f"relay drafter '{step.drafter}': {step.source} → {step.destination}"
               + (" (optimizer state stripped on the source)" if step.strip else ""))
-        result = relay(connector, step.source, step.destination, RelayOptions(strip_optimizer=step.strip),
-                       events=events)
+        options = RelayOptions(strip_optimizer=step.strip, stripper=stripper)
+        result = relay(connector, step.source, step.destination, options, events=events)
         summary = result.as_dict()
         events.info(f"  {summary['sent_bytes']:,} B sent, {summary['skipped_bytes']:,} B already there, "
                       f"{summary['seconds']:.1f}s")
@@ -220,8 +222,10 @@ def start_eval(
     runs_dir: Path,
     events: Events,
     prompts_file: Path | None = None,
+    stripper: Stripper | None = None,
 ) -> Run:
-    """Everything up to and including the launch of the remote jobs; returns the run (status running)."""
+    """Everything up to and including the launch of the remote jobs; returns the run (status running).
+    STRIPPER: a resident strip worker that strips the drafters relayed with --strip-optimizer (dfo watch)."""
     events.step("check inputs on the hosts")
     preflight(connector, plan)
     with contextlib.ExitStack() as held:
@@ -231,7 +235,8 @@ def start_eval(
             for notice in held.enter_context(host_lock(connector, host, "start an eval")):
                 events.warn(notice)
         _refuse_busy_hosts(connector, plan)
-        return _start_locked(connector, plan, runs_dir=runs_dir, events=events, prompts_file=prompts_file)
+        return _start_locked(connector, plan, runs_dir=runs_dir, events=events, prompts_file=prompts_file,
+                             stripper=stripper)
 
 
 def _refuse_busy_hosts(connector: Connector, plan: EvalPlan) -> None:
@@ -244,9 +249,9 @@ def _refuse_busy_hosts(connector: Connector, plan: EvalPlan) -> None:
 
 
 def _start_locked(connector: Connector, plan: EvalPlan, *, runs_dir: Path, events: Events,
-                  prompts_file: Path | None) -> Run:
+                  prompts_file: Path | None, stripper: Stripper | None) -> Run:
     pythons = _prepare_hosts(connector, plan, events)
-    relays = _relay_drafters(connector, plan, events)
+    relays = _relay_drafters(connector, plan, events, stripper)
     if prompts_file is not None:
         events.step(f"upload prompts {prompts_file}")
         _upload_prompts(connector, plan, prompts_file)

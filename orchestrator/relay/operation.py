@@ -137,7 +137,7 @@ class _Relay:
         source_path, strip_dir = self.src.path, None
         if o.strip_optimizer:
             stripped = strip_on_source(self.connector, self.src.host, self.src.path, o.wait_stable, o.dry_run,
-                                       self.call)
+                                       self.call, o.stripper)
             source_path, result.stripped_from = stripped.folder, stripped.stripped_from
             self._stripped_from = stripped.stripped_from
             if o.dry_run:

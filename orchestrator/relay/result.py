@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from orchestrator.relay.plan import MiB
+
+if TYPE_CHECKING:
+    from orchestrator.relay.strip import Stripper
 
 
 @dataclass
@@ -17,6 +21,7 @@ class RelayOptions:
     data_plane: str = "auto"            # "auto" | "ssh" | "paramiko"
     bwlimit: float | None = None        # bytes per second over all streams
     stall_timeout: float = 60.0         # no byte moved for this long -> fail (link down, host hung)
+    stripper: Stripper | None = None    # with strip_optimizer: a resident strip worker (dfo watch) tried first
     # For tests of the mid-way full-disk path only: skip the up-front checks that normally catch it.
     check_space: bool = True
     preallocate: bool = True

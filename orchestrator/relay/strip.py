@@ -3,15 +3,14 @@ cross the network. The payload's `strip-checkpoint` writes a folder under the ho
 the checkpoint's path, size and mtime); the relay then moves that folder and removes it once verified.
 
 A `dfo watch` session may hand its checkpoints to a resident strip worker on the training host instead
-(orchestrator/watch/resident.py registers it with ``attach_stripper``): the same folder and record, without
-a Python + torch start per checkpoint. When the worker is not running the strip is the one-shot command."""
+(orchestrator/watch/resident.py ``ResidentStrip``, passed as ``RelayOptions.stripper``): the same folder and
+record, without a Python + torch start per checkpoint. When the worker is not running the strip is the one-shot
+command."""
 
 from __future__ import annotations
 
 import posixpath
 import shlex
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -21,7 +20,7 @@ from orchestrator.transport import Connector
 from remote_payload.models.strip_worker import strip_key
 from remote_payload.resident import WORKER_GONE
 
-__all__ = ["STRIP_DIR", "Stripped", "Stripper", "attach_stripper", "detach_stripper", "strip_key", "strip_on_source"]
+__all__ = ["STRIP_DIR", "Stripped", "Stripper", "strip_key", "strip_on_source"]
 STRIP_DIR = "relay-strip"
 KEEP = ("source_path", "sha256", "bytes", "step", "dropped", "format")
 
@@ -36,6 +35,8 @@ class Stripped:
 class Stripper(Protocol):
     """A resident strip worker on one host, as strip_on_source uses it."""
 
+    host: str
+
     def worker_for(self, path: str) -> tuple[str, str] | None:
         """(its interpreter, its folder) when the worker takes PATH's strip, or None: strip it one-shot."""
 
@@ -43,28 +44,8 @@ class Stripper(Protocol):
         """The worker stopped before it took the checkpoint (the one-shot strip follows)."""
 
 
-_STRIPPERS: "weakref.WeakKeyDictionary[Connector, dict[str, Stripper]]" = weakref.WeakKeyDictionary()
-_GUARD = threading.Lock()
-
-
-def attach_stripper(connector: Connector, host: str, stripper: Stripper) -> None:
-    """Strips on HOST through CONNECTOR go to STRIPPER first (for as long as the connector lives)."""
-    with _GUARD:
-        _STRIPPERS.setdefault(connector, {})[host] = stripper
-
-
-def detach_stripper(connector: Connector, host: str) -> None:
-    with _GUARD:
-        (_STRIPPERS.get(connector) or {}).pop(host, None)
-
-
-def _stripper(connector: Connector, host: str) -> Stripper | None:
-    with _GUARD:
-        return (_STRIPPERS.get(connector) or {}).get(host)
-
-
 def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable: float, dry_run: bool,
-                    call: Callable[..., Any]) -> Stripped:
+                    call: Callable[..., Any], stripper: Stripper | None = None) -> Stripped:
     """Strip HOST:PATH into its weights folder (or say what would happen, for a dry run)."""
     from orchestrator.deploy.manifest import default_payload_root
     from orchestrator.deploy.operation import deploy, payload_dir
@@ -83,7 +64,7 @@ def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable
     if outcome.error is not None:
         raise outcome.error
     env = connector.inventory.host_env(host_name) or None
-    resident = _stripper(connector, host_name)
+    resident = stripper if stripper is not None and stripper.host == host_name else None
     worker = resident.worker_for(path) if resident is not None else None
     res = None
     if worker is not None:

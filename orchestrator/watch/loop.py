@@ -47,7 +47,6 @@ from orchestrator.evaluation.operation import follow_and_collect, preflight, sta
 from orchestrator.evaluation.plan import DrafterRef, EvalPlan, EvalRequest, hosts_used, plan_eval, relay_dir
 from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_atomic
 from orchestrator.jobs.operation import JobRefused
-from orchestrator.relay.strip import attach_stripper
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
 from orchestrator.watch import tensorboard
@@ -228,8 +227,6 @@ class Watcher:
                                  prompts_file=cfg.prompts_file) if cfg.resident else None
         self.strip = ResidentStrip(connector, self.folder, events, host=cfg.source_host, source_root=cfg.folder,
                                    idle=cfg.idle_exit) if cfg.resident else None
-        if self.strip is not None:
-            attach_stripper(connector, cfg.source_host, self.strip)
 
     # -- the loop
 
@@ -345,10 +342,10 @@ class Watcher:
             worker = resident and self.resident is not None and self.resident.ensure(plan)
             if worker:
                 assert self.resident is not None
-                run = self.resident.hand_over(plan)
+                run = self.resident.hand_over(plan, self.strip)
             else:
                 run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,
-                                 prompts_file=cfg.prompts_file)
+                                 prompts_file=cfg.prompts_file, stripper=self.strip)
         except JobRefused as exc:  # the GPU is busy: not the checkpoint's fault; look again later
             self.events.warn(f"{exc.message}; will try {ckpt.name} again")
             if previous is None:

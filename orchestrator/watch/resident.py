@@ -42,7 +42,7 @@ from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
 from orchestrator.jobs.operation import JobHandle, JobRefused, cancel_job, job_status, launch_job, new_job_id
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.relay.operation import HOST_SCRIPT as RELAY_HOST_SCRIPT
-from orchestrator.relay.strip import STRIP_DIR
+from orchestrator.relay.strip import STRIP_DIR, Stripper
 from orchestrator.transport import Connector, hostcall
 from remote_payload.eval.options import ENGINES
 from remote_payload.resident import TEST_EXIT_ENV, WORKER_GONE
@@ -201,10 +201,11 @@ class Resident(_ResidentJob):
                          f"loaded once; stops after {self.idle:g}s without a checkpoint)", tag="watch")
         return True
 
-    def hand_over(self, plan: EvalPlan) -> Run:
-        """Relay the checkpoint, then a handover job for it: the run (status running), as start_eval returns it."""
+    def hand_over(self, plan: EvalPlan, stripper: Stripper | None = None) -> Run:
+        """Relay the checkpoint (stripped by STRIPPER when given), then a handover job for it: the run (status
+        running), as start_eval returns it."""
         assert self.record is not None
-        relays = _relay_drafters(self.connector, plan, self.events)
+        relays = _relay_drafters(self.connector, plan, self.events, stripper)
         job, host = plan.jobs[0], self.record["host"]
         name, path = next(iter(job.drafters.items()))
         run = new_run(self.runs_dir, [host], {"request": _jsonable(asdict(plan.request)),
@@ -227,7 +228,7 @@ class ResidentStrip(_ResidentJob):
     """The resident strip worker of a watch session: one job on the training host with torch imported, that
     strips each checkpoint the watcher relays (remote_payload/models/strip_worker.py is the host side).
 
-    Registered with the relay's strip (orchestrator/relay/strip.py ``attach_stripper``): a checkpoint inside
+    Given to the relay as ``RelayOptions.stripper`` (orchestrator/relay/strip.py): a checkpoint inside
     the watched folder is handed to it by a small ``strip-handover`` command over SSH (no torch start); when
     it is not running, or stops under a handover, the one-shot ``strip-checkpoint`` runs. It holds no lock
     (the training host's GPU is the trainer's), outlives a watcher that dies (``strip-worker.json`` in the

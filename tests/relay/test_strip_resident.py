@@ -1,4 +1,4 @@
-"""`--strip-optimizer` through a resident strip worker (orchestrator/relay/strip.py ``attach_stripper``) on the
+"""`--strip-optimizer` through a resident strip worker (``RelayOptions.stripper``, orchestrator/relay/strip.py) on the
 sandbox hosts: a real `strip-worker` job on kpro6 strips the checkpoint the relay then moves, and where the
 worker is absent the relay falls back to the one-shot strip-checkpoint, with the same result."""
 
@@ -16,7 +16,7 @@ from waiting import wait_for
 from orchestrator.core.inventory import load_inventory
 from orchestrator.jobs.operation import cancel_job, job_status, launch_job
 from orchestrator.relay.operation import RelayOptions, relay
-from orchestrator.relay.strip import STRIP_DIR, attach_stripper, detach_stripper, strip_key
+from orchestrator.relay.strip import STRIP_DIR, strip_key
 from orchestrator.transport import Connector
 
 pytestmark = [pytest.mark.sshd]
@@ -27,7 +27,7 @@ class Worker:
     ResidentStrip is the real one): which worker folder takes a strip, and being told it is gone."""
 
     def __init__(self, worker_dir: str):
-        self.worker_dir, self.gone_why = worker_dir, ""
+        self.host, self.worker_dir, self.gone_why = "kpro6", worker_dir, ""
 
     def worker_for(self, path: str) -> tuple[str, str] | None:
         return sys.executable, self.worker_dir
@@ -36,8 +36,8 @@ class Worker:
         self.gone_why = why
 
 
-def _strip_relay(connector: Connector, src: Path, dst: Path):
-    return relay(connector, f"kpro6:{src}", f"ct129:{dst}/", RelayOptions(strip_optimizer=True))
+def _strip_relay(connector: Connector, src: Path, dst: Path, worker: Worker):
+    return relay(connector, f"kpro6:{src}", f"ct129:{dst}/", RelayOptions(strip_optimizer=True, stripper=worker))
 
 
 def test_a_strip_worker_strips_what_the_relay_moves_and_an_absent_one_falls_back(sandbox, paths, tmp_path):  # noqa: F811
@@ -47,11 +47,7 @@ def test_a_strip_worker_strips_what_the_relay_moves_and_an_absent_one_falls_back
     workdir = str(sandbox.hosts["kpro6"].workdir)
     with Connector(load_inventory(_inventory_with_torch_on_kpro6(sandbox, tmp_path))) as connector:
         absent = Worker(posixpath.join(workdir, "jobs", "no-such-job", "worker"))
-        attach_stripper(connector, "kpro6", absent)
-        try:
-            first = _strip_relay(connector, ckpt, dst / "a")
-        finally:
-            detach_stripper(connector, "kpro6")
+        first = _strip_relay(connector, ckpt, dst / "a", absent)
         assert "no resident strip worker took" in absent.gone_why  # then the one-shot strip did it
         assert first.stripped_from and first.stripped_from["sha256"] == sha(ckpt)
 
@@ -62,8 +58,7 @@ def test_a_strip_worker_strips_what_the_relay_moves_and_an_absent_one_falls_back
                             cwd=posixpath.join(workdir, "payload"), lock=None, job_name="test strip worker")
         try:
             worker = Worker(posixpath.join(handle.job_dir, "worker"))
-            attach_stripper(connector, "kpro6", worker)
-            second = _strip_relay(connector, ckpt, dst / "b")
+            second = _strip_relay(connector, ckpt, dst / "b", worker)
             state = json.loads((Path(handle.job_dir) / "worker" / "worker.json").read_text())
             assert state["served"] == 1 and state["last"]["ok"] and not worker.gone_why, state
             assert second.stripped_from == first.stripped_from  # the same record as the one-shot strip's
@@ -73,7 +68,6 @@ def test_a_strip_worker_strips_what_the_relay_moves_and_an_absent_one_falls_back
             assert not (sandbox.hosts["kpro6"].workdir / STRIP_DIR / strip_key(str(ckpt), st.st_size,
                                                                               st.st_mtime_ns)).exists()
         finally:
-            detach_stripper(connector, "kpro6")
             cancel_job(connector, "kpro6", handle.job_id)
         wait_for(lambda: job_status(connector, "kpro6", handle.job_id, tail=0).state not in ("starting", "running"),
                  "the strip worker's job to end", timeout=60)
