@@ -53,6 +53,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+WORKER_FIGURES: list[str] = []  # measured figures the xdist workers handed back (the engine's timings)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    figures = getattr(node, "workeroutput", {}).get("engine_timings")
+    if figures:
+        WORKER_FIGURES.append(figures)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for figures in WORKER_FIGURES:
+        terminalreporter.write_line("engine timings: " + figures)
+
+
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory):
     require_sshd()
