@@ -39,6 +39,7 @@ FULL_ONLY_FOLDERS = ("engine", "fla_cpu", "testing", "demo")
 XDIST_GROUPS = {"engine": "engine"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     tests_root = Path(__file__).parent
     for item in items:
