@@ -115,7 +115,7 @@ def build_synthetic(folder: Path, shapes: dict = REAL_SHAPES, seed: int = 0) -> 
                           "num_key_value_heads": max(1, H // 512), "head_dim": min(128, H),
                           "intermediate_size": 2 * H, "rope_theta": 10000000.0}, {}, "synthetic drafter")
     spec.format = "zlab"
-    write_zlab_folder(drafter_dir, spec, fixtures._random_drafter_weights(spec, seed + 1))
+    write_zlab_folder(drafter_dir, spec, fixtures.seeded_drafter_weights(spec, seed + 1))
     return target_dir, drafter_dir
 
 
