@@ -1,5 +1,5 @@
-"""The drafter forward follows the DFlash block (models/drafter.py), and the pitfalls of README's
-Troubleshooting table are caught or impossible."""
+"""The drafter forward follows the DFlash block (models/drafter.py), and the pitfalls of the table in
+docs/troubleshooting.md are caught or impossible."""
 
 from __future__ import annotations
 
