@@ -100,24 +100,25 @@ PRODUCED = ("demo-steps", "demo-table", "demo-temperature", "demo-report-benchma
             "runs-list")
 
 
-def dfo(*args: str) -> str:
-    """`dfo ARGS` as a user runs it; its stdout and stderr together. A failure stops the regeneration."""
+def dfo(cwd: Path, *args: str) -> str:
+    """`dfo ARGS` as a user runs it in CWD; its stdout and stderr together, without the padding rich leaves at
+    line ends. A failure stops the regeneration."""
     env = {**os.environ, "COLUMNS": WIDTH, "TERM": "dumb"}
-    done = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=REPO, env=env, text=True,
+    done = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
         raise SystemExit(f"docs-outputs: `dfo {' '.join(args)}` exited {done.returncode}:\n{done.stdout[-3000:]}")
-    return done.stdout
+    return "\n".join(line.rstrip() for line in done.stdout.splitlines()).strip("\n")
 
 
 def collect() -> dict[str, str]:
     root = Path(tempfile.mkdtemp(prefix="dfo-docs-"))
-    runs = root / "runs"
+    runs = root / "runs"  # the commands run in ROOT and name it `runs`, as a user's ./runs
     try:
-        outputs = demo_blocks(dfo("demo", "--keep", "--root", str(root / "sandbox"), "--runs-dir", str(runs)))
+        outputs = demo_blocks(dfo(root, "demo", "--keep", "--root", str(root / "sandbox"), "--runs-dir", "runs"))
         inventory = str(root / "sandbox" / "inventory.yaml")
-        outputs["inventory-check"] = dfo("-i", inventory, "inventory", "check", "--connect").rstrip()
-        outputs["runs-list"] = dfo("runs", "list", "--runs-dir", str(runs)).rstrip()
+        outputs["inventory-check"] = dfo(root, "-i", inventory, "inventory", "check", "--connect")
+        outputs["runs-list"] = dfo(root, "runs", "list", "--runs-dir", "runs")
         greedy = min(p for p in runs.iterdir() if (p / "report.md").exists())
         outputs["demo-report-benchmarks"] = report_benchmarks((greedy / "report.md").read_text(encoding="utf-8"))
     finally:
