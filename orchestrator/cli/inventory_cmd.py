@@ -96,7 +96,7 @@ def show(
         app_ctx.print_json({
             "inventory": str(inv.source),
             "hosts": {n: {**h.model_dump(), "venv": h.venv, "ssh": resolve_host(inv, n).label,
-                          "env": {key: HIDDEN for key in h.env}}  # env values are never printed (README)
+                          "env": {key: HIDDEN for key in h.env}}  # env values are never printed (docs/security.md)
                       for n, h in inv.hosts.items()},
         })
         return

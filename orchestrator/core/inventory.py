@@ -230,7 +230,7 @@ def load_inventory(path: str | os.PathLike) -> Inventory:
     except FileNotFoundError:
         raise InputError(
             f"inventory file not found: {path}",
-            hint="pass --inventory PATH or set DFO_INVENTORY (see README: 'The inventory')",
+            hint="pass --inventory PATH or set DFO_INVENTORY (see docs/inventory.md)",
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read inventory {path}: {exc}") from None
@@ -245,7 +245,7 @@ def parse_inventory(text: str, path: Path, where: Where | None = None) -> Invent
         raise InputError(f"{path}: the inventory is empty", hint="it needs at least a 'hosts:' mapping")
     if not isinstance(data, dict):
         raise InputError(f"{at(1)}: expected a mapping with 'hosts:' at the top, got {_kind(data)}",
-                         hint="the file starts with `hosts:` and one indented block per host (see README)")
+                         hint="the file starts with `hosts:` and one indented block per host (see docs/inventory.md)")
     _check_host_names(data, root, at)
     try:
         inv = Inventory.model_validate(_plain(data))

@@ -38,10 +38,10 @@ from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.operation import follow_and_collect, raise_failures, start_eval
 from orchestrator.evaluation.plan import EvalRequest, plan_eval
 from orchestrator.evaluation.report import (
-    _obj,
     drafter_rows,
     fmt_convention,
     fmt_with_ci,
+    json_object,
     law_label,
     sampled_figure,
     sampling_of,
@@ -141,7 +141,8 @@ def temperature_table(greedy: dict, sampled: dict) -> list[str]:
     rows = [["drafter", "T=0 τ", f"{law} τ [CI]", "T=0 zlab τ", f"{law} zlab τ [CI]", "draws"]]
     for r in drafter_rows(greedy):
         name = r["drafter"]
-        block = _obj(_obj(_obj(_obj(sampled.get("drafters")).get(name)).get("metrics")).get("sampled"))
+        metrics = json_object(json_object(json_object(sampled.get("drafters")).get(name)).get("metrics"))
+        block = json_object(metrics.get("sampled"))
         rows.append([name, fmt_number(r["tau_macro"], ".2f"), fmt_with_ci(sampled_figure(sampled, name)),
                      fmt_convention(r["zlab"]), fmt_with_ci(sampled_figure(sampled, name, "zlab_tau_macro")),
                      fmt_number(block.get("draws"), "d")])

@@ -22,7 +22,7 @@ from remote_payload.inputs.datasets.registry import SUITE_MAX_NEW_TOKENS, datase
 from remote_payload.inputs.prompts import conversations
 
 HINT = "e.g. --dataset humaneval@8, --suite zlab; the other sets from a file on the eval host: --dataset-file " \
-       "gsm8k=/data/gsm8k-test.jsonl (README, Datasets)"
+       "gsm8k=/data/gsm8k-test.jsonl (docs/datasets.md)"
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def plan_datasets(datasets: list[str], suite: str | None, dataset_files: list[st
         if path is not None:
             if not path.startswith("/"):
                 raise InputError(f"--dataset-file {spec.name}={path}: expected an absolute path on the eval host",
-                                 hint="export the split there once (README, Datasets), then give its path")
+                                 hint="export the split there once (docs/datasets.md), then give its path")
             out.append(PlannedDataset(spec.name, posixpath.normpath(path), None, None, None))
             continue
         try:
@@ -67,7 +67,7 @@ def plan_datasets(datasets: list[str], suite: str | None, dataset_files: list[st
             prompts, record = load_one(spec, str(local))
         except PayloadError as exc:
             raise InputError(str(exc), hint=f"or export {spec.adapter.hub_id} on a machine with hub access "
-                             f"and give --dataset-file {spec.name}=PATH (README, Datasets)") from None
+                             f"and give --dataset-file {spec.name}=PATH (docs/datasets.md)") from None
         bundled = spec.adapter.bundled is not None  # every host has the payload's own rows: nothing to upload
         out.append(PlannedDataset(spec.name, None, None if bundled else local, record["source"]["sha256"],
                                   conversations(prompts), bundled))

@@ -149,7 +149,7 @@ def raise_failures(what: str, outcomes: Mapping[str, HostOutcome[Any]]) -> None:
                              hint="; ".join(hints) or None)
 
 
-def _relay_drafters(connector: Connector, plan: EvalPlan, events: Events,
+def relay_drafters(connector: Connector, plan: EvalPlan, events: Events,
                     stripper: Stripper | None = None) -> list[dict]:
     done = []
     for step in plan.relays:
@@ -164,29 +164,29 @@ def _relay_drafters(connector: Connector, plan: EvalPlan, events: Events,
     return done
 
 
-def _upload_prompts(connector: Connector, plan: EvalPlan, local: Path) -> None:
+def upload_prompts(connector: Connector, plan: EvalPlan, local: Path) -> None:
     data = local.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
 
     def put(host: str) -> None:
         job = next(j for j in plan.jobs if j.host == host)
-        _put_file(connector, host, data, digest, job.prompts_upload or "", "the prompts file")  # only hosts with one
+        put_file(connector, host, data, digest, job.prompts_upload or "", "the prompts file")  # only hosts with one
 
     raise_failures("prompts upload", for_each_host([j.host for j in plan.jobs if j.prompts_upload], put))
 
 
-def _upload_datasets(connector: Connector, plan: EvalPlan) -> None:
+def upload_datasets(connector: Connector, plan: EvalPlan) -> None:
     """The dataset files read here (rows a package ships) to each eval host, under their content names."""
     def put(host: str) -> None:
         job = next(j for j in plan.jobs if j.host == host)
         for local, remote in job.uploads:
             data = Path(local).read_bytes()
-            _put_file(connector, host, data, hashlib.sha256(data).hexdigest(), remote, "the dataset file")
+            put_file(connector, host, data, hashlib.sha256(data).hexdigest(), remote, "the dataset file")
 
     raise_failures("dataset upload", for_each_host([j.host for j in plan.jobs if j.uploads], put))
 
 
-def _put_file(connector: Connector, host: str, data: bytes, digest: str, remote: str, what: str) -> None:
+def put_file(connector: Connector, host: str, data: bytes, digest: str, remote: str, what: str) -> None:
     session = connector.session(host)
     folder, name = posixpath.split(remote)
     python = connector.inventory.hosts[host].python
@@ -251,15 +251,15 @@ def _refuse_busy_hosts(connector: Connector, plan: EvalPlan) -> None:
 def _start_locked(connector: Connector, plan: EvalPlan, *, runs_dir: Path, events: Events,
                   prompts_file: Path | None, stripper: Stripper | None) -> Run:
     pythons = _prepare_hosts(connector, plan, events)
-    relays = _relay_drafters(connector, plan, events, stripper)
+    relays = relay_drafters(connector, plan, events, stripper)
     if prompts_file is not None:
         events.step(f"upload prompts {prompts_file}")
-        _upload_prompts(connector, plan, prompts_file)
+        upload_prompts(connector, plan, prompts_file)
     if any(j.uploads for j in plan.jobs):
         events.step("upload dataset files (rows the packages ship, read here)")
-        _upload_datasets(connector, plan)
+        upload_datasets(connector, plan)
     run = new_run(runs_dir, plan.provision_hosts, {
-        "request": _jsonable(asdict(plan.request)), "plan": _jsonable(plan.as_dict()), "relays": relays,
+        "request": jsonable(asdict(plan.request)), "plan": jsonable(plan.as_dict()), "relays": relays,
         "jobs": {},
     })
     events.step(f"launch the eval job on {', '.join(plan.provision_hosts)}")
@@ -289,7 +289,7 @@ def _job_env() -> dict[str, str]:
     return {"DFO_REFERENCE_API_KEY": key} if key else {}
 
 
-def _jsonable(data):
+def jsonable(data):
     return json.loads(json.dumps(data, default=str))
 
 

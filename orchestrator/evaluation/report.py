@@ -46,9 +46,12 @@ def _count(x) -> str:
     return fmt_number(x, "d") if not isinstance(x, float) else "?"
 
 
-def _obj(value) -> dict:
+def json_object(value) -> dict:
     """VALUE when it is a JSON object, else {} (a host may write any shape)."""
     return value if isinstance(value, dict) else {}
+
+
+_obj = json_object  # the short name this module's many reads of host-written JSON use
 
 
 def _objs(value) -> list[dict]:

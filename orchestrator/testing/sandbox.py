@@ -420,7 +420,7 @@ class Sandbox:
         return "\n".join(lines)
 
 
-if __name__ == "__main__":  # `python -m orchestrator.testing.sandbox up|down ROOT`, as README and messages say
+if __name__ == "__main__":  # `python -m orchestrator.testing.sandbox up|down ROOT`, as its docstring and messages say
     from orchestrator.testing.cli import main
 
     sys.exit(main())

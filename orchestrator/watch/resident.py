@@ -31,11 +31,11 @@ from orchestrator.core.events import Events
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.operation import (
-    _jsonable,
-    _relay_drafters,
-    _upload_datasets,
-    _upload_prompts,
+    jsonable,
     raise_failures,
+    relay_drafters,
+    upload_datasets,
+    upload_prompts,
 )
 from orchestrator.evaluation.plan import EvalPlan, relay_dir
 from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
@@ -185,9 +185,9 @@ class Resident(_ResidentJob):
 
     def _start(self, plan: EvalPlan, host: str, python: str, key: str, args: list[str]) -> bool:
         if self.prompts_file is not None:
-            _upload_prompts(self.connector, plan, self.prompts_file)
+            upload_prompts(self.connector, plan, self.prompts_file)
         if plan.jobs[0].uploads:
-            _upload_datasets(self.connector, plan)
+            upload_datasets(self.connector, plan)
         try:
             handle = launch_job(self.connector, host, [python, "-m", "remote_payload", *args],
                                 cwd=payload_dir(self.connector.inventory.hosts[host].workdir),
@@ -205,11 +205,11 @@ class Resident(_ResidentJob):
         """Relay the checkpoint (stripped by STRIPPER when given), then a handover job for it: the run (status
         running), as start_eval returns it."""
         assert self.record is not None
-        relays = _relay_drafters(self.connector, plan, self.events, stripper)
+        relays = relay_drafters(self.connector, plan, self.events, stripper)
         job, host = plan.jobs[0], self.record["host"]
         name, path = next(iter(job.drafters.items()))
-        run = new_run(self.runs_dir, [host], {"request": _jsonable(asdict(plan.request)),
-                                              "plan": _jsonable(plan.as_dict()), "relays": relays, "jobs": {},
+        run = new_run(self.runs_dir, [host], {"request": jsonable(asdict(plan.request)),
+                                              "plan": jsonable(plan.as_dict()), "relays": relays, "jobs": {},
                                               "resident_worker": dict(self.record)})
         files = relays[0]["files"] if relays else []
         argv = [self.record["python"], "-m", "remote_payload",

@@ -7,7 +7,7 @@ exit stops it. SIGTERM to the supervisor stops the watcher too. Its pid is in ``
 output of both in ``watch.log`` in the series folder. A restarted watcher resumes from series.json.
 
 For a supervisor you already run, use the same command without --detach: the systemd user unit shipped
-as ``orchestrator/watch/dfo-watch@.service`` or a tmux window (README "Watch a training run").
+as ``orchestrator/watch/dfo-watch@.service`` or a tmux window (docs/watch.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Why does a drafter accept less than it should? Checks for the pitfalls of README's Troubleshooting table
+"""Why does a drafter accept less than it should? Checks for the pitfalls of the table in docs/troubleshooting.md
 (numbered there: "pitfall N" below is its row N).
 
 Two layers (README "Diagnostics"):

@@ -8,7 +8,7 @@ prompts, extracts every decoder layer's hidden states twice — with the fla ker
 linear-attention functions swapped to transformers' torch code on the same loaded model — and reports
 per layer the max / mean absolute difference, the teacher-forced argmax disagreements, and (with a
 drafter) how many draft tokens differ between the two feature sets and the τ of each. This is what
-pitfall 7 of README's Troubleshooting table is about: a drafter trained on one path and evaluated on the other.
+pitfall 7 of docs/troubleshooting.md is about: a drafter trained on one path and evaluated on the other.
 
 ``--synthetic`` needs no downloaded weights: it builds a randomly initialised Qwen3.5 text model with the
 real layer shapes (hidden 4096, Gated DeltaNet 16/32 heads of 128, attention 16/4 heads of 256, the
@@ -115,7 +115,7 @@ def build_synthetic(folder: Path, shapes: dict = REAL_SHAPES, seed: int = 0) -> 
                           "num_key_value_heads": max(1, H // 512), "head_dim": min(128, H),
                           "intermediate_size": 2 * H, "rope_theta": 10000000.0}, {}, "synthetic drafter")
     spec.format = "zlab"
-    write_zlab_folder(drafter_dir, spec, fixtures._random_drafter_weights(spec, seed + 1))
+    write_zlab_folder(drafter_dir, spec, fixtures.seeded_drafter_weights(spec, seed + 1))
     return target_dir, drafter_dir
 
 

@@ -178,7 +178,7 @@ OPTIONS: tuple[Option, ...] = (
            parse=parse_shard, planned=True),
     Option("--max-new-tokens", "max_new_tokens", "Length of each reference continuation, in tokens.", kind=int,
            default=512, minimum=1, metavar="N", commands=BOTH, dfo_default=256),
-    # Sampling (T > 0): τ as an expectation over continuations drawn from the target (README, Metrics).
+    # Sampling (T > 0): τ as an expectation over continuations drawn from the target (docs/metrics.md).
     Option("--temperature", "temperature", "Temperature the target's continuations are drawn at: 0 = greedy (one "
            "continuation per prompt, today's figures); T > 0: each prompt's continuations are sampled at T with "
            "recorded seeds and τ is their expectation, with CIs over prompts and draws.", kind=float, default=0.0,

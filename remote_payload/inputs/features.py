@@ -1,6 +1,6 @@
 """Hidden-state extraction: one forward over prompt + continuation, forward hooks on decoder layers.
 
-Layer id l means "output of decoder layer l" (README's Troubleshooting, pitfall 1): a forward hook on
+Layer id l means "output of decoder layer l" (docs/troubleshooting.md, pitfall 1): a forward hook on
 ``get_decoder().layers[l]``. This equals HF ``hidden_states[l + 1]`` for every layer but the last,
 which HF replaces with the post-final-norm state; hooks avoid that trap. Features are cached per sample
 as safetensors with metadata; a cache entry is reused only when the metadata matches.

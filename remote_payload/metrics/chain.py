@@ -1,4 +1,4 @@
-"""Acceptance-length metrics (README, Metrics). Pure Python: no torch, easy to test by hand.
+"""Acceptance-length metrics (docs/metrics.md). Pure Python: no torch, easy to test by hand.
 
 A round drafts B-1 tokens from an anchor (the last committed token). Against the target's own
 continuation, ``accepted`` = leading drafts equal to the continuation (capped at the tokens left after

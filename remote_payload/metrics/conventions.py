@@ -1,4 +1,4 @@
-"""Three counting conventions for τ at the end of an output: committed, zlab, vllm (README, Metrics).
+"""Three counting conventions for τ at the end of an output: committed, zlab, vllm (docs/metrics.md).
 
 They differ only in a sample's last round(s). The drafter's drafts and the target's tokens are the same;
 what each convention counts is:

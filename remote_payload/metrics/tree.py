@@ -1,4 +1,4 @@
-"""Tree acceptance (README, Metrics), offline, from the same draft pass as the chain τ. Pure stdlib.
+"""Tree acceptance (docs/metrics.md), offline, from the same draft pass as the chain τ. Pure stdlib.
 
 The offline eval drafts at *every* continuation position and keeps, per anchor and per draft depth, the
 drafter's top-k token ids and log-probs (``offline.SampleDrafts.topk_ids / topk_logprobs``; ``.tolist()``

@@ -6,7 +6,7 @@ causal-conv1d functions use the fla / causal_conv1d packages or its own torch co
 Triton kernels and every forward fails ("0 active drivers"). So before transformers' modelling modules
 are imported for a CPU run, we make those packages unimportable in this process. The kernel path in
 use is read back from the bound functions and recorded with every cache and result, because fla and
-torch paths give numerically different hidden states (README's Troubleshooting, pitfall 7).
+torch paths give numerically different hidden states (docs/troubleshooting.md, pitfall 7).
 """
 
 from __future__ import annotations

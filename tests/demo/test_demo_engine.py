@@ -1,6 +1,6 @@
 """`dfo demo --engine vllm` without hosts or an engine: its plan names fixture items the payload builds, and its
 offline-vs-engine lines render what the payload's agreement function computes. (The full engine demo takes
-~10-20 min on 2 cores: run by hand, `./scripts/demo.sh --engine vllm`, its output in the README.)"""
+~10-20 min on 2 cores: run by hand, `./scripts/demo.sh --engine vllm`, its output in docs/demo.md.)"""
 
 from __future__ import annotations
 

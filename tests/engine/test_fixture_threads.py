@@ -1,5 +1,5 @@
 """``$DFO_FIXTURE_THREADS``: the fixtures built under another torch thread count, the portability check of the
-engine agreement (README, engine section: another thread count sums in another order, as another machine's
+engine agreement (docs/engines.md: another thread count sums in another order, as another machine's
 floating-point path does). The count keys the cache, so two builds never mix; a bad value is refused."""
 
 from __future__ import annotations

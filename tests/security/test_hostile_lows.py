@@ -19,7 +19,7 @@ from waiting import wait_for
 
 from orchestrator.core.events import QuietEvents
 from orchestrator.core.inventory import load_inventory
-from orchestrator.evaluation.operation import _upload_prompts
+from orchestrator.evaluation.operation import upload_prompts
 from orchestrator.evaluation.plan import EvalRequest, HostJob, relay_dir
 from orchestrator.jobs.operation import job_status, launch_job
 from orchestrator.transport import Connector
@@ -222,7 +222,7 @@ def _upload(sandbox, remote: Path, data: bytes, tmp_path: Path) -> None:
     local.write_bytes(data)
     plan = SimpleNamespace(jobs=[HostJob(EVAL, (0, 1), {}, [], prompts_upload=str(remote))])
     with Connector(load_inventory(sandbox.inventory_path)) as conn:
-        _upload_prompts(conn, plan, local)  # type: ignore[arg-type]  # it reads only the plan's jobs
+        upload_prompts(conn, plan, local)  # type: ignore[arg-type]  # it reads only the plan's jobs
 
 
 def test_the_prompts_upload_never_writes_through_a_planted_link(sandbox, tmp_path):

@@ -3,7 +3,7 @@
     dfo watch … --on-result 'python3 /path/to/dfo/orchestrator/watch/examples/mlflow_on_result.py'
 
 Run it with a Python that has ``mlflow`` (``pip install mlflow``) and MLFLOW_TRACKING_URI set. The result JSON
-arrives on stdin (README, "dfo watch"). Set ``MLFLOW_RUN_ID`` to the trainer's run to put τ beside the loss
+arrives on stdin (docs/watch.md). Set ``MLFLOW_RUN_ID`` to the trainer's run to put τ beside the loss
 (MLflow takes metrics for a run from any process, at any step); without it, a run named ``dfo-<series>`` in
 experiment ``$MLFLOW_EXPERIMENT_NAME`` (default ``dfo``) is found or made. The metric names are the
 TensorBoard tags `dfo watch --tensorboard` writes ('/' is kept: MLflow allows it). A failed checkpoint logs

@@ -3,7 +3,7 @@
     dfo watch … --on-result 'python3 /path/to/dfo/orchestrator/watch/examples/wandb_on_result.py'
 
 Run it with a Python that has ``wandb`` (``pip install wandb``; logged in, or WANDB_API_KEY set). The result
-JSON arrives on stdin (README, "dfo watch"). By default it logs into a run of its own per series (project
+JSON arrives on stdin (docs/watch.md). By default it logs into a run of its own per series (project
 ``$WANDB_PROJECT``, default ``dfo``; run id ``dfo-<series>``, resumed each time). Set ``WANDB_RUN_ID`` to the
 trainer's run id to put τ into the trainer's own run, beside the loss. The x axis is ``trainer/global_step``
 (W&B wants one growing step per run: the trainer owns it, so τ declares its own step metric). The metric

@@ -49,10 +49,10 @@ def features(samples, tb, tf, layers, progress: Callable[[str], None]) -> tuple[
 
 
 def _runtime(spec, weights, target, dtype):
-    from remote_payload.fixtures.models import _loaded_from
+    from remote_payload.fixtures.models import loaded_from
     from remote_payload.models.drafter import DrafterRuntime
 
-    return DrafterRuntime(_loaded_from(spec, weights), target.model.get_input_embeddings(),
+    return DrafterRuntime(loaded_from(spec, weights), target.model.get_input_embeddings(),
                           target.model.get_output_embeddings(), device=target.input_device, dtype=dtype)
 
 
@@ -60,9 +60,9 @@ def train(spec, samples, feats, tf, steps: int, lr: float, seed: int) -> dict:
     """The fixture drafter's training loop, on fla bf16 features (cast to the fp32 drafter), on tf's device."""
     import torch
 
-    from remote_payload.fixtures.models import _random_drafter_weights
+    from remote_payload.fixtures.models import seeded_drafter_weights
 
-    rt = _runtime(spec, _random_drafter_weights(spec, seed), tf, torch.float32)
+    rt = _runtime(spec, seeded_drafter_weights(spec, seed), tf, torch.float32)
     params = [p for p in rt.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.05, 1 - s / steps))
@@ -157,7 +157,7 @@ def run(target_dir, device: str, kernel: str, n_samples: int, max_new_tokens: in
     """The whole experiment on the fixture target at ``target_dir``; the result dict ``render`` prints."""
     import torch
 
-    from remote_payload.fixtures.models import DRAFTER_TRAIN, SEED, _drafter_spec_dict
+    from remote_payload.fixtures.models import DRAFTER_TRAIN, SEED, drafter_spec_dict
     from remote_payload.inputs.prompts import load_prompts
     from remote_payload.inputs.reference import greedy_decode
     from remote_payload.models.kernels import torch_linear_attention
@@ -167,7 +167,7 @@ def run(target_dir, device: str, kernel: str, n_samples: int, max_new_tokens: in
     started = time.perf_counter()
     tb = load_target(target_dir, device=device, dtype="bfloat16", kernel=kernel)
     tf = load_target(target_dir, device=device, dtype="float32", kernel=kernel)
-    spec = from_training(_drafter_spec_dict(tb.tokenizer.convert_tokens_to_ids("<|MASK|>")), {}, "kernel-path drafter")
+    spec = from_training(drafter_spec_dict(tb.tokenizer.convert_tokens_to_ids("<|MASK|>")), {}, "kernel-path drafter")
     prompts, _ = load_prompts("builtin")
     samples = []
     with torch_linear_attention(tf.model):

@@ -99,7 +99,7 @@ def drafter_runtime(config: dict, target, seed: int = 0):
     """The payload's DrafterRuntime for a random drafter of ``config``, bound to ``target``'s embedding and head."""
     import torch
 
-    from remote_payload.fixtures.models import _loaded_from
+    from remote_payload.fixtures.models import loaded_from
     from remote_payload.models.drafter import DrafterRuntime
     from remote_payload.models.spec import from_zlab
 
@@ -107,6 +107,6 @@ def drafter_runtime(config: dict, target, seed: int = 0):
     weights = random_drafter_weights(spec, target.device, target.dtype, seed)
     model = target.model
     with torch.device(target.device):  # the runtime's module is made on the device, not in host memory first
-        runtime = DrafterRuntime(_loaded_from(spec, weights), model.get_input_embeddings(),
+        runtime = DrafterRuntime(loaded_from(spec, weights), model.get_input_embeddings(),
                                  model.get_output_embeddings(), device=target.input_device, dtype=target.dtype)
     return spec, runtime

@@ -79,7 +79,7 @@ def package_source(adapter: Adapter) -> tuple[Path, str]:
     pkg = adapter.package
     if pkg is None:
         raise PayloadError(f"{adapter.name} ships in no package: give its rows with --dataset-file "
-                           f"{adapter.name}=PATH (README, Datasets: how to export {adapter.hub_id} in one command)")
+                           f"{adapter.name}=PATH (docs/datasets.md: how to export {adapter.hub_id} in one command)")
     try:
         dist = importlib.metadata.distribution(pkg.distribution)
     except importlib.metadata.PackageNotFoundError:

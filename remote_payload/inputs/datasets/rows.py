@@ -18,7 +18,7 @@ from remote_payload.errors import PayloadError
 
 JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 ARROW_SUFFIXES = (".parquet", ".arrow")
-EXPORT_HINT = ("export the split once on a machine with hub access (README, Datasets: one python -c line "
+EXPORT_HINT = ("export the split once on a machine with hub access (docs/datasets.md: one python -c line "
                "writes a .jsonl), then give its path")
 
 
@@ -119,7 +119,7 @@ def _arrow_rows(path: Path) -> list:
         from pyarrow import ipc
     except ImportError:
         raise PayloadError(f"{path}: reading parquet/arrow needs pyarrow, which this venv lacks; give the split as "
-                           "JSON lines instead (README, Datasets: one command converts it)") from None
+                           "JSON lines instead (docs/datasets.md: one command converts it)") from None
     try:
         if path.suffix == ".parquet":
             table = pq.read_table(str(path))

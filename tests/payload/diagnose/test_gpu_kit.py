@@ -79,7 +79,7 @@ def test_smoke_figures_have_the_gpu_runs_shape(smoke):
         assert all(r["max_abs_diff"] == 0 for r in table["per_layer"])  # torch against torch: nothing to differ
         beside = fla["vs_cpu_interpreter"]["dtypes"][dtype]
         assert [r["layer"] for r in beside["layers"]] == list(range(8)) and isinstance(beside["same_weights"], bool)
-    # kernel path: the four feature paths with τ and CIs, drift for every layer, the table for the README
+    # kernel path: the four feature paths with τ and CIs, drift for every layer, the table for docs/troubleshooting.md
     exp = kp["experiment"]
     assert set(exp["rows"]) == {"a", "b", "c", "d"}
     assert all(r["point"]["tau"] >= 1 and r["ci95"]["tau"] is not None for r in exp["rows"].values())
@@ -239,7 +239,7 @@ def test_published_configs_build_the_real_shapes():
     with torch.device("meta"):
         drafter = DFlashDrafter(spec)
     assert drafter.fc.in_features == 25600
-    # README's feature bytes per token for the team's 27B drafter: 5 layers × 5120 × 2 B
+    # docs/datasets.md's feature bytes per token for the team's 27B drafter: 5 layers × 5120 × 2 B
     assert len(spec.fc_layer_ids) * text.hidden_size * 2 == 51_200
 
 

@@ -1,5 +1,5 @@
-"""The drafter forward follows the DFlash block (models/drafter.py), and the pitfalls of README's
-Troubleshooting table are caught or impossible."""
+"""The drafter forward follows the DFlash block (models/drafter.py), and the pitfalls of the table in
+docs/troubleshooting.md are caught or impossible."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import torch
 
 from remote_payload.eval.offline import draft_sample, replay
-from remote_payload.fixtures.models import _random_drafter_weights
+from remote_payload.fixtures.models import seeded_drafter_weights
 from remote_payload.metrics.chain import summarize
 from remote_payload.models.checkpoint import LoadedDrafter
 from remote_payload.models.drafter import DrafterRuntime, block_mask
@@ -25,7 +25,7 @@ def _mixed_spec(loaded):
     """A 3-layer random drafter: causal sliding (window 3 < block 8), bidirectional full, bidirectional sliding."""
     spec = dataclasses.replace(loaded["zlab"].spec, num_layers=3, attn=[
         AttnLayer(SLIDING, 3, True), AttnLayer(FULL, None, False), AttnLayer(SLIDING, 5, False)])
-    return LoadedDrafter(spec=spec, weights=_random_drafter_weights(spec, 7), extras={}, source={})
+    return LoadedDrafter(spec=spec, weights=seeded_drafter_weights(spec, 7), extras={}, source={})
 
 
 def _naive_hidden(rt: DrafterRuntime, features, tokens, a):
@@ -97,7 +97,7 @@ def test_all_anchor_pass_equals_one_block_at_a_time(loaded, runtime_for, samples
 def test_sliding_window_layers_see_only_their_window(loaded, runtime_for, samples):
     # one causal sliding layer with window 4: context beyond the window cannot change anything
     spec = dataclasses.replace(loaded["zlab"].spec, num_layers=1, attn=[AttnLayer(SLIDING, 4, True)])
-    rt = runtime_for(LoadedDrafter(spec=spec, weights=_random_drafter_weights(spec, 3), extras={}, source={}))
+    rt = runtime_for(LoadedDrafter(spec=spec, weights=seeded_drafter_weights(spec, 3), extras={}, source={}))
     _p, ref, feats = samples[0]
     a = len(ref.prompt_ids) + 20
     base = rt.hidden(rt.prepare(feats.layers), ref.tokens, [a])[0]

@@ -1,0 +1,128 @@
+"""Every `dfo ...` command form that README.md and docs/*.md show exists in the real CLI.
+
+A form is a `$ dfo ...` line of a fenced block or an inline code span that starts with `dfo `. Its words are
+walked through the (click) command typer builds from the app (all command modules registered): each command and
+sub-command must exist, and each option (`--name`, `--name=value`, `-x`) must be one of that command's, or of
+dfo's own before the command. Placeholders (`…`, `[--json]`'s brackets, `HOST:DIR`) and what follows `--`, a
+pipe, `;` or `#` are not options. Pure introspection: no host, no sandbox.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from orchestrator.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[2]
+FENCE_FORM = re.compile(r"^\s*\$ (dfo\b.*)$")
+INLINE_FORM = re.compile(r"`(dfo [^`]+)`")
+STOP = {"|", ";", "&&", "||", ">", ">>", "#", "--"}
+
+
+def doc_files() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def forms(text: str) -> list[tuple[int, str]]:
+    """(line, command form) of every `dfo ...` the text shows; a fenced form's `\\` continuations are joined."""
+    found: list[tuple[int, str]] = []
+    lines = text.splitlines()
+    fenced = False
+    n = 0
+    while n < len(lines):
+        line = lines[n]
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced and (match := FENCE_FORM.match(line)):
+            start, form = n + 1, match.group(1)
+            while form.rstrip().endswith("\\") and n + 1 < len(lines):
+                n += 1
+                form = form.rstrip()[:-1] + " " + lines[n].strip()
+            found.append((start, form))
+        elif not fenced:
+            found += [(n + 1, m) for m in INLINE_FORM.findall(line)]
+        n += 1
+    return found
+
+
+def words(form: str) -> list[str]:
+    """The form's words up to the first pipe, comment, `--` or shell operator, placeholders dropped."""
+    try:
+        tokens = shlex.split(form, comments=True)
+    except ValueError:  # an unbalanced quote in prose: read it word by word
+        tokens = form.split()
+    out = []
+    for token in tokens[1:]:
+        if token in STOP:
+            break
+        token = token.strip("[]")
+        if token and "…" not in token and token != "...":
+            out.append(token)
+    return out
+
+
+def option_names(command: Any) -> set[str]:
+    return {name for param in command.params if param.param_type_name == "option"
+            for name in (*param.opts, *param.secondary_opts)} | {"-h", "--help"}
+
+
+def problems(form: str, root: Any) -> list[str]:
+    """What in FORM the CLI does not have (empty when it matches)."""
+    command, path, bad = root, ["dfo"], []
+    for word in words(form):
+        if word.startswith("-") and len(word) > 1 and not word[1:2].isdigit():
+            name = word.split("=", 1)[0]
+            if name not in option_names(command):
+                bad.append(f"{' '.join(path)} has no option {name}")
+        elif is_group(command):
+            sub = command.commands.get(word)
+            if sub is None:
+                bad.append(f"{' '.join(path)} has no command {word!r}")
+                break
+            command, path = sub, [*path, word]
+    return bad
+
+
+def is_group(command: Any) -> bool:
+    return isinstance(getattr(command, "commands", None), dict)
+
+
+def root_command() -> Any:
+    cli_main._register([])  # every command module
+    return cli_main.command()
+
+
+def test_every_dfo_form_in_the_docs_matches_the_cli():
+    root = root_command()
+    bad = [f"{path.relative_to(REPO)}:{line}: `{form}`: {problem}"
+           for path in doc_files() for line, form in forms(path.read_text(encoding="utf-8"))
+           for problem in problems(form, root)]
+    assert bad == [], "the docs show command forms the CLI does not have:\n" + "\n".join(bad)
+
+
+def test_the_docs_show_every_command():
+    root = root_command()
+    shown = {" ".join(w for w in words(form) if not w.startswith("-"))
+             for path in doc_files() for _, form in forms(path.read_text(encoding="utf-8"))}
+    missing = [name for name in root.commands if not any(s.split(" ")[0] == name for s in shown if s)]
+    assert missing == [], f"commands no page shows: {missing}"
+
+
+def test_the_check_catches_what_it_is_for():
+    root = root_command()
+    text = ("```\n$ dfo eval --host ct129 --no-such-option 1 \\\n      --samples 4\n$ dfo jobs frobnicate\n```\n"
+            "Prose: `dfo relay-checkpoint kpro6:a ct129:b --streams 2`, `dfo inventory show [--json]`, "
+            "`dfo jobs run -H ct129 -- python --anything`, `dfo eval --dtyp=float32`, `dfo runs`.\n")
+    found = {form: problems(form, root) for _, form in forms(text)}
+    assert found == {
+        "dfo eval --host ct129 --no-such-option 1  --samples 4": ["dfo eval has no option --no-such-option"],
+        "dfo jobs frobnicate": ["dfo jobs has no command 'frobnicate'"],
+        "dfo relay-checkpoint kpro6:a ct129:b --streams 2": [],
+        "dfo inventory show [--json]": [],
+        "dfo jobs run -H ct129 -- python --anything": [],
+        "dfo eval --dtyp=float32": ["dfo eval has no option --dtyp"],
+        "dfo runs": [],
+    }
