@@ -191,6 +191,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--samples-per-prompt", "samples_per_prompt", "With --temperature > 0: continuations drawn per prompt, "
            "each with its own seed (from --seed, the prompt and its number).", kind=int, default=1, minimum=1,
            metavar="K", commands=BOTH),
+    Option("--draft-rule", "draft_rule", "With --temperature > 0: how a round drafts and verifies. sampled (z-lab's "
+           "current code): drafts drawn from the drafter's law, accepted while u·q(d) < p(d), a residual draw at the "
+           "first rejection; τ integrated exactly over the round boundaries of each drawn continuation. greedy "
+           "(z-lab's April code, vLLM's DFlash rule): the drafter's argmax, accepted while it equals the target's "
+           "draw. The two give different τ; T = 0 ignores it.", default="sampled", choices=("greedy", "sampled"),
+           commands=BOTH),
     Option("--enable-thinking", "enable_thinking", "Chat-template thinking mode; must match the drafter's "
            "training.", kind=bool, default=False, negatable=True, commands=BOTH, dfo_default=False),
     Option("--device", "device", "Where the models run.", default="auto", choices=("auto", "cuda", "cpu"),

@@ -223,6 +223,8 @@ def response_figures(seg: Segmentation, block_size: int) -> dict:
     produced = L - 1
     dist = seg.round_count
     tau = sum(pr * produced / r for r, pr in enumerate(dist) if r > 0 and pr > 0) if produced else None
+    tau_var = (max(0.0, sum(pr * (produced / r) ** 2 for r, pr in enumerate(dist) if r > 0 and pr > 0) - tau * tau)
+               if tau is not None else None)  # Var(produced / R | y): what one loop run adds around tau
     post = seg.posterior
     A = post.shape[0]
     r_left = (L - 1 - torch.arange(A)).double()
@@ -231,19 +233,20 @@ def response_figures(seg: Segmentation, block_size: int) -> dict:
     ends = torch.isclose(m, r_left[:, None])
     start = post.sum(1)
     hits, eligible = [], []
+    at_end, r_end, share = post[ends], r_left[ends.any(1)], seg.end_share[ends.any(1)]
+    acc_hi = torch.minimum(r_end, torch.tensor(B - 1.0))  # the end round, its last token an accepted draft
+    acc_lo = torch.minimum(r_end - 1, torch.tensor(B - 1.0))  # … or a residual draw (the bonus: both B - 1)
+    expected_accepted = float((post * accepted * ~ends).sum()
+                              + (at_end * (share * acc_hi + (1 - share) * acc_lo)).sum())
     for k in range(1, B):
         plain = (post * ((accepted >= k) & ~ends)).sum()
-        # the end round: m = r accepted r with probability end_share (a draft), else r-1 (min with B-1)
-        at_end = post[ends]
-        r_end = r_left[ends.any(1)]
-        share = seg.end_share[ends.any(1)]
-        acc_hi = torch.minimum(r_end, torch.tensor(B - 1.0))
-        acc_lo = torch.minimum(r_end - 1, torch.tensor(B - 1.0))
         end_hits = (at_end * (share * (acc_hi >= k) + (1 - share) * (acc_lo >= k))).sum()
         hits.append(float(plain + end_hits))
         eligible.append(float((start * (torch.minimum(r_left, torch.tensor(B - 1.0)) >= k)).sum()))
     histogram = [float(post[:, i].sum()) for i in range(B)]
-    return {"tau": tau, "produced": produced, "rounds": float(sum(r * pr for r, pr in enumerate(dist))),
+    return {"tau": tau, "tau_var": tau_var, "produced": produced,
+            "rounds": float(sum(r * pr for r, pr in enumerate(dist))),
+            "accepted": expected_accepted,
             "round_count": dist, "hits": hits, "eligible": eligible, "tau_histogram": histogram,
             "log_total": seg.log_total, "log_target": seg.log_target, "check_error": seg.error,
             "check_ok": seg.error <= TOLERANCE}
@@ -258,3 +261,18 @@ def estimate(sc: SlotScalars, where: str = "response") -> dict:
                            f"target's log p(y) {seg.log_target:.9g} by {seg.error:.3g} (tolerance {TOLERANCE:g}): "
                            "the drafter's and the target's laws are not aligned with the continuation")
     return response_figures(seg, sc.block_size)
+
+
+def sample_entry(target: Target, source, features: dict, tokens: Sequence[int], prompt_len: int,
+                 sampling: Sampling, where: str) -> dict:
+    """One sample's sampled-rule entry (samples.jsonl ``drafters.NAME.sampled_rule``): the expectations given its
+    continuation, the round count's distribution summarised, and the check's error."""
+    law = TargetLaw(target, tokens, prompt_len, sampling)
+    sc = slot_scalars(source, source.prepare(features), tokens, prompt_len, law, sampling)
+    fig = estimate(sc, where)
+    dist = fig.pop("round_count")
+    mean = fig["rounds"]
+    fig["rounds_sd"] = math.sqrt(max(0.0, sum(r * r * p for r, p in enumerate(dist)) - mean * mean))
+    means = torch.nanmean(sc.overlap, 0).tolist() if sc.overlap.numel() else []
+    fig["slot_overlap"] = [None if math.isnan(x) else round(x, 6) for x in means]  # mean Σ min(p, q) per slot
+    return {k: (round(v, 12) if isinstance(v, float) else v) for k, v in fig.items()}

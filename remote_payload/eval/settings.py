@@ -47,6 +47,7 @@ class EvalSettings:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     samples_per_prompt: int = 1
+    draft_rule: str = "sampled"  # at T > 0: "sampled" (z-lab's current rule) or "greedy" (April's, vLLM's)
     enable_thinking: bool = False
     device: str = "auto"
     dtype: str = "bfloat16"
@@ -83,6 +84,13 @@ class EvalSettings:
     def sampled(self) -> bool:
         """The references are drawn at T > 0 (τ is then an expectation over the draws)."""
         return self.temperature > 0
+
+    @property
+    def rule(self) -> str:
+        """The draft rule the figures follow: ``draft_rule`` at T > 0, "n/a at T = 0" otherwise."""
+        from remote_payload.metrics.sampled_rule import rule_of
+
+        return rule_of(self.temperature, self.draft_rule)
 
     @property
     def sampling(self):

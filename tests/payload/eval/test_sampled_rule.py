@@ -131,6 +131,7 @@ def test_greedy_drafts_give_the_greedy_rules_replay_exactly(target, loaded, runt
             want = summarize([rounds], B)
             assert fig["tau"] == sample_tau(rounds)
             assert fig["rounds"] == len(rounds)
+            assert fig["accepted"] == pytest.approx(want["drafts_accepted"], abs=1e-12)
             # counts from the rounds' posterior: exp(α + e + β − Z) of the one path, exact up to float64 rounding
             assert fig["tau_histogram"] == pytest.approx([want["tau_histogram"][str(t)] for t in range(1, B + 1)],
                                                          abs=1e-12)
