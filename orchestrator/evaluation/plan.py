@@ -86,6 +86,7 @@ class EvalRequest:
     top_p: float | None = None
     top_k: int | None = None
     samples_per_prompt: int | None = None  # draws per prompt at T > 0 (payload default 1)
+    draft_rule: str | None = None        # at T > 0: "sampled" or "greedy" (payload default sampled)
     samples: int | None = None
     diagnose: bool = False
     online_check: bool = False

@@ -128,12 +128,15 @@ def sampling_of(results: dict) -> dict | None:
 
 
 def law_label(sampling: dict | None) -> str:
-    """'T=1', 'T=0.6, top-p 0.95' …; 'T=0' for a greedy run."""
+    """'T=1, sampled rule', 'T=0.6, top-p 0.95, greedy rule' …; 'T=0' for a greedy run. The draft rule is part
+    of the law's label: at T > 0 the two rules give different τ (a run from before the option followed the greedy
+    rule)."""
     if sampling is None:
         return "T=0"
     top_p, top_k = _real(sampling.get("top_p")), _small_int(sampling.get("top_k"))
+    rule = sampling.get("draft_rule") if sampling.get("draft_rule") in ("greedy", "sampled") else "greedy"
     return (f"T={fmt_number(sampling.get('temperature'), 'g')}" + (f", top-p {top_p:g}" if top_p and top_p < 1 else "")
-            + (f", top-k {top_k}" if top_k else ""))
+            + (f", top-k {top_k}" if top_k else "") + f", {rule} rule")
 
 
 def sampled_figure(results: dict, drafter: str, key: str = "tau_macro") -> dict:
