@@ -46,7 +46,7 @@ def main() -> int:
 
     from remote_payload.models import kernels
 
-    kernels.apply_policy(args.device)
+    kernels.apply_policy(args.device, "torch")  # the linear-attention kernel is not what this measures
     import torch
 
     torch.set_num_threads(args.threads)
