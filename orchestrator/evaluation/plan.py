@@ -87,6 +87,8 @@ class EvalRequest:
     top_k: int | None = None
     samples_per_prompt: int | None = None  # draws per prompt at T > 0 (payload default 1)
     draft_rule: str | None = None        # at T > 0: "sampled" or "greedy" (payload default sampled)
+    selection: str | None = None         # dataset rows: zlab-transformers (payload default) or zlab-server
+    selection_concurrency: int | None = None  # zlab-server: warm-up rows (payload default 1)
     samples: int | None = None
     diagnose: bool = False
     online_check: bool = False

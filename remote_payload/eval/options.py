@@ -167,6 +167,14 @@ OPTIONS: tuple[Option, ...] = (
            commands=BOTH, dfo_help="z-lab's benchmark suite: gsm8k, math500, humaneval, mbpp, mt-bench with its "
            "counts (128/128/164/128/80) and max-new 2048 (unless --max-new-tokens is given); a --dataset of one of "
            "them replaces its entry."),
+    Option("--selection", "selection", "Which rows of a --dataset/--suite are measured. zlab-transformers: z-lab's "
+           "transformers path (random.seed(0), shuffle, first N; the paper's tables). zlab-server: its server path, "
+           "which current model cards use (file order, wrapping past the end, the first --selection-concurrency "
+           "rows a warm-up, first turn only).", default="zlab-transformers",
+           choices=("zlab-transformers", "zlab-server"), commands=BOTH),
+    Option("--selection-concurrency", "selection_concurrency", "With --selection zlab-server: the server "
+           "benchmark's concurrency, i.e. how many rows its warm-up spends before the measured ones.", kind=int,
+           default=1, minimum=1, metavar="C", commands=BOTH),
     Option("--dataset-file", "dataset_files", "Where a dataset's rows are on this host: a .jsonl/.parquet file or "
            "a folder with the split's files (a HF cache folder); needed for the sets no package ships "
            "(repeatable).", metavar="NAME=PATH", repeatable=True,

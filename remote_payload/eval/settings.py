@@ -41,6 +41,8 @@ class EvalSettings:
     datasets: list = field(default_factory=list)  # --dataset values, NAME[:split][@N]
     suite: str | None = None  # "zlab": z-lab's sets and counts
     dataset_files: dict = field(default_factory=dict)  # dataset name -> its rows' file or folder here
+    selection: str = "zlab-transformers"  # which rows of a dataset (inputs/datasets/selection.py)
+    selection_concurrency: int = 1  # zlab-server: the warm-up rows before the measured ones
     shard: tuple = (0, 1)
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0: greedy references (one per prompt); > 0: sampled, samples_per_prompt each
@@ -169,6 +171,12 @@ def check_sampling_values(s: EvalSettings) -> None:
 def check_dataset_values(s: EvalSettings) -> None:
     """--dataset/--suite replace the prompt set: no --prompts file or --samples beside them, files only for them."""
     specs = s.dataset_specs
+    if not specs and (s.selection != "zlab-transformers" or s.selection_concurrency != 1):
+        raise PayloadError("--selection and --selection-concurrency choose rows of a dataset: give --dataset NAME "
+                           "or --suite zlab (a prompt set is evaluated whole, or its first --samples)")
+    if s.selection_concurrency != 1 and s.selection != "zlab-server":
+        raise PayloadError(f"--selection-concurrency {s.selection_concurrency} is the server path's warm-up: give "
+                           "--selection zlab-server too")
     if not specs:
         if s.dataset_files:
             raise PayloadError(f"--dataset-file {', '.join(s.dataset_files)}: give the dataset too (--dataset NAME "
