@@ -265,6 +265,9 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     notes = ([SAMPLED_NOTE.format(law=law_label(sampling), k=fmt_number(sampling.get("samples_per_prompt"), "d"))]
              if sampling else []) + ([CONVENTIONS_NOTE, *convention_notes(results)] if conv else []) + (
         [DATASETS_NOTE] if datasets_of(results) else [])
+    protocol = _obj(_obj(results.get("settings")).get("protocol"))
+    if protocol:  # the card this measurement reproduces, first
+        notes.insert(0, f"protocol {protocol.get('name')}: {protocol.get('source')}")
     caption = Text("\n".join(notes)) if notes else None
     table = Table(title=Text(title) if title is not None else None, title_justify="left", caption=caption,
                   caption_justify="left")
@@ -307,6 +310,11 @@ def settings_lines(results: dict) -> list[str]:
     sampling = sampling_of(results)
     drawn = ([f"sampling: {law_label(sampling)}, {sampling.get('samples_per_prompt')} draw(s) per prompt, seed "
               f"{sampling.get('seed')} (each draw's seed in samples.jsonl)"] if sampling else [])
+    protocol = _obj(s.get("protocol"))
+    if protocol:
+        drawn.append(f"protocol: {protocol.get('name')}: {protocol.get('source')}")
+    if isinstance(s.get("selection"), str):
+        drawn.append(f"dataset rows: {s.get('selection')} selection")
     return [
         f"target: {t.get('path') or t.get('name')} ({t.get('architecture') or t.get('model_type') or '?'}, "
         f"{t.get('num_layers') or '?'} layers, weights sha256 {str(digest_value(t.get('weights_digest')))[:16]})",

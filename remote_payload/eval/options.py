@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 from remote_payload.engines.registry import NAMES as ENGINES  # serving engines, declared once in their registry
 from remote_payload.errors import PayloadError
+from remote_payload.eval import protocols
+from remote_payload.eval.protocols import PROTOCOLS
 from remote_payload.inputs.datasets.registry import SPEC_FORM, SUITES, dataset_specs
 from remote_payload.inputs.prompts import parse_shard
 
@@ -199,6 +201,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--samples-per-prompt", "samples_per_prompt", "With --temperature > 0: continuations drawn per prompt, "
            "each with its own seed (from --seed, the prompt and its number).", kind=int, default=1, minimum=1,
            metavar="K", commands=BOTH),
+    Option("--protocol", "protocol", "A published card's measurement in one flag: its dataset and N, row "
+           "selection, sampling law, thinking mode, max new tokens and draft rule (options left at their default "
+           "take the protocol's value; one given with another value is refused).", choices=tuple(PROTOCOLS),
+           commands=BOTH),
     Option("--draft-rule", "draft_rule", "With --temperature > 0: how a round drafts and verifies. sampled (z-lab's "
            "current code): drafts drawn from the drafter's law, accepted while u·q(d) < p(d), a residual draw at the "
            "first rejection; τ integrated exactly over the round boundaries of each drawn continuation. greedy "
@@ -342,6 +348,7 @@ def check_value(option: Option, value: Any) -> None:
 def settings_values(given: dict[str, Any]) -> dict[str, Any]:
     """EvalSettings' keyword arguments from the parsed value of every payload option (by field)."""
     out: dict[str, Any] = {}
+    given = protocols.fill(given, {o.field: o.default for o in payload_options()}, given.get("protocol"))
     for o in payload_options():
         value = given.get(o.field, o.default)
         if o.settings is not None:

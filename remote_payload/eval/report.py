@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+from remote_payload.eval import protocols
 from remote_payload.eval.context import EvalContext
 from remote_payload.metrics.aggregate import BY_DATASET_NOTE, dataset_breakdown
 from remote_payload.metrics.chain import sample_tau
@@ -131,6 +132,8 @@ def _settings_block(ctx: EvalContext, reference_source: str) -> dict:
                           "strict_roundtrip": s.reference_strict_roundtrip if server else None},
             "chat_template_sha256": ctx.run_facts.chat_template_sha256,
             "online_check": s.online_check, "cache_dir": str(ctx.cache_dir), "draft_rule": s.rule,
+            "selection": s.selection if ctx.datasets else None,
+            **({"protocol": protocols.record(s.protocol)} if s.protocol else {}),
             "diagnose": ({"samples": ctx.diagnosed_samples, "rounds": s.diagnose_rounds} if s.diagnose else False),
             "expect_p1": dict(s.expect_p1) or None,
             **({"sampling": sampling_block(s)} if s.sampled else {}),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.errors import PayloadError
+from remote_payload.eval import protocols
 from remote_payload.eval.options import (  # noqa: F401 - parse_named, parse_expect_p1: the settings' parsers
     ENGINES,
     FP16_REFUSED,
@@ -41,6 +42,7 @@ class EvalSettings:
     datasets: list = field(default_factory=list)  # --dataset values, NAME[:split][@N]
     suite: str | None = None  # "zlab": z-lab's sets and counts
     dataset_files: dict = field(default_factory=dict)  # dataset name -> its rows' file or folder here
+    protocol: str | None = None  # a named card protocol (eval/protocols.py): its values are the settings'
     selection: str = "zlab-transformers"  # which rows of a dataset (inputs/datasets/selection.py)
     selection_concurrency: int = 1  # zlab-server: the warm-up rows before the measured ones
     shard: tuple = (0, 1)
@@ -141,6 +143,10 @@ def check_values(s: EvalSettings) -> None:
     for option in payload_options():
         if (option.kind in (int, float) or option.choices) and not option.repeatable:
             check_value(option, getattr(s, option.field))
+    clash = protocols.conflicts(vars(s), s.protocol)
+    if clash:
+        raise PayloadError(f"--protocol {s.protocol} fixes what it measures, but {'; '.join(clash)}: drop those "
+                           "options, or drop --protocol")
     if s.dtype == "float16" and not s.allow_fp16:
         raise PayloadError(f"{FP16_REFUSED}. Use bfloat16 (float32 on CPU), or pass --allow-fp16 to force it")
     if not s.drafters:

@@ -232,7 +232,8 @@ def test_every_request_value_reaches_the_payload_settings_unchanged():
     """request → plan → the payload's own parser → EvalSettings: each option arrives with the value given."""
     skip = {"target", "prompts", "reference", "reference_model", "engine", "payload_args",  # planned: below
             "datasets", "suite", "dataset_files",  # real sets: tests/evaluation/test_dataset_options.py
-            "selection", "selection_concurrency"}  # they need a dataset: test_selection_reaches_the_payload below
+            "selection", "selection_concurrency",  # they need a dataset: test_selection_reaches_the_payload below
+            "protocol"}  # it fixes a dataset: test_a_protocol_fills_the_options_left_at_their_default below
     given = {o.field: _non_default(o) for o in declared.request_options() if o.payload and o.field not in skip}
     assert given, "no option to carry"
     req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)], **given,
@@ -279,3 +280,20 @@ def test_the_dry_run_names_the_engine_it_plans(files):
     out = " ".join(proc.stdout.split())
     assert "SGLang engine inside the job" in out and "`dfo provision --host HOST --engine sglang`" in out
     assert "one SGLang server per drafter (z)" in out and "vLLM" not in out
+
+
+def test_a_protocol_fills_the_options_left_at_their_default_and_refuses_a_conflicting_one():
+    """--protocol zlab-card-gsm8k-t1: the card's measurement in one flag, on the controller as on the host."""
+    base = dict(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                protocol="zlab-card-gsm8k-t1", dataset_files=["gsm8k=/data/gsm8k-test.jsonl"])
+    (job,) = plan_eval(EvalRequest(**base), INV).jobs
+    s = settings_from_values(vars(build_parser().parse_args(job.args)))
+    assert (s.datasets, s.selection, s.selection_concurrency) == (["gsm8k@128"], "zlab-server", 1)
+    assert (s.temperature, s.top_p, s.top_k, s.enable_thinking, s.max_new_tokens, s.draft_rule) == (
+        1.0, 0.95, 20, True, 4096, "sampled")
+    assert s.protocol == "zlab-card-gsm8k-t1"
+    same = EvalRequest(**base, temperature=1.0, top_k=20)  # given with the protocol's own values: fine
+    plan_eval(same, INV)
+    with pytest.raises(InputError, match=r"--protocol zlab-card-gsm8k-t1 fixes what it measures, but --temperature "
+                                         r"0.6 \(the protocol: 1\); --draft-rule greedy \(the protocol: sampled\)"):
+        plan_eval(EvalRequest(**base, temperature=0.6, draft_rule="greedy"), INV)

@@ -13,6 +13,7 @@ from cli_runner import dfo
 from orchestrator.evaluation.compare import compare_runs
 from orchestrator.evaluation.report import summary_table, write_report
 from orchestrator.evaluation.runs import new_run, write_json_atomic
+from remote_payload.eval import protocols
 
 INVENTORY = """hosts:
   kpro6: {address: 127.0.0.1, port: 1, workdir: /tmp/dfo-k, roles: [train], paths: {checkpoints: /tmp/ck}}
@@ -63,7 +64,7 @@ def test_the_sampling_options_reach_the_payload_only_when_given(inventory):
 
 
 def _sampled_run(root: Path, taus: dict[str, list[list[float]]], seed: int = 0, temperature: float = 1.0,
-                 draft_rule: str | None = None):
+                 draft_rule: str | None = None, protocol: bool = False):
     """A run at T > 0: per drafter, per prompt, the τ of each draw (``draft_rule`` None: a run from before the
     option, which followed the greedy rule)."""
     run = new_run(root, ["ct129"], {"request": {}})
@@ -75,7 +76,8 @@ def _sampled_run(root: Path, taus: dict[str, list[list[float]]], seed: int = 0, 
     mean = {n: sum(sum(d) for d in t) / (prompts * draws) for n, t in taus.items()}
     sampling = {"temperature": temperature, "top_p": 1.0, "top_k": 0, "samples_per_prompt": draws, "seed": seed,
                 **({"draft_rule": draft_rule} if draft_rule else {})}
-    settings = {"max_new_tokens": 64, "sampling": sampling, **({"draft_rule": draft_rule} if draft_rule else {})}
+    settings = {"max_new_tokens": 64, "sampling": sampling, **({"draft_rule": draft_rule} if draft_rule else {}),
+                **({"protocol": protocols.record("zlab-card-gsm8k-t1")} if protocol else {})}
     results = {"schema": "dfo.results/1", "status": "ok", "settings": settings,
                "target": {"weights_digest": "aa"}, "extraction": {"kernel_path": "torch"},
                "drafters": {n: {"spec": {"format": "zlab"}, "metrics": {
@@ -134,9 +136,16 @@ def test_runs_compare_refuses_two_draft_rules_unless_told(tmp_path):
     report = compare_runs(old, new, across_rules=True)
     assert report["draft_rule"] == {"a": "greedy", "b": "sampled"}
     assert any("draft rules differ: greedy in A, sampled in B" in n for n in report["notes"])
-    same = _sampled_run(tmp_path, {"ours": [[1.0, 2.0], [3.0, 3.0]]}, draft_rule="sampled")
+    same = _sampled_run(tmp_path, {"ours": [[1.0, 2.0], [3.0, 3.0]]}, draft_rule="sampled", protocol=True)
     assert compare_runs(new, same)["draft_rule"] == {"a": "sampled", "b": "sampled"}
     assert "## Sampling (T=1, sampled rule)" in (new.path / "report.md").read_text()
+    # a run under a protocol prints it with its results: the table's caption and the report's settings
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(summary_table(same.results()))
+    assert "protocol zlab-card-gsm8k-t1: z-lab's Qwen3.8-27B-DFlash2 card" in console.export_text()
+    assert "- protocol: zlab-card-gsm8k-t1: z-lab" in (same.path / "report.md").read_text()
 
 
 def test_a_watch_series_from_before_the_sampling_options_is_still_the_same_series(tmp_path):
