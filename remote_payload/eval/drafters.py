@@ -64,8 +64,9 @@ def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
     metrics = run.summary["metrics"]
     zlab = metrics["conventions"]["zlab"].get("tau_macro")
     rule = f", {metrics['draft_rule']} rule" if ctx.settings.sampled else ""
+    zlab_rule = " (greedy rule)" if rule == ", sampled rule" else ""  # the zlab count walks the greedy drafts
     headline = (f"{name}: tau_macro (committed{rule}) {metrics['tau_macro']:.3f}"
-                + (f", zlab{' (greedy rule)' if rule == ', sampled rule' else ''} {zlab:.3f}" if zlab is not None else "")
+                + (f", zlab{zlab_rule} {zlab:.3f}" if zlab is not None else "")
                 + f", DDTree-{ctx.settings.tree_k} {metrics['tree']['topk']['tau_macro']:.3f}"
                 ) if metrics["tau_macro"] is not None else f"{name}: no rounds"
     progress.emit("stage", stage=stage, status="metrics", message=headline)
