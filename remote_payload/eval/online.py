@@ -218,8 +218,7 @@ def _rejection_round(source, ctx, session: TargetSession, committed: list[int], 
 
     from remote_payload.inputs.sampling import probabilities
 
-    q = source.slot_logprobs(ctx, committed, [a], sampling)[0].exp().to("cpu", torch.float32)  # [B-1, V]
-    drafts = torch.multinomial(q, 1, generator=gen)[:, 0].tolist()
+    drafts, q = source.draw_block(ctx, committed, a, sampling, gen)  # q [B-1, V]: each draft's law
     p = probabilities(session.verify_logits([committed[a]] + drafts), sampling)  # [B, V]
     for j, d in enumerate(drafts):
         u = float(torch.rand(1, generator=gen))

@@ -29,6 +29,10 @@ at a time (``CHUNK_BYTES``) and are reduced on their device to three scalars per
 The drafter side is one method every draft source implements (DFlash: ``models/drafter.py``)::
 
     slot_logprobs(ctx, tokens, anchors, sampling) -> FloatTensor [len(anchors), B-1, V]   (log q, -inf off support)
+
+q_{a,j} is the law slot j's draft is drawn from when the drafts before it were accepted, i.e. equal to
+y_{a+1..a+j-1}: a drafter whose slot law depends on the previous draft (a selector walk) gives it along ``tokens``.
+The online loop draws blocks with the sibling ``draw_block`` (``eval/online.py``).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from remote_payload.inputs.sampling import Sampling, processed
 from remote_payload.models.target import Target
 
 TOLERANCE = 1e-6  # |log Σ_segmentations − log p(y)| allowed per response (float64 DP; float32 laws)
-CHUNK_BYTES = 1 << 28  # per chunk of anchors: the drafter's laws and the matching target rows, float32
+CHUNK_BYTES = {"cpu": 1 << 28, "cuda": 1 << 31}  # per chunk of anchors: the drafter's laws and the target rows
 RULES = ("greedy", "sampled")
 
 
@@ -96,7 +100,8 @@ def slot_scalars(source, ctx, tokens: Sequence[int], prompt_len: int, law: Targe
     L, B1 = len(tokens) - prompt_len, source.block_size - 1
     y = law.y
     log_p = torch.empty(L, dtype=torch.float64)
-    step = max(1, CHUNK_BYTES // (4 * max(1, law.head.weight.shape[0])))
+    budget = CHUNK_BYTES["cuda" if law.head.weight.device.type == "cuda" else "cpu"]
+    step = max(1, budget // (4 * max(1, law.head.weight.shape[0])))
     for s in range(0, L, step):
         rows = torch.arange(s, min(L, s + step))
         p = law.probs(rows)
@@ -104,7 +109,7 @@ def slot_scalars(source, ctx, tokens: Sequence[int], prompt_len: int, law: Targe
     log_q = torch.full((max(L - 1, 0), B1), float("-inf"), dtype=torch.float64)
     overlap = torch.full((max(L - 1, 0), B1), float("nan"), dtype=torch.float64)
     V = law.head.weight.shape[0]
-    g = max(1, CHUNK_BYTES // (8 * B1 * V))
+    g = max(1, budget // (16 * B1 * V))  # q, p, their minimum and exp(q) alive at once
     for s in range(0, L - 1, g):
         rel = torch.arange(s, min(L - 1, s + g))
         lq = source.slot_logprobs(ctx, tokens, (rel + prompt_len).tolist(), sampling)  # [g, B-1, V]

@@ -23,6 +23,10 @@ Draft sources share one interface (the synthetic test drafter implements it too)
         log q_{a,j}(v) over the target's vocabulary: the law a sampled-rule round draws slot j's draft from
         (the drafter's logits processed like the target's: / T, top-k, top-p), -inf outside its support; on
         the drafter's device, float32 (``eval/sampled_rule.py`` reduces it there, anchors chunked)
+    draw_block(context, tokens, anchor, sampling, generator) -> (drafts: list[int], q: FloatTensor [B-1, V])
+        one sampled-rule block at ``anchor`` for the online loop: the drafts drawn from ``generator`` and, per
+        slot, the law each was drawn from (CPU float32 probabilities). DFlash's slots are independent given the
+        anchor; a drafter whose slot law depends on the previous draft draws them in turn
 
 ``DrafterRuntime.draft`` also takes ``slot0`` ("token" | "mask") and ``mask_id``: what fills the block
 other than the design's [committed token, mask × (B-1)]. The eval never sets them; ``--diagnose`` re-drafts
@@ -346,3 +350,9 @@ class DrafterRuntime:
             ids = torch.arange(logits.shape[1], device=logits.device)
             logits = full.index_copy(1, ids + self.d2t.to(logits.device), logits)
         return processed(logits, sampling).log().view(-1, B1, V)
+
+    @torch.no_grad()
+    def draw_block(self, ctx: DraftContext, tokens, anchor: int, sampling, gen) -> tuple[list[int], torch.Tensor]:
+        """The online sampled-rule block at ``anchor``: each slot's draft drawn from its own law (module doc)."""
+        q = self.slot_logprobs(ctx, tokens, [anchor], sampling)[0].exp().to("cpu", torch.float32)
+        return torch.multinomial(q, 1, generator=gen)[:, 0].tolist(), q
