@@ -26,10 +26,10 @@ DATASETS_NOTE = ("NAME τ [CI]: τ macro in the committed convention over that d
 SAMPLED_NOTE = ("{law}: every figure is an expectation over continuations drawn from the target ({k} per prompt, "
                 "seeded): the teacher-forced replay on a drawn output is exactly the loop's acceptance on it; "
                 "[CI] = 95% cluster bootstrap over prompts (a prompt's draws resampled together).")
-CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens); zlab = z-lab's "
-                    "benchmark loop, the one its published τ uses (drafts accepted past the end counted); vllm = "
-                    "vLLM's spec-decode counters (1 + accepted/drafts). A committed τ and a model card's τ are "
-                    "different figures.")
+CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens), which is also "
+                    "what z-lab's current benchmark loop counts; zlab = z-lab's April 2026 loop, the one its "
+                    "published τ of that time uses (drafts accepted past the end counted); vllm = vLLM's spec-decode "
+                    "counters (1 + accepted/drafts). Read a card beside the convention of the code that measured it.")
 
 
 def digest_value(digest) -> str | None:
@@ -437,7 +437,7 @@ def benchmarks_markdown(results: dict) -> list[str]:
     rule = "|---|" + "---|" * len(datasets)
     out = ["", "## Benchmarks", ""]
     tables = [("tau_macro", f"τ macro, {HEADLINE} convention (95% bootstrap CI over the dataset's samples)"),
-              ("zlab_tau_macro", "τ macro, zlab convention (the convention of z-lab's published tables)"),
+              ("zlab_tau_macro", "τ macro, zlab convention (z-lab's April 2026 loop, that of its paper-era tables)"),
               ("engine_tau", "engine τ (1 + accepted / rounds of the engine's requests, vllm convention)")]
     for key, title in tables:
         rows = [[fmt_with_ci(dataset_figure(results, n, d, key)) for d in datasets] for n in names]
