@@ -46,6 +46,13 @@ ESTIMATOR = ("τ at T > 0 = E over continuations y drawn from the target at T of
              "y's next tokens; y ~ target at T under speculative sampling), estimated by the mean over K seeded "
              "draws per prompt: unbiased for the per-response figures (τ macro, each convention; DDTree τ), "
              "ratio estimates for the pooled ones (τ micro, p_k)")
+SAMPLED_RULE_ESTIMATOR = (
+    "τ at T > 0 under the sampled rule (drafts drawn from the drafter's law, accepted while u·q(d) < p(d)) = E over "
+    "continuations y drawn from the target at T of E[produced / rounds | y], the round boundaries integrated out given "
+    "y by a forward/backward pass over y (eval/sampled_rule.py; the total probability of the segmentations checked "
+    "against p(y) per draw), estimated by the mean over K seeded draws per prompt: unbiased for the per-response "
+    "figures (τ macro), ratio estimates for the pooled ones (τ micro, p_k); the zlab/vllm counts and DDTree walk the "
+    "greedy rule's drafts")
 CI_METHOD = (f"{CONFIDENCE:.0%} percentile cluster bootstrap over prompts: a resample draws prompts with replacement "
              "and keeps each one's draws together (they share the prompt); {resamples} resamples, seed {seed}")
 
@@ -160,6 +167,8 @@ def sampled_figures(lines: Sequence[dict], name: str, block_size: int, *, sampli
     each with its cluster-bootstrap CI, the variance parts of per-draw τ, and what the estimator is."""
     P = block_size - 1
     rows = [_line_row(line, name, P, block_size) for line in lines]
+    by_rule = any(isinstance(((line.get("drafters") or {}).get(name) or {}).get("sampled_rule"), dict)
+                  for line in lines)
     clusters = clusters_of(lines)
     sums = cluster_sums(rows, clusters)
     point = _figures([sum(col) for col in zip(*rows, strict=True)] if rows else [0.0] * (12 + 2 * P), P)
@@ -185,7 +194,8 @@ def sampled_figures(lines: Sequence[dict], name: str, block_size: int, *, sampli
                                          "budgeted")},
             "per_position": [{"k": k, **fig(f"p{k}")} for k in range(1, P + 1)],
             "variance": {"figure": "per-draw τ (committed)", **variance_parts(taus, tau_clusters)},
-            "estimator": ESTIMATOR, "ci": CI_METHOD.format(resamples=resamples, seed=seed)}
+            "estimator": SAMPLED_RULE_ESTIMATOR if by_rule else ESTIMATOR,
+            "ci": CI_METHOD.format(resamples=resamples, seed=seed)}
 
 
 # ------------------------------------------------------------------------------ agreement of two estimates

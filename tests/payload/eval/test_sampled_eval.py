@@ -95,6 +95,8 @@ def test_the_greedy_rule_keeps_todays_figures_on_the_same_draws(whole, fixture_d
     assert [line["drafters"]["z"]["tau"] for line in lines] == [
         line["drafters"]["z"]["greedy_rule_tau"] for line in whole["lines"]]
     assert all("sampled_rule" not in line["drafters"]["z"] for line in lines)
+    assert "integrated out" in sampled_run["sampled"]["estimator"]
+    assert "integrated out" not in m["sampled"]["estimator"] and "replay" in m["sampled"]["estimator"]
     check = results["drafters"]["z"]["online_check"]
     assert set(check["agreement"]) == {"committed", "zlab"} and check["all_agree"] is True
     assert sampled_run["tau_macro"] != m["tau_macro"]  # the two rules give different τ
