@@ -261,6 +261,13 @@ def estimate(sc: SlotScalars, where: str = "response") -> dict:
     """``response_figures`` of one response; a failed total-probability check raises (it means a bug or
     inconsistent laws, never a figure to report)."""
     seg = segment(sc)
+    if not math.isfinite(seg.log_target):
+        t = int(torch.nonzero(~torch.isfinite(sc.log_p[1:]))[0, 0]) + 1
+        raise PayloadError(f"{where}: continuation token {t} has probability 0 under the target's law at this "
+                           "temperature, top-k and top-p on this host, so no round structure can produce it (a "
+                           "continuation drawn elsewhere, e.g. by a server whose numerics put that token outside "
+                           "the nucleus here): draw the references with this host's target, or use --draft-rule "
+                           "greedy")
     if seg.error > TOLERANCE:
         raise PayloadError(f"{where}: the segmentations' total probability log {seg.log_total:.9g} differs from the "
                            f"target's log p(y) {seg.log_target:.9g} by {seg.error:.3g} (tolerance {TOLERANCE:g}): "

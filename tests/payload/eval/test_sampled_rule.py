@@ -105,10 +105,29 @@ def test_the_check_fails_loudly_when_the_law_does_not_fit_the_draws(target, load
             break
     else:
         pytest.fail("every draw is the greedy continuation: the fixture target is too peaked for this test")
-    with pytest.raises(Exception, match="total probability"):
+    with pytest.raises(Exception, match=r"prompt 0 draw \d: continuation token \d+ has probability 0 under the"):
         sr.estimate(sc, f"prompt 0 draw {j}")
     good, _, _ = _scalars(target, rt, ids, ref.tokens, Sampling(1.0))
     assert sr.estimate(good)["check_ok"] is True
+
+
+def test_the_check_catches_a_forward_pass_that_loses_segmentations(target, loaded, runtime_for, prompt_ids,
+                                                                  eval_cache, monkeypatch):
+    """A DP that drops a kind of round (here: every round that rejects its first draft) no longer sums to p(y)."""
+    ids = prompt_ids[2]
+    rt = runtime_for(loaded["zlab"])
+    ref = cached_sampled_reference(target, ids, 24, Sampling(1.0), draw_seed(0, ids, 0), eval_cache)
+    sc, _, _ = _scalars(target, rt, ids, ref.tokens, Sampling(1.0))
+    assert sr.estimate(sc)["check_ok"] is True
+    whole = sr.round_log_probs
+
+    def lossy(scalars):
+        log_e, share = whole(scalars)
+        return log_e.index_fill(1, torch.tensor([0]), float("-inf")), share
+
+    monkeypatch.setattr(sr, "round_log_probs", lossy)
+    with pytest.raises(Exception, match="total probability"):
+        sr.estimate(sc, "prompt 2 draw 0")
 
 
 def test_greedy_drafts_give_the_greedy_rules_replay_exactly(target, loaded, runtime_for, prompt_ids, eval_cache):
