@@ -104,6 +104,9 @@ def compare_cmd(ctx: typer.Context,
                 run_a: str = typer.Argument(..., metavar="RUN_A", help="The earlier run (name, prefix, folder or 'last')."),
                 run_b: str = typer.Argument(..., metavar="RUN_B", help="The run compared with it."),
                 runs_dir: Optional[str] = RunsDir,
+                across_rules: bool = typer.Option(False, "--across-rules", help="Compare two runs at T > 0 that "
+                                                  "follow different draft rules (refused otherwise: the rules give "
+                                                  "different τ)."),
                 json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout.")) -> None:
     """Compare two runs drafter by drafter: Δτ (B − A) with a paired bootstrap CI over their common prompts.
 
@@ -111,12 +114,15 @@ def compare_cmd(ctx: typer.Context,
     app_ctx: AppContext = ctx.obj
     root = runs_root(runs_dir)
     a, b = find_run(root, run_a), find_run(root, run_b)
-    report = compare_runs(a, b)
+    report = compare_runs(a, b, across_rules=across_rules)
     if json_out:
         app_ctx.print_json(report)
         return
     conv = report.get("convention", "committed")
-    table = Table(title=Text(f"{a.name} → {b.name}  (τ macro, {conv} convention; zlab: τ macro, vllm: τ micro)"),
+    rules = report.get("draft_rule") or {}
+    rule = rules.get("a") if rules.get("a") == rules.get("b") else f"{rules.get('a')} → {rules.get('b')}"
+    table = Table(title=Text(f"{a.name} → {b.name}  (τ macro, {conv} convention, draft rule {rule}; zlab: τ macro, "
+                             "vllm: τ micro)"),
                   title_justify="left")
     for col in ("drafter", f"{conv} τ A", "τ B", "Δτ (B−A)", "95% CI", "pairs", "zlab A→B", "vllm A→B", "note"):
         table.add_column(col, justify="left" if col in ("drafter", "note") else "right",

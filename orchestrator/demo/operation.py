@@ -138,7 +138,8 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
 def temperature_table(greedy: dict, sampled: dict) -> list[str]:
     """Per drafter: τ macro (committed and zlab) at T = 0 and at T > 0 with its 95% CI over prompts, as lines."""
     law = law_label(sampling_of(sampled))
-    rows = [["drafter", "T=0 τ", f"{law} τ [CI]", "T=0 zlab τ", f"{law} zlab τ [CI]", "draws"]]
+    zlab_law = law.replace("sampled rule", "greedy rule")  # the zlab count walks the greedy rule's drafts
+    rows = [["drafter", "T=0 τ", f"{law} τ [CI]", "T=0 zlab τ", f"{zlab_law} zlab τ [CI]", "draws"]]
     for r in drafter_rows(greedy):
         name = r["drafter"]
         metrics = json_object(json_object(json_object(sampled.get("drafters")).get(name)).get("metrics"))

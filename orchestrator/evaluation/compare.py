@@ -8,10 +8,15 @@ At T > 0 a run's lines are draws (several per prompt, each with its seed): they 
 τ being the mean over that prompt's draws, so the bootstrap over prompts carries the draws' noise; where both runs
 drew with the same law and seed the draws are the same continuations (the noise cancels further), which the notes
 say. A greedy run's prompt pairs with the same prompt of a sampled one (Δτ is then the temperature's effect).
+
+Two runs at T > 0 under different draft rules (``settings.draft_rule``; a run from before the option followed the
+greedy rule) measure different things: ``compare_runs`` refuses them unless ``across_rules`` is given, and then
+says so in the notes.
 """
 
 from __future__ import annotations
 
+from orchestrator.core.errors import InputError
 from orchestrator.evaluation.report import HEADLINE, SHOWN, _obj, _real, convention_figure, digest_value
 from orchestrator.evaluation.runs import Run
 from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
@@ -143,10 +148,28 @@ def _dataset_notes(sa: dict, sb: dict) -> list[str]:
     return notes
 
 
-def compare_runs(a: Run, b: Run) -> dict:
+def run_rule(results: dict) -> str:
+    """The draft rule a run's figures follow: its settings.draft_rule; greedy for a run at T > 0 from before the
+    option existed (the only rule then); "n/a at T = 0" for a greedy run."""
+    settings = _obj(results.get("settings"))
+    rule = settings.get("draft_rule")
+    if isinstance(rule, str):
+        return rule
+    return "greedy" if settings.get("sampling") else "n/a at T = 0"
+
+
+def compare_runs(a: Run, b: Run, across_rules: bool = False) -> dict:
     ra, rb = a.results(), b.results()
     sa, sb = a.samples(), b.samples()
     notes = []
+    rule_a, rule_b = run_rule(ra), run_rule(rb)
+    if rule_a != rule_b and "n/a at T = 0" not in (rule_a, rule_b):
+        if not across_rules:
+            raise InputError(f"{a.name} follows the {rule_a} draft rule and {b.name} the {rule_b} one: at T > 0 the "
+                             "two rules give different τ, so their Δτ mixes the rule with the drafter",
+                             hint="evaluate both with the same --draft-rule, or pass --across-rules to compare anyway")
+        notes.append(f"draft rules differ: {rule_a} in A, {rule_b} in B (--across-rules): Δτ includes the rule's "
+                     "effect")
     for key in _SETTINGS:
         va, vb = _obj(ra.get("settings")).get(key), _obj(rb.get("settings")).get(key)
         if va != vb:
@@ -180,5 +203,6 @@ def compare_runs(a: Run, b: Run) -> dict:
             row["by_dataset"] = by_dataset
         rows.append(row)
     return {"a": a.name, "b": b.name, "convention": HEADLINE, "drafters": rows, "notes": notes,
+            "draft_rule": {"a": rule_a, "b": rule_b},
             "definition": f"Δτ = mean over prompts present in both runs of (τ_B − τ_A) per prompt (macro τ, {HEADLINE} "
                           "convention; zlab's Δ likewise); 95% percentile bootstrap over prompts, 2000 resamples"}

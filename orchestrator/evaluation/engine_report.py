@@ -45,7 +45,8 @@ NEAR_TIE = ("the engine runs its own implementation of the drafter, and near-tie
 def tolerance_text(agreement: dict) -> str:
     """What the ± beside each figure means, from the agreement's own ``tolerance`` and ``samples`` blocks."""
     if agreement.get("sampled"):  # T > 0: expectations compared (remote_payload.metrics.sampled)
-        return f"tolerance: {clean(str(agreement.get('rule') or ''))}"
+        return (f"tolerance: {clean(str(agreement.get('rule') or ''))}; the engine's τ and the offline figures it is "
+                "compared with follow the greedy draft rule (vLLM's DFlash rule)")
     tol = agreement.get("tolerance") or {}
     if "alpha" not in tol:
         return f"tolerance: {FIXED_TOLERANCE} — {NEAR_TIE}; aggregates agree closely"

@@ -7,6 +7,7 @@ payload command each eval host runs on its shard of the prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import posixpath
@@ -86,6 +87,10 @@ class EvalRequest:
     top_p: float | None = None
     top_k: int | None = None
     samples_per_prompt: int | None = None  # draws per prompt at T > 0 (payload default 1)
+    protocol: str | None = None          # a named card protocol (remote_payload/eval/protocols.py)
+    draft_rule: str | None = None        # at T > 0: "sampled" or "greedy" (payload default sampled)
+    selection: str | None = None         # dataset rows: zlab-transformers (payload default) or zlab-server
+    selection_concurrency: int | None = None  # zlab-server: warm-up rows (payload default 1)
     samples: int | None = None
     diagnose: bool = False
     online_check: bool = False
@@ -265,10 +270,28 @@ def insecure_url(url: str) -> bool:
         return True
 
 
+def with_protocol(req: EvalRequest) -> EvalRequest:
+    """The request with ``--protocol``'s values in every option left at its default (a conflicting option is
+    refused by the payload's own check on the planned command, which names it)."""
+    if not req.protocol:
+        return req
+    from remote_payload.eval import protocols
+
+    fields = {f.name for f in dataclasses.fields(req)}
+    defaults = {o.field: o.request_default for o in declared.request_options() if o.field in fields}
+    values = {k: getattr(req, k) for k in protocols.preset(req.protocol) if k in fields}
+    try:
+        filled = protocols.fill(values, defaults, req.protocol)
+    except PayloadError as exc:
+        raise InputError(str(exc)) from None
+    return dataclasses.replace(req, **filled)
+
+
 def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | None = None,
               payload_args_extra: list[str] | None = None, prompt_count: int | None = None) -> EvalPlan:
     """``prompts_digest``: sha256 of the local prompts file (it is uploaded under a content name);
     ``prompt_count``: the prompts it holds (the set was parsed)."""
+    req = with_protocol(req)
     datasets = plan_datasets(req.datasets, req.suite, req.dataset_files)
     if datasets:  # they replace the prompt set: shards split their rows
         units = [d.units for d in datasets]

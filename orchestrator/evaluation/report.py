@@ -26,10 +26,10 @@ DATASETS_NOTE = ("NAME τ [CI]: τ macro in the committed convention over that d
 SAMPLED_NOTE = ("{law}: every figure is an expectation over continuations drawn from the target ({k} per prompt, "
                 "seeded): the teacher-forced replay on a drawn output is exactly the loop's acceptance on it; "
                 "[CI] = 95% cluster bootstrap over prompts (a prompt's draws resampled together).")
-CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens); zlab = z-lab's "
-                    "benchmark loop, the one its published τ uses (drafts accepted past the end counted); vllm = "
-                    "vLLM's spec-decode counters (1 + accepted/drafts). A committed τ and a model card's τ are "
-                    "different figures.")
+CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens), which is also "
+                    "what z-lab's current benchmark loop counts; zlab = z-lab's April 2026 loop, the one its "
+                    "published τ of that time uses (drafts accepted past the end counted); vllm = vLLM's spec-decode "
+                    "counters (1 + accepted/drafts). Read a card beside the convention of the code that measured it.")
 
 
 def digest_value(digest) -> str | None:
@@ -131,12 +131,15 @@ def sampling_of(results: dict) -> dict | None:
 
 
 def law_label(sampling: dict | None) -> str:
-    """'T=1', 'T=0.6, top-p 0.95' …; 'T=0' for a greedy run."""
+    """'T=1, sampled rule', 'T=0.6, top-p 0.95, greedy rule' …; 'T=0' for a greedy run. The draft rule is part
+    of the law's label: at T > 0 the two rules give different τ (a run from before the option followed the greedy
+    rule)."""
     if sampling is None:
         return "T=0"
     top_p, top_k = _real(sampling.get("top_p")), _small_int(sampling.get("top_k"))
+    rule = sampling.get("draft_rule") if sampling.get("draft_rule") in ("greedy", "sampled") else "greedy"
     return (f"T={fmt_number(sampling.get('temperature'), 'g')}" + (f", top-p {top_p:g}" if top_p and top_p < 1 else "")
-            + (f", top-k {top_k}" if top_k else ""))
+            + (f", top-k {top_k}" if top_k else "") + f", {rule} rule")
 
 
 def sampled_figure(results: dict, drafter: str, key: str = "tau_macro") -> dict:
@@ -265,6 +268,9 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     notes = ([SAMPLED_NOTE.format(law=law_label(sampling), k=fmt_number(sampling.get("samples_per_prompt"), "d"))]
              if sampling else []) + ([CONVENTIONS_NOTE, *convention_notes(results)] if conv else []) + (
         [DATASETS_NOTE] if datasets_of(results) else [])
+    protocol = _obj(_obj(results.get("settings")).get("protocol"))
+    if protocol:  # the card this measurement reproduces, first
+        notes.insert(0, f"protocol {protocol.get('name')}: {protocol.get('source')}")
     caption = Text("\n".join(notes)) if notes else None
     table = Table(title=Text(title) if title is not None else None, title_justify="left", caption=caption,
                   caption_justify="left")
@@ -307,6 +313,11 @@ def settings_lines(results: dict) -> list[str]:
     sampling = sampling_of(results)
     drawn = ([f"sampling: {law_label(sampling)}, {sampling.get('samples_per_prompt')} draw(s) per prompt, seed "
               f"{sampling.get('seed')} (each draw's seed in samples.jsonl)"] if sampling else [])
+    protocol = _obj(s.get("protocol"))
+    if protocol:
+        drawn.append(f"protocol: {protocol.get('name')}: {protocol.get('source')}")
+    if isinstance(s.get("selection"), str):
+        drawn.append(f"dataset rows: {s.get('selection')} selection")
     return [
         f"target: {t.get('path') or t.get('name')} ({t.get('architecture') or t.get('model_type') or '?'}, "
         f"{t.get('num_layers') or '?'} layers, weights sha256 {str(digest_value(t.get('weights_digest')))[:16]})",
@@ -429,7 +440,7 @@ def benchmarks_markdown(results: dict) -> list[str]:
     rule = "|---|" + "---|" * len(datasets)
     out = ["", "## Benchmarks", ""]
     tables = [("tau_macro", f"τ macro, {HEADLINE} convention (95% bootstrap CI over the dataset's samples)"),
-              ("zlab_tau_macro", "τ macro, zlab convention (the convention of z-lab's published tables)"),
+              ("zlab_tau_macro", "τ macro, zlab convention (z-lab's April 2026 loop, that of its paper-era tables)"),
               ("engine_tau", "engine τ (1 + accepted / rounds of the engine's requests, vllm convention)")]
     for key, title in tables:
         rows = [[fmt_with_ci(dataset_figure(results, n, d, key)) for d in datasets] for n in names]

@@ -243,6 +243,18 @@ def record(folder: Path, series: dict, *, entry: dict | None = None, baselines: 
     series["journal_lines"] = series.get("journal_lines", 0) + 1
 
 
+def draft_rule_of(settings: dict) -> str | None:
+    """The rule a series' figures follow at T > 0: its --draft-rule, the payload's default (sampled) when not
+    given, and greedy for a series started before the option existed (the rule every run had then); None at
+    T = 0, where the rule does not apply."""
+    temperature = settings.get("temperature")
+    if not isinstance(temperature, (int, float)) or temperature <= 0:
+        return None
+    if "draft_rule" not in settings:
+        return "greedy"
+    return settings["draft_rule"] or "sampled"
+
+
 def check_same_settings(series: dict, source: str, eval_host: str, settings: dict,
                         defaults: dict | None = None) -> None:
     """A series compares like with like: the same source folder, eval host and eval settings throughout.
@@ -256,6 +268,11 @@ def check_same_settings(series: dict, source: str, eval_host: str, settings: dic
     if series["eval_host"] != eval_host:
         diffs.append(f"eval host {series['eval_host']} → {eval_host}")
     for key in sorted(set(series["settings"]) | set(settings)):
+        if key == "draft_rule":
+            old, new = draft_rule_of(series["settings"]), draft_rule_of(settings)
+            if old != new:
+                diffs.append(f"draft rule {old!r} → {new!r} (pass --draft-rule {old} to continue the series)")
+            continue
         if key not in series["settings"] and key in defaults and settings.get(key) == defaults[key]:
             continue
         if series["settings"].get(key) != settings.get(key):

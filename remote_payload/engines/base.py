@@ -94,6 +94,10 @@ class Engine(Protocol):
     distributions: tuple[str, ...]  # whose installed version is the engine's (first found)
     counters_prefix: str | None  # Prometheus prefix of its spec-decode counters on /metrics (None: not read)
     ready_path: str  # GET with the key: 200 and the served name once ready, 401 with a wrong key
+    # The rule its DFlash speculation verifies by at T > 0 (metrics/sampled_rule.py): "greedy" (drafts are the
+    # argmax, no draft probabilities), "sampled", or None when dfo does not know it. Where an engine offers a
+    # choice, its launch reads ServerConfig.draft_rule; the engines here offer none.
+    draft_rule: str | None
 
     def launch(self, cfg: ServerConfig, port: int, api_key: str, private_dir: Path) -> Launch: ...
 

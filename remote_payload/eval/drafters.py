@@ -12,8 +12,10 @@ from remote_payload.eval.context import DrafterRun, EvalContext
 from remote_payload.eval.diagnosis import diagnose_drafter
 from remote_payload.eval.offline import draft_sample, replay
 from remote_payload.eval.online import online_generate
+from remote_payload.eval.sampled_rule import sample_entry
 from remote_payload.metrics import conventions as conv
 from remote_payload.metrics.chain import sample_tau, summarize
+from remote_payload.metrics.sampled_rule import DESCRIPTIONS, GREEDY_WALKS, rule_summary
 from remote_payload.metrics.tree import sample_tree_rounds, tree_summary
 from remote_payload.models.drafter import DrafterRuntime
 
@@ -61,8 +63,10 @@ def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
     run.summary["timings"]["eval_s"] = round(progress.stage_done(stage), 3)
     metrics = run.summary["metrics"]
     zlab = metrics["conventions"]["zlab"].get("tau_macro")
-    headline = (f"{name}: tau_macro (committed) {metrics['tau_macro']:.3f}"
-                + (f", zlab {zlab:.3f}" if zlab is not None else "")
+    rule = f", {metrics['draft_rule']} rule" if ctx.settings.sampled else ""
+    zlab_rule = " (greedy rule)" if rule == ", sampled rule" else ""  # the zlab count walks the greedy drafts
+    headline = (f"{name}: tau_macro (committed{rule}) {metrics['tau_macro']:.3f}"
+                + (f", zlab{zlab_rule} {zlab:.3f}" if zlab is not None else "")
                 + f", DDTree-{ctx.settings.tree_k} {metrics['tree']['topk']['tau_macro']:.3f}"
                 ) if metrics["tau_macro"] is not None else f"{name}: no rounds"
     progress.emit("stage", stage=stage, status="metrics", message=headline)
@@ -89,11 +93,18 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
     unavailable = ctx.references.tail_unavailable or (
         None if all(r.tail is not None for r in refs) else "the references carry no tokens past the stop")
     ends: list | None = [] if unavailable is None else None
+    by_rule: list | None = [] if s.rule == "sampled" else None
+    rule_s = 0.0
     for i, ref in enumerate(refs):
         feats = ctx.extraction.store.get(i)
         drafts = draft_sample(source, feats, ref.tokens, len(ref.prompt_ids), topk=s.draft_topk,
                               end=ends is not None and ref.stop_reason == "max_new_tokens")
         rounds_all.append(replay(drafts))
+        if by_rule is not None:  # τ under the sampled rule, exact given this continuation (eval/sampled_rule.py)
+            t0 = time.perf_counter()
+            by_rule.append(sample_entry(ctx.target, source, feats, ref.tokens, len(ref.prompt_ids), s.sampling,
+                                        f"sample {ctx.prompts[i].id}, drafter '{name}'"))
+            rule_s += time.perf_counter() - t0
         if ends is not None:
             ends.append(_convention_rounds(ctx, ref, drafts, runtime.block_size))
         t0 = time.perf_counter()
@@ -108,6 +119,11 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
         ctx.progress.progress(stage, i + 1, len(refs), unit="samples", message=ctx.prompts[i].id,
                               tokens_per_s=anchors * runtime.block_size / draft_s if draft_s else None)
     metrics = summarize(rounds_all, runtime.block_size)
+    if by_rule is not None:  # the headline follows the sampled rule; the replay's figures stay beside it
+        greedy = {k: metrics[k] for k in ("tau_macro", "tau_micro", "mean_accepted", "per_position", "tau_histogram")}
+        metrics.update(rule_summary(by_rule, runtime.block_size), greedy_rule=greedy)
+        metrics["definitions"] = {**metrics["definitions"], "draft_rule": DESCRIPTIONS["sampled"] + "; " + GREEDY_WALKS}
+    metrics["draft_rule"] = s.rule
     metrics["conventions"] = conv.summaries(
         rounds_all, [z for z, _ in ends] if ends is not None else None,
         [v for _, v in ends] if ends is not None else None, runtime.block_size,
@@ -117,9 +133,10 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
                                    k=s.tree_k, budget=s.tree_budget, K=s.tree_K)
     summary = {"spec": ld.spec.to_json(), "source": ld.source, "metrics": metrics, "online_check": None,
                "timings": {"eval_s": None, "draft_s": round(draft_s, 3), "tree_s": round(tree_s, 3),
-                           "anchors": anchors}}
+                           "anchors": anchors, **({"sampled_rule_s": round(rule_s, 3)} if by_rule is not None else {})}}
     records = [{"zlab": conv.record(z), "vllm": conv.record(v)} for z, v in ends] if ends is not None else None
-    return DrafterRun(summary=summary, rounds=rounds_all, trees=trees, diagnostics=dd, conventions=records), as_run
+    return DrafterRun(summary=summary, rounds=rounds_all, trees=trees, diagnostics=dd, conventions=records,
+                      sampled_rule=by_rule), as_run
 
 
 def _convention_rounds(ctx: EvalContext, ref, drafts, block_size: int) -> tuple[list, list]:

@@ -415,6 +415,7 @@ def sampled_drafter_block(ctx: EvalContext, eng: EngineRun, name: str, run: dict
     table = speedup_table((eng.plain or {}).get("levels", []), run["levels"])
     low = table[0]
     return {"engine": _engine(ctx).name, "num_speculative_tokens": positions, "sampled": True,
+            "draft_rule": engine_rule(ctx),
             "concurrency_measured": lowest["concurrency"], "samples": samples,
             "total": engine_agreement.engine_figures(samples, positions),
             "outputs": {"samples": len(samples), "match_reference": None, "mismatches": None,
@@ -424,9 +425,30 @@ def sampled_drafter_block(ctx: EvalContext, eng: EngineRun, name: str, run: dict
             "concurrency": table, "counter_check": run.get("counter_check"), "agreement": agreement}
 
 
+def engine_rule(ctx: EvalContext) -> dict:
+    """Which draft rule the engine's τ follows at T > 0 against the one the run asked for. The agreement test
+    always compares like with like (the engine with dfo's greedy-rule rounds of the same draws, vllm
+    convention); the engine's τ is never the run's headline when the rules differ."""
+    s, engine = ctx.settings, _engine(ctx)
+    rule = engine.draft_rule
+    out = {"requested": s.rule, "engine": rule if rule is not None else "unknown",
+           "same": rule == s.rule if rule is not None else None,
+           "compared_with": "dfo's greedy-rule rounds of the same draws (vllm convention)"}
+    if rule is None:
+        out["note"] = (f"dfo does not know which rule {engine.title}'s DFlash speculation verifies by at T > 0: "
+                       "its τ is compared with the greedy rule's figures, and is not the run's figure")
+    elif rule != s.rule:
+        out["note"] = (f"{engine.title} runs the {rule} rule (it has no choice to pass --draft-rule {s.rule} to): "
+                       f"its τ follows the {rule} rule, the run's headline the {s.rule} rule; they are not compared")
+    return out
+
+
 def _warn(ctx: EvalContext, name: str, block: dict) -> None:
     title = _engine(ctx).title
     if block.get("sampled"):
+        rule = block.get("draft_rule") or {}
+        if rule.get("note"):
+            ctx.warn(f"engine {title} with drafter '{name}': {rule['note']}")
         ag = block["agreement"]
         if ag["limitation"] is not None:
             ctx.warn(f"engine {title} with drafter '{name}': {ag['limitation']['text']}")

@@ -11,6 +11,13 @@ before it (the drafts before it were accepted, so they are those tokens): the ou
 own sampling at T, and its rounds are the offline replay over that output. Per draw the online and offline
 outputs differ (other random numbers); their τ have one law, which ``eval/sampled_check.py`` tests.
 
+With ``draft_rule="sampled"`` (z-lab's current rule at T > 0): each slot's draft is drawn from the drafter's law q
+(``slot_logprobs``: its logits processed like the target's), the target's law p at each slot comes from the verify
+forward, draft d is accepted while u·q(d) < p(d) (u uniform), the first rejection emits a token from
+max(0, p − q) normalised, and a block accepted whole adds a bonus drawn from p at its last slot. The first token
+after the prompt is drawn from the target's law. All random numbers come from one generator seeded with ``seed``.
+Its expectation is what ``eval/sampled_rule.py`` computes offline.
+
 Rollback after a partially accepted block: full-attention KV caches can be cropped, but the recurrent
 state of linear-attention (Gated DeltaNet) layers cannot — ``cache.crop()`` is refused, or with past
 recording runs and leaves the state wrong. So for hybrid targets the cache is snapshotted (deep copy)
@@ -41,6 +48,7 @@ from remote_payload.models.target import Target
 
 ROLLBACKS = ("auto", "snapshot", "crop")
 RULES = ("committed", "zlab")
+DRAFT_RULES = ("greedy", "sampled")
 
 
 @dataclass
@@ -147,13 +155,17 @@ class TargetSession:
 
 def online_generate(target: Target, source, prompt_ids: list[int], max_new_tokens: int,
                     rollback: str = "auto", rule: str = "committed", sampling: Sampling | None = None,
-                    seed: int = 0) -> OnlineResult:
-    """The loop; greedy, or with ``sampling`` at T > 0 the target's tokens drawn with ``seed`` (module doc)."""
+                    seed: int = 0, draft_rule: str = "greedy") -> OnlineResult:
+    """The loop; greedy, or with ``sampling`` at T > 0 the target's tokens drawn with ``seed`` (module doc).
+    ``draft_rule="sampled"`` (T > 0 only): sampled drafts verified by rejection sampling."""
     import torch
 
     if rule not in RULES:
         raise PayloadError(f"online loop rule must be one of {', '.join(RULES)}")
+    if draft_rule not in DRAFT_RULES:
+        raise PayloadError(f"draft rule must be one of {', '.join(DRAFT_RULES)}")
     drawn = sampling is not None and not sampling.greedy
+    rejection = drawn and draft_rule == "sampled"
     gen = generator(seed) if drawn else None
 
     def targets(logits) -> list[int]:  # the target's token at each row: drawn at T > 0, else its argmax
@@ -170,13 +182,17 @@ def online_generate(target: Target, source, prompt_ids: list[int], max_new_token
             committed = list(prompt_ids) + targets(logits[-1:])
             while _another_round(rule, committed, P, max_new_tokens, stop):
                 a = len(committed) - 1  # anchor: the last committed token, not yet fed to the target
-                ids, _ = source.draft(source.prepare(session.context(a)), committed, [a], topk=1)
-                drafts = ids[0, :, 0].tolist()
-                post = targets(session.verify_logits([committed[a]] + drafts))
-                raw = 0
-                while raw < B - 1 and drafts[raw] == post[raw]:
-                    raw += 1
-                new = drafts[:raw] + [post[raw]]  # accepted drafts + the target's bonus token
+                ctx = source.prepare(session.context(a))
+                if rejection and sampling is not None and gen is not None:
+                    raw, new = _rejection_round(source, ctx, session, committed, a, sampling, gen)
+                else:
+                    ids, _ = source.draft(ctx, committed, [a], topk=1)
+                    drafts = ids[0, :, 0].tolist()
+                    post = targets(session.verify_logits([committed[a]] + drafts))
+                    raw = 0
+                    while raw < B - 1 and drafts[raw] == post[raw]:
+                        raw += 1
+                    new = drafts[:raw] + [post[raw]]  # accepted drafts + the target's bonus token
                 if rule == "committed":
                     new = _cut(new, stop, max_new_tokens - (len(committed) - P))
                 accepted = min(raw, len(new))
@@ -193,6 +209,24 @@ def online_generate(target: Target, source, prompt_ids: list[int], max_new_token
     rounds = [Round(r.anchor, r.accepted, r.produced, max(last - r.anchor, r.produced)) for r in rounds]
     reason = "eos" if cont and cont[-1] in stop else "max_new_tokens"
     return OnlineResult(P, cont, rounds, reason, time.perf_counter() - start, session.forwards)
+
+
+def _rejection_round(source, ctx, session: TargetSession, committed: list[int], a: int, sampling: Sampling,
+                     gen) -> tuple[int, list[int]]:
+    """One sampled-rule round at anchor ``a``: (drafts accepted, tokens it emits)."""
+    import torch
+
+    from remote_payload.inputs.sampling import probabilities
+
+    drafts, q = source.draw_block(ctx, committed, a, sampling, gen)  # q [B-1, V]: each draft's law
+    p = probabilities(session.verify_logits([committed[a]] + drafts), sampling)  # [B, V]
+    for j, d in enumerate(drafts):
+        u = float(torch.rand(1, generator=gen))
+        if not u * float(q[j, d]) < float(p[j, d]):
+            resid = (p[j] - q[j]).clamp(min=0)
+            law = resid if float(resid.sum()) > 0 else p[j]  # p == q: a rejection has probability 0
+            return j, drafts[:j] + [int(torch.multinomial(law, 1, generator=gen))]
+    return len(drafts), drafts + [int(torch.multinomial(p[-1], 1, generator=gen))]
 
 
 def _cut(tokens: list[int], stop: set, limit: int) -> list[int]:

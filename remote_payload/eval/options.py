@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 from remote_payload.engines.registry import NAMES as ENGINES  # serving engines, declared once in their registry
 from remote_payload.errors import PayloadError
+from remote_payload.eval import protocols
+from remote_payload.eval.protocols import PROTOCOLS
 from remote_payload.inputs.datasets.registry import SPEC_FORM, SUITES, dataset_specs
 from remote_payload.inputs.prompts import parse_shard
 
@@ -167,6 +169,14 @@ OPTIONS: tuple[Option, ...] = (
            commands=BOTH, dfo_help="z-lab's benchmark suite: gsm8k, math500, humaneval, mbpp, mt-bench with its "
            "counts (128/128/164/128/80) and max-new 2048 (unless --max-new-tokens is given); a --dataset of one of "
            "them replaces its entry."),
+    Option("--selection", "selection", "Which rows of a --dataset/--suite are measured. zlab-transformers: z-lab's "
+           "transformers path (random.seed(0), shuffle, first N; the paper's tables). zlab-server: its server path, "
+           "which current model cards use (file order, wrapping past the end, the first --selection-concurrency "
+           "rows a warm-up, first turn only).", default="zlab-transformers",
+           choices=("zlab-transformers", "zlab-server"), commands=BOTH),
+    Option("--selection-concurrency", "selection_concurrency", "With --selection zlab-server: the server "
+           "benchmark's concurrency, i.e. how many rows its warm-up spends before the measured ones.", kind=int,
+           default=1, minimum=1, metavar="C", commands=BOTH),
     Option("--dataset-file", "dataset_files", "Where a dataset's rows are on this host: a .jsonl/.parquet file or "
            "a folder with the split's files (a HF cache folder); needed for the sets no package ships "
            "(repeatable).", metavar="NAME=PATH", repeatable=True,
@@ -191,6 +201,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("--samples-per-prompt", "samples_per_prompt", "With --temperature > 0: continuations drawn per prompt, "
            "each with its own seed (from --seed, the prompt and its number).", kind=int, default=1, minimum=1,
            metavar="K", commands=BOTH),
+    Option("--protocol", "protocol", "A published card's measurement in one flag: its dataset and N, row "
+           "selection, sampling law, thinking mode, max new tokens and draft rule (options left at their default "
+           "take the protocol's value; one given with another value is refused).", choices=tuple(PROTOCOLS),
+           commands=BOTH),
+    Option("--draft-rule", "draft_rule", "With --temperature > 0: how a round drafts and verifies. sampled (z-lab's "
+           "current code): drafts drawn from the drafter's law, accepted while u·q(d) < p(d), a residual draw at the "
+           "first rejection; τ integrated exactly over the round boundaries of each drawn continuation. greedy "
+           "(z-lab's April code, vLLM's DFlash rule): the drafter's argmax, accepted while it equals the target's "
+           "draw. The two give different τ; T = 0 ignores it.", default="sampled", choices=("greedy", "sampled"),
+           commands=BOTH),
     Option("--enable-thinking", "enable_thinking", "Chat-template thinking mode; must match the drafter's "
            "training.", kind=bool, default=False, negatable=True, commands=BOTH, dfo_default=False),
     Option("--device", "device", "Where the models run.", default="auto", choices=("auto", "cuda", "cpu"),
@@ -328,6 +348,7 @@ def check_value(option: Option, value: Any) -> None:
 def settings_values(given: dict[str, Any]) -> dict[str, Any]:
     """EvalSettings' keyword arguments from the parsed value of every payload option (by field)."""
     out: dict[str, Any] = {}
+    given = protocols.fill(given, {o.field: o.default for o in payload_options()}, given.get("protocol"))
     for o in payload_options():
         value = given.get(o.field, o.default)
         if o.settings is not None:

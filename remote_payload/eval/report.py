@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+from remote_payload.eval import protocols
 from remote_payload.eval.context import EvalContext
 from remote_payload.metrics.aggregate import BY_DATASET_NOTE, dataset_breakdown
 from remote_payload.metrics.chain import sample_tau
 from remote_payload.metrics.compare import compare_drafters
 from remote_payload.metrics.sampled import ESTIMATOR, sampled_figures
+from remote_payload.metrics.sampled_rule import DESCRIPTIONS
 from remote_payload.results import now_utc, versions
 
 ANCHORS = "every continuation position (offline drafts for all anchors, chain and tree replays)"
@@ -22,6 +24,7 @@ SAMPLED_NOTE = ("at T > 0 every sample is one draw (samples_per_prompt per promp
 def sampling_block(s) -> dict:
     """``settings.sampling`` (T > 0): the law, the draws per prompt and how their seeds are made."""
     return {**s.sampling.as_json(), "samples_per_prompt": s.samples_per_prompt, "seed": s.seed,
+            "draft_rule": s.rule, "draft_rule_meaning": DESCRIPTIONS[s.rule],
             "draw_seed": "sha256 of (--seed, draw number, purpose, sha256 of the prompt tokens), 31 bits",
             "sampler": "softmax(logits / T), top-k then top-p, one multinomial draw per token (CPU float32)"}
 
@@ -48,6 +51,10 @@ def sample_lines(ctx: EvalContext) -> list[dict]:
             entry = {"tau": sample_tau(rounds), "rounds": len(rounds),
                      "anchors": [r.anchor for r in rounds], "accepted": [r.accepted for r in rounds],
                      "produced": [r.produced for r in rounds], "tree": run.trees[i].entry()}
+            if run.sampled_rule is not None:  # expectations given the continuation; "tau" is the sampled rule's
+                entry["greedy_rule_tau"] = entry["tau"]
+                entry["sampled_rule"] = run.sampled_rule[i]
+                entry["tau"] = run.sampled_rule[i]["tau"]
             if run.conventions is not None:
                 entry["conventions"] = run.conventions[i]
             if run.online is not None:
@@ -124,7 +131,9 @@ def _settings_block(ctx: EvalContext, reference_source: str) -> dict:
                           "prompt_format": s.reference_prompt_format if server else None,
                           "strict_roundtrip": s.reference_strict_roundtrip if server else None},
             "chat_template_sha256": ctx.run_facts.chat_template_sha256,
-            "online_check": s.online_check, "cache_dir": str(ctx.cache_dir),
+            "online_check": s.online_check, "cache_dir": str(ctx.cache_dir), "draft_rule": s.rule,
+            "selection": s.selection if ctx.datasets else None,
+            **({"protocol": protocols.record(s.protocol)} if s.protocol else {}),
             "diagnose": ({"samples": ctx.diagnosed_samples, "rounds": s.diagnose_rounds} if s.diagnose else False),
             "expect_p1": dict(s.expect_p1) or None,
             **({"sampling": sampling_block(s)} if s.sampled else {}),

@@ -8,6 +8,11 @@ equal) runs on the same prompt with its own seed (``draw_seed(..., purpose="onli
 draw's zlab τ directly and its committed τ by capping its rounds at the kept tokens (the committed rounds over
 the same output). The offline and online τ per draw, in both conventions, are compared paired by prompt
 (``metrics.sampled.expectation_agreement``: a two-sample test at a 1% false-alarm rate).
+
+Under ``--draft-rule sampled`` the loop is the sampled-rule one (``online_generate(draft_rule="sampled")``: drafts
+drawn from the drafter's law, rejection sampling) with the committed count, and it is compared with the
+sampled-rule estimate per draw (``eval/sampled_rule.py``); the zlab count belongs to the greedy rule's loop and is
+not checked there.
 """
 
 from __future__ import annotations
@@ -38,21 +43,35 @@ def sampled_online_check(ctx: EvalContext, name: str, source) -> None:
     stage = f"online:{name}"
     progress.stage_start(stage)
     out = []
+    sampled_rule = run.sampled_rule is not None
     for i, ref in enumerate(refs):
         seed = draw_seed(s.seed, ref.prompt_ids, ctx.draws[i].number, "online")
-        res = online_generate(ctx.target, source, ref.prompt_ids, s.max_new_tokens, rule="zlab",
-                              sampling=s.sampling, seed=seed)
-        committed = committed_from_zlab(res.rounds, res.prompt_len, len(res.continuation))
-        out.append({"seed": seed, "tau": sample_tau(committed), "zlab_tau": sample_tau(res.rounds),
+        if sampled_rule:
+            res = online_generate(ctx.target, source, ref.prompt_ids, s.max_new_tokens, sampling=s.sampling,
+                                  seed=seed, draft_rule="sampled")
+            taus = {"tau": sample_tau(res.rounds), "zlab_tau": None}
+        else:
+            res = online_generate(ctx.target, source, ref.prompt_ids, s.max_new_tokens, rule="zlab",
+                                  sampling=s.sampling, seed=seed)
+            committed = committed_from_zlab(res.rounds, res.prompt_len, len(res.continuation))
+            taus = {"tau": sample_tau(committed), "zlab_tau": sample_tau(res.rounds)}
+        out.append({"seed": seed, **taus,
                     "continuation_tokens": len(res.continuation), "stop_reason": res.stop_reason,
                     "seconds": round(res.seconds, 3), "target_forwards": res.target_forwards})
         progress.progress(stage, i + 1, len(refs), unit="samples", message=ctx.prompts[i].id)
     seconds = progress.stage_done(stage)
     run.online = out
     clusters = [d.prompt_index for d in ctx.draws]
-    offline_zlab = [sample_tau(rounds_of(c)) for c in (run.conventions or [])] or [None] * len(out)
-    run.summary["online_check"] = online_summary([sample_tau(r) for r in run.rounds], offline_zlab, out, clusters,
-                                                 seconds)
+    if sampled_rule:
+        offline = [e["tau"] for e in run.sampled_rule or []]
+        offline_var: list | None = [e.get("tau_var") for e in run.sampled_rule or []]
+        offline_zlab: list = [None] * len(out)
+    else:
+        offline = [sample_tau(r) for r in run.rounds]
+        offline_var = None
+        offline_zlab = [sample_tau(rounds_of(c)) for c in (run.conventions or [])] or [None] * len(out)
+    run.summary["online_check"] = online_summary(offline, offline_zlab, out, clusters, seconds,
+                                                 rule="sampled" if sampled_rule else "greedy", offline_var=offline_var)
     run.summary["timings"]["online_s"] = round(seconds, 3)
     for convention, verdict in run.summary["online_check"]["agreement"].items():
         if verdict.get("agree") is False:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.errors import PayloadError
+from remote_payload.eval import protocols
 from remote_payload.eval.options import (  # noqa: F401 - parse_named, parse_expect_p1: the settings' parsers
     ENGINES,
     FP16_REFUSED,
@@ -41,12 +42,16 @@ class EvalSettings:
     datasets: list = field(default_factory=list)  # --dataset values, NAME[:split][@N]
     suite: str | None = None  # "zlab": z-lab's sets and counts
     dataset_files: dict = field(default_factory=dict)  # dataset name -> its rows' file or folder here
+    protocol: str | None = None  # a named card protocol (eval/protocols.py): its values are the settings'
+    selection: str = "zlab-transformers"  # which rows of a dataset (inputs/datasets/selection.py)
+    selection_concurrency: int = 1  # zlab-server: the warm-up rows before the measured ones
     shard: tuple = (0, 1)
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0: greedy references (one per prompt); > 0: sampled, samples_per_prompt each
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     samples_per_prompt: int = 1
+    draft_rule: str = "sampled"  # at T > 0: "sampled" (z-lab's current rule) or "greedy" (April's, vLLM's)
     enable_thinking: bool = False
     device: str = "auto"
     dtype: str = "bfloat16"
@@ -83,6 +88,13 @@ class EvalSettings:
     def sampled(self) -> bool:
         """The references are drawn at T > 0 (τ is then an expectation over the draws)."""
         return self.temperature > 0
+
+    @property
+    def rule(self) -> str:
+        """The draft rule the figures follow: ``draft_rule`` at T > 0, "n/a at T = 0" otherwise."""
+        from remote_payload.metrics.sampled_rule import rule_of
+
+        return rule_of(self.temperature, self.draft_rule)
 
     @property
     def sampling(self):
@@ -131,6 +143,10 @@ def check_values(s: EvalSettings) -> None:
     for option in payload_options():
         if (option.kind in (int, float) or option.choices) and not option.repeatable:
             check_value(option, getattr(s, option.field))
+    clash = protocols.conflicts(vars(s), s.protocol)
+    if clash:
+        raise PayloadError(f"--protocol {s.protocol} fixes what it measures, but {'; '.join(clash)}: drop those "
+                           "options, or drop --protocol")
     if s.dtype == "float16" and not s.allow_fp16:
         raise PayloadError(f"{FP16_REFUSED}. Use bfloat16 (float32 on CPU), or pass --allow-fp16 to force it")
     if not s.drafters:
@@ -161,6 +177,12 @@ def check_sampling_values(s: EvalSettings) -> None:
 def check_dataset_values(s: EvalSettings) -> None:
     """--dataset/--suite replace the prompt set: no --prompts file or --samples beside them, files only for them."""
     specs = s.dataset_specs
+    if not specs and (s.selection != "zlab-transformers" or s.selection_concurrency != 1):
+        raise PayloadError("--selection and --selection-concurrency choose rows of a dataset: give --dataset NAME "
+                           "or --suite zlab (a prompt set is evaluated whole, or its first --samples)")
+    if s.selection_concurrency != 1 and s.selection != "zlab-server":
+        raise PayloadError(f"--selection-concurrency {s.selection_concurrency} is the server path's warm-up: give "
+                           "--selection zlab-server too")
     if not specs:
         if s.dataset_files:
             raise PayloadError(f"--dataset-file {', '.join(s.dataset_files)}: give the dataset too (--dataset NAME "

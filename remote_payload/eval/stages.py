@@ -76,7 +76,7 @@ def check_inputs(ctx: EvalContext) -> None:
                       message=f"{name}: {ld.spec.format} format, fc layers {ld.spec.fc_layer_ids}{reserved}")
     specs = s.dataset_specs
     if specs:  # the benchmark datasets replace the prompt set
-        all_prompts, ctx.datasets = load_datasets(specs, s.dataset_files)
+        all_prompts, ctx.datasets = load_datasets(specs, s.dataset_files, s.selection, s.selection_concurrency)
         ctx.prompt_info = {"source": "datasets", "datasets": [d["name"] for d in ctx.datasets],
                            "suite": s.suite, "count": len(all_prompts)}
     else:

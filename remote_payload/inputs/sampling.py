@@ -69,7 +69,15 @@ def probabilities(logits, sampling: Sampling):
     """[N, V] logits -> [N, V] float32 probabilities on the CPU: / T, then top-k, then top-p."""
     import torch
 
-    x = logits.detach().to("cpu", torch.float32) / float(sampling.temperature)
+    return processed(logits.detach().to("cpu", torch.float32), sampling)
+
+
+def processed(x, sampling: Sampling):
+    """``probabilities`` on the logits' own device (float32): the sampled-rule estimator keeps its per-anchor
+    distributions on the accelerator and reduces them there."""
+    import torch
+
+    x = x.float() / float(sampling.temperature)
     if sampling.top_k and sampling.top_k < x.shape[-1]:
         kth = torch.topk(x, sampling.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))

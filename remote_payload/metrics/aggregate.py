@@ -22,6 +22,7 @@ from remote_payload.metrics.chain import summarize
 from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
 from remote_payload.metrics.sample_rounds import rounds_from_entry
 from remote_payload.metrics.sampled import cluster_sums, clusters_of, online_summary, sampled_figures
+from remote_payload.metrics.sampled_rule import rule_summary
 from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci
 from remote_payload.metrics.tree import tree_summary
 
@@ -264,6 +265,15 @@ def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict])
             budgeted.append(rounds_from_entry(t["budgeted"], pt, ct, where + ", tree.budgeted"))
         online.append((sid, entry.get("online")))
     metrics = summarize(chain, B)
+    rule_entries = [((line.get("drafters") or {}).get(name) or {}).get("sampled_rule") for line in samples]
+    if "draft_rule" in metrics0:
+        metrics["draft_rule"] = metrics0["draft_rule"]
+    if metrics0.get("draft_rule") == "sampled":  # the headline follows the sampled rule's expectations
+        if not all(isinstance(e, dict) for e in rule_entries):
+            raise PayloadError(f"merge: drafter '{name}' follows the sampled rule but a sample has no "
+                               "'sampled_rule' entry")
+        greedy = {k: metrics[k] for k in ("tau_macro", "tau_micro", "mean_accepted", "per_position", "tau_histogram")}
+        metrics.update(rule_summary([e for e in rule_entries if isinstance(e, dict)], B), greedy_rule=greedy)
     if tree:
         metrics["tree"] = tree_summary(topk, budgeted, block_size=B, **tree)
     if "conventions" in metrics0:
@@ -324,6 +334,10 @@ def _merge_sampled_online(samples: list[dict], name: str, chain: list, conventio
     online = [o if isinstance(o, dict) else {} for o in (e.get("online") for e in entries)]
     zlab = [_mean_produced(((e.get("conventions") or {}).get("zlab") or {}).get("produced")) for e in entries]
     seconds = sum(o.get("seconds") or 0.0 for o in online if _real(o.get("seconds")))
+    if all(isinstance(e.get("sampled_rule"), dict) for e in entries):  # the sampled rule's loop and estimate
+        offline = [e["sampled_rule"].get("tau") for e in entries]
+        return online_summary(offline, [None] * len(entries), online, clusters_of(samples), seconds, rule="sampled",
+                              offline_var=[e["sampled_rule"].get("tau_var") for e in entries])
     offline = [sum(r.produced for r in rs) / len(rs) if rs else None for rs in chain]
     return online_summary(offline, zlab, online, clusters_of(samples), seconds)
 

@@ -6,10 +6,12 @@ what each convention counts is:
 - ``committed`` (dfo's original figure, ``metrics.chain``): rounds until every kept token is committed; the
   last round is capped at the tokens actually kept (drafts past the end token or past max_new are not
   counted, τ_round <= tokens left).
-- ``zlab`` (z-lab's ``dflash_generate`` benchmark loop): ``while anchor < prompt + max_new``: one round, τ_round
-  = accepted + 1 with every accepted draft counted, including drafts past the end token; stop after the
-  round that committed an end token. At a max-tokens stop, when the rounds land exactly on the last kept
-  token, it therefore runs one more round than the kept tokens need (anchored there), counted in full.
+- ``zlab`` (z-lab's ``dflash_generate`` benchmark loop as of April 2026; its current loop records what a round
+  produced, cut after the end token and at max_new, which is ``committed``): ``while anchor < prompt +
+  max_new``: one round, τ_round = accepted + 1 with every accepted draft counted, including drafts past the
+  end token; stop after the round that committed an end token. At a max-tokens stop, when the rounds land
+  exactly on the last kept token, it therefore runs one more round than the kept tokens need (anchored there),
+  counted in full.
   Needs the target's greedy tokens a block past the stop.
 - ``vllm`` (vLLM's spec-decode counters): the same rounds as ``committed`` (the request finishes once the
   kept tokens are committed) but each round's accepted drafts are counted in full, past the end token or
@@ -31,7 +33,8 @@ from .chain import Round, accepted_prefix, chain_rounds
 NAMES = ("committed", "zlab", "vllm")
 DEFINITIONS = {
     "committed": "rounds until the kept tokens are committed; the last round capped at the tokens kept",
-    "zlab": "z-lab's dflash_generate loop: rounds while anchor < prompt+max_new, stop after a round that "
+    "zlab": "z-lab's April 2026 dflash_generate loop (its current loop counts as committed): rounds while "
+            "anchor < prompt+max_new, stop after a round that "
             "committed an end token; every accepted draft counts, past the end token too",
     "vllm": "vLLM's counters: the committed rounds, each counted in full (accepted drafts past the end "
             "token or max_tokens included); tau = 1 + accepted/drafts",

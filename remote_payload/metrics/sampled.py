@@ -46,6 +46,13 @@ ESTIMATOR = ("τ at T > 0 = E over continuations y drawn from the target at T of
              "y's next tokens; y ~ target at T under speculative sampling), estimated by the mean over K seeded "
              "draws per prompt: unbiased for the per-response figures (τ macro, each convention; DDTree τ), "
              "ratio estimates for the pooled ones (τ micro, p_k)")
+SAMPLED_RULE_ESTIMATOR = (
+    "τ at T > 0 under the sampled rule (drafts drawn from the drafter's law, accepted while u·q(d) < p(d)) = E over "
+    "continuations y drawn from the target at T of E[produced / rounds | y], the round boundaries integrated out given "
+    "y by a forward/backward pass over y (eval/sampled_rule.py; the total probability of the segmentations checked "
+    "against p(y) per draw), estimated by the mean over K seeded draws per prompt: unbiased for the per-response "
+    "figures (τ macro), ratio estimates for the pooled ones (τ micro, p_k); the zlab/vllm counts and DDTree walk the "
+    "greedy rule's drafts")
 CI_METHOD = (f"{CONFIDENCE:.0%} percentile cluster bootstrap over prompts: a resample draws prompts with replacement "
              "and keeps each one's draws together (they share the prompt); {resamples} resamples, seed {seed}")
 
@@ -89,10 +96,17 @@ def _line_row(line: dict, name: str, P: int, block_size: int) -> list[float]:
         raise PayloadError(f"samples.jsonl: sample {sid} lacks integer 'prompt_tokens'/'continuation_tokens'")
     where = f"samples.jsonl sample {sid}, drafter '{name}'"
     rounds = rounds_from_entry(entry, pt, ct, where)
-    tau = _mean_tau(rounds)
-    row = [tau or 0.0, 1.0 if tau is not None else 0.0, float(sum(r.produced for r in rounds)), float(len(rounds))]
-    row += [float(sum(1 for r in rounds if r.accepted >= k)) for k in range(1, P + 1)]
-    row += [float(sum(1 for r in rounds if min(P, r.remaining) >= k)) for k in range(1, P + 1)]
+    rule = entry.get("sampled_rule")
+    if isinstance(rule, dict):  # the sampled rule: expectations given the continuation (eval/sampled_rule.py)
+        tau = rule.get("tau")
+        row = [tau or 0.0, 1.0 if tau is not None else 0.0, float(rule["produced"]), float(rule["rounds"])]
+        row += [float(x) for x in rule["hits"]] + [float(x) for x in rule["eligible"]]
+    else:
+        tau = _mean_tau(rounds)
+        row = [tau or 0.0, 1.0 if tau is not None else 0.0, float(sum(r.produced for r in rounds)),
+               float(len(rounds))]
+        row += [float(sum(1 for r in rounds if r.accepted >= k)) for k in range(1, P + 1)]
+        row += [float(sum(1 for r in rounds if min(P, r.remaining) >= k)) for k in range(1, P + 1)]
     conv = entry.get("conventions")
     if isinstance(conv, dict) and isinstance(conv.get("zlab"), dict) and isinstance(conv.get("vllm"), dict):
         z = _mean_tau(rounds_from_record(conv["zlab"], block_size, where + ", conventions.zlab"))
@@ -153,6 +167,8 @@ def sampled_figures(lines: Sequence[dict], name: str, block_size: int, *, sampli
     each with its cluster-bootstrap CI, the variance parts of per-draw τ, and what the estimator is."""
     P = block_size - 1
     rows = [_line_row(line, name, P, block_size) for line in lines]
+    by_rule = any(isinstance(((line.get("drafters") or {}).get(name) or {}).get("sampled_rule"), dict)
+                  for line in lines)
     clusters = clusters_of(lines)
     sums = cluster_sums(rows, clusters)
     point = _figures([sum(col) for col in zip(*rows, strict=True)] if rows else [0.0] * (12 + 2 * P), P)
@@ -178,21 +194,31 @@ def sampled_figures(lines: Sequence[dict], name: str, block_size: int, *, sampli
                                          "budgeted")},
             "per_position": [{"k": k, **fig(f"p{k}")} for k in range(1, P + 1)],
             "variance": {"figure": "per-draw τ (committed)", **variance_parts(taus, tau_clusters)},
-            "estimator": ESTIMATOR, "ci": CI_METHOD.format(resamples=resamples, seed=seed)}
+            "estimator": SAMPLED_RULE_ESTIMATOR if by_rule else ESTIMATOR,
+            "ci": CI_METHOD.format(resamples=resamples, seed=seed)}
 
 
 # ------------------------------------------------------------------------------ agreement of two estimates
 
 
 def expectation_agreement(a: Sequence[float | None], b: Sequence[float | None], clusters: Sequence[int], *,
-                          alpha: float = AGREEMENT_ALPHA, labels: tuple[str, str] = ("offline", "online")) -> dict:
+                          alpha: float = AGREEMENT_ALPHA, labels: tuple[str, str] = ("offline", "online"),
+                          a_conditional_var: Sequence[float | None] | None = None) -> dict:
     """Do two sets of per-draw values (e.g. offline τ and the online loop's τ, each over its own draws of the same
     prompts) estimate one expectation? Paired by prompt: D = mean over prompts of (mean of a's draws − mean of
     b's draws). Under agreement each prompt's draws on both sides are independent draws of one law, so D has mean
     0 and variance Σ_i (s²_a,i / K_a,i + s²_b,i / K_b,i) / n² (the between-prompt variance cancels; s² the
     within-prompt sample variances): agree when |D| <= z·SE, z two-sided at ``alpha``. Needs two draws per prompt
-    on each side (their variance)."""
+    on each side (their variance). ``a_conditional_var``: a is b's conditional expectation given the draw and
+    this is Var(b | y) per draw of a (the sampled-rule estimate against its loop), so under agreement
+    Var b = Var a + E[Var(b | y)]: b's within-prompt variance is taken as at least that, and a loop that by
+    chance shows no variance in a few draws (rare acceptances) cannot shrink the bound to nothing."""
     groups: dict[int, tuple[list[float], list[float]]] = {}
+    conditional: dict[int, list[float]] = {}
+    for i, c in enumerate(clusters):
+        cv = a_conditional_var[i] if a_conditional_var is not None else None
+        if cv is not None:
+            conditional.setdefault(c, []).append(float(cv))
     for x, y, c in zip(a, b, clusters, strict=True):
         g = groups.setdefault(c, ([], []))
         if x is not None:
@@ -200,6 +226,8 @@ def expectation_agreement(a: Sequence[float | None], b: Sequence[float | None], 
         if y is not None:
             g[1].append(float(y))
     usable = [g for g in groups.values() if len(g[0]) >= 2 and len(g[1]) >= 2]
+    floors = [sum(v) / len(v) if (v := conditional.get(c)) else 0.0
+              for c, g in groups.items() if len(g[0]) >= 2 and len(g[1]) >= 2]
     n = len(usable)
     z = NormalDist().inv_cdf(1 - alpha / 2)
     out: dict = {"rule": (f"paired by prompt: D = mean over prompts of (mean {labels[0]} − mean {labels[1]}); agree "
@@ -219,21 +247,32 @@ def expectation_agreement(a: Sequence[float | None], b: Sequence[float | None], 
         return sum((x - m) ** 2 for x in v) / (len(v) - 1)
 
     d = sum(mean(x) - mean(y) for x, y in usable) / n
-    se = math.sqrt(sum(var(x) / len(x) + var(y) / len(y) for x, y in usable)) / n
+    floored = a_conditional_var is not None
+    se = math.sqrt(sum(var(x) / len(x) + (max(var(y), var(x) + floor) if floored else var(y)) / len(y)
+                       for (x, y), floor in zip(usable, floors, strict=True))) / n
     side = {labels[0]: mean([mean(x) for x, _ in usable]), labels[1]: mean([mean(y) for _, y in usable])}
     agree = abs(d) <= z * se if se > 0 else d == 0
     return {**out, **{f"{k}_tau": v for k, v in side.items()}, "difference": d, "standard_error": se,
             "bound": z * se, "agree": agree}
 
 
+ONLINE_RULES = {
+    "greedy": "zlab (target tokens drawn at every block slot, greedy drafts, accept while equal); one online run per "
+              "offline draw, with its own seed",
+    "sampled": "sampled (drafts drawn from the drafter's law, accept while u·q(d) < p(d), residual max(0, p − q), "
+               "committed count); one online run per offline draw, with its own seed, against the exact sampled-rule "
+               "estimate",
+}
+
+
 def online_summary(offline_committed: list, offline_zlab: list, online: list[dict], clusters: list[int],
-                   seconds: float) -> dict:
+                   seconds: float, rule: str = "greedy", offline_var: list | None = None) -> dict:
     """``drafters[NAME].online_check`` at T > 0 (also what a shard merge recomputes from the sample lines)."""
-    agreement = {"committed": expectation_agreement(offline_committed, [o.get("tau") for o in online], clusters)}
+    agreement = {"committed": expectation_agreement(offline_committed, [o.get("tau") for o in online], clusters,
+                                                    a_conditional_var=offline_var)}
     if any(z is not None for z in offline_zlab):
         agreement["zlab"] = expectation_agreement(offline_zlab, [o.get("zlab_tau") for o in online], clusters)
-    return {"samples": len(online), "sampled": True, "rule": "zlab (target tokens drawn at every block slot, greedy "
-            "drafts, accept while equal); one online run per offline draw, with its own seed",
+    return {"samples": len(online), "sampled": True, "rule": ONLINE_RULES[rule], "draft_rule": rule,
             "agreement": agreement,
             "all_agree": all(v.get("agree") is not False for v in agreement.values()),
             "seconds": round(seconds, 3)}

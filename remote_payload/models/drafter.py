@@ -19,6 +19,14 @@ Draft sources share one interface (the synthetic test drafter implements it too)
     prepare(features: dict[layer id -> Tensor[S, H]]) -> context object
     draft(context, tokens: Sequence[int], anchors: Sequence[int], topk: int) -> (ids, logprobs)
         ids: LongTensor [A, B-1, topk] target-vocabulary ids, best first; logprobs: FloatTensor, same shape
+    slot_logprobs(context, tokens, anchors, sampling) -> FloatTensor [A, B-1, V]
+        log q_{a,j}(v) over the target's vocabulary: the law a sampled-rule round draws slot j's draft from
+        (the drafter's logits processed like the target's: / T, top-k, top-p), -inf outside its support; on
+        the drafter's device, float32 (``eval/sampled_rule.py`` reduces it there, anchors chunked)
+    draw_block(context, tokens, anchor, sampling, generator) -> (drafts: list[int], q: FloatTensor [B-1, V])
+        one sampled-rule block at ``anchor`` for the online loop: the drafts drawn from ``generator`` and, per
+        slot, the law each was drawn from (CPU float32 probabilities). DFlash's slots are independent given the
+        anchor; a drafter whose slot law depends on the previous draft draws them in turn
 
 ``DrafterRuntime.draft`` also takes ``slot0`` ("token" | "mask") and ``mask_id``: what fills the block
 other than the design's [committed token, mask × (B-1)]. The eval never sets them; ``--diagnose`` re-drafts
@@ -319,3 +327,32 @@ class DrafterRuntime:
                 lp_out.append(vals.cpu())
         B1 = self.block_size - 1
         return torch.cat(ids_out).view(-1, B1, topk), torch.cat(lp_out).view(-1, B1, topk)
+
+    @property
+    def vocab_size(self) -> int:
+        """The target vocabulary's size (the embedding table the block is embedded with)."""
+        return int(self.embed.weight.shape[0])
+
+    @torch.no_grad()
+    def slot_logprobs(self, ctx: DraftContext, tokens, anchors, sampling) -> torch.Tensor:
+        """log q_{a,j}(v) [len(anchors), B-1, V] (module doc): the block logits at anchor a (they depend on
+        tokens[:a+1] and the context before a only) processed like the target's law at ``sampling``."""
+        from remote_payload.inputs.sampling import processed
+
+        anchors = torch.as_tensor(anchors, dtype=torch.long)
+        B1, V = self.block_size - 1, self.vocab_size
+        if anchors.numel() == 0:
+            return torch.zeros((0, B1, V), device=self.device)
+        h = self.hidden(ctx, tokens, anchors).reshape(-1, self.spec.hidden_size)
+        logits = self.logits(h)
+        if self.d2t is not None:  # a draft vocabulary: its ids placed in the target's, every other id impossible
+            full = torch.full((logits.shape[0], V), float("-inf"), device=logits.device)
+            ids = torch.arange(logits.shape[1], device=logits.device)
+            logits = full.index_copy(1, ids + self.d2t.to(logits.device), logits)
+        return processed(logits, sampling).log().view(-1, B1, V)
+
+    @torch.no_grad()
+    def draw_block(self, ctx: DraftContext, tokens, anchor: int, sampling, gen) -> tuple[list[int], torch.Tensor]:
+        """The online sampled-rule block at ``anchor``: each slot's draft drawn from its own law (module doc)."""
+        q = self.slot_logprobs(ctx, tokens, [anchor], sampling)[0].exp().to("cpu", torch.float32)
+        return torch.multinomial(q, 1, generator=gen)[:, 0].tolist(), q

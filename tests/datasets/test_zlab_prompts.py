@@ -76,6 +76,25 @@ def test_multi_turn_rows_give_one_sample_per_turn_that_follows_the_one_before(tm
                                                                "mt-bench/111/turn2"]
 
 
+def test_the_server_selection_takes_rows_in_file_order_after_the_warm_up_wrapping_first_turn_only(tmp_path):
+    """z-lab's server path: request i < N + concurrency takes rows[i % len], the first `concurrency` are the
+    warm-up; no shuffle, no seed; a multi-turn row sends its first turn only."""
+    rows = list(range(5))
+    assert select_rows(rows, 3, rule="zlab-server") == [1, 2, 3]  # concurrency 1: row 0 is the warm-up
+    assert select_rows(rows, 6, rule="zlab-server", concurrency=2) == [2, 3, 4, 0, 1, 2]  # wraps past the end
+    assert select_rows(rows, None, rule="zlab-server") == [1, 2, 3, 4, 0]
+    files = write_sets(tmp_path, ["humaneval", "mt-bench"])
+    prompts, records = load_datasets(dataset_specs(["humaneval@3", "mt-bench"]), {k: str(v) for k, v in files.items()},
+                                     "zlab-server")
+    # the test sets hold two rows each: humaneval@3 wraps (row 1, row 0, row 1 again); mt-bench: first turns
+    assert [p.id for p in prompts] == ["humaneval/HumanEval/1", "humaneval/HumanEval/0", "humaneval/HumanEval/1/rep2",
+                                       "mt-bench/111/turn1", "mt-bench/81/turn1"]
+    assert all(p.follows is None for p in prompts)
+    sel = records[0]["selection"]
+    assert sel["rule"] == "zlab-server" and sel["seed"] is None and sel["concurrency"] == 1
+    assert sel["warmup_rows"] == ["HumanEval/0"] and "first turn only" in sel["text"]
+
+
 def test_a_suite_takes_zlabs_counts_and_a_dataset_replaces_its_entry():
     specs = dataset_specs(["gsm8k@8"], "zlab")
     assert [s.text() for s in specs] == ["gsm8k:test@8", "math500:test@128", "humaneval:test@164", "mbpp:test@128",

@@ -16,17 +16,17 @@ def _results(taus: dict[str, float], sampled: bool) -> dict:
                                   "zlab_tau_macro": {"value": tau + 0.2, "ci": [tau + 0.1, tau + 0.3]}}
         drafters[name] = {"metrics": metrics}
     settings = {"sampling": {"temperature": SAMPLED_TEMPERATURE, "top_p": 1.0, "top_k": 0,
-                             "samples_per_prompt": SAMPLED_DRAWS}} if sampled else {}
+                             "samples_per_prompt": SAMPLED_DRAWS, "draft_rule": "sampled"}} if sampled else {}
     return {"settings": settings, "drafters": drafters}
 
 
 def test_the_demo_shows_tau_at_t0_beside_tau_at_t1():
     lines = temperature_table(_results({"ours": 4.23, "random": 1.0}, False),
                               _results({"ours": 2.1, "random": 1.0}, True))
-    assert lines[0].startswith("τ at T=0 and at T=1 (3 seeded draws per prompt")
+    assert lines[0].startswith("τ at T=0 and at T=1, sampled rule (3 seeded draws per prompt")
     header, ours, rand = lines[1:]
-    assert header.split() == ["drafter", "T=0", "τ", "T=1", "τ", "[CI]", "T=0", "zlab", "τ", "T=1", "zlab", "τ",
-                              "[CI]", "draws"]
+    assert header.split() == ["drafter", "T=0", "τ", "T=1,", "sampled", "rule", "τ", "[CI]", "T=0", "zlab", "τ",
+                              "T=1,", "greedy", "rule", "zlab", "τ", "[CI]", "draws"]
     assert ours.split()[:5] == ["ours", "4.23", "2.10", "[2.00,", "2.20]"] and ours.split()[-1] == "36"
     assert "4.53" in ours and "2.30 [2.20, 2.40]" in ours
     assert rand.split()[:2] == ["random", "1.00"]

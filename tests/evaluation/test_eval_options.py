@@ -13,6 +13,7 @@ import pytest
 import typer
 from cli_runner import dfo
 
+from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import parse_inventory
 from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
 from remote_payload.cli import build_parser
@@ -230,7 +231,9 @@ def _non_default(o: declared.Option):
 def test_every_request_value_reaches_the_payload_settings_unchanged():
     """request → plan → the payload's own parser → EvalSettings: each option arrives with the value given."""
     skip = {"target", "prompts", "reference", "reference_model", "engine", "payload_args",  # planned: below
-            "datasets", "suite", "dataset_files"}  # real sets: tests/evaluation/test_dataset_options.py
+            "datasets", "suite", "dataset_files",  # real sets: tests/evaluation/test_dataset_options.py
+            "selection", "selection_concurrency",  # they need a dataset: test_selection_reaches_the_payload below
+            "protocol"}  # it fixes a dataset: test_a_protocol_fills_the_options_left_at_their_default below
     given = {o.field: _non_default(o) for o in declared.request_options() if o.payload and o.field not in skip}
     assert given, "no option to carry"
     req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)], **given,
@@ -243,6 +246,20 @@ def test_every_request_value_reaches_the_payload_settings_unchanged():
     assert settings.target == "/m/t" and settings.drafters == [("ours", "/m/d")] and settings.out == "{results}"
     assert settings.reference_url == "http://127.0.0.1:9/v1" and settings.reference_model == "qwen"
     assert settings.engine == "vllm" and settings.engine_python == "/tmp/dfo-c/engines/vllm/bin/python"
+
+
+def test_selection_reaches_the_payload_and_is_refused_without_a_dataset():
+    req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                      datasets=["humaneval@8"], selection="zlab-server", selection_concurrency=4)
+    (job,) = plan_eval(req, INV).jobs
+    settings = settings_from_values(vars(build_parser().parse_args(job.args)))
+    assert (settings.selection, settings.selection_concurrency) == ("zlab-server", 4)
+    with pytest.raises(InputError, match="--selection and --selection-concurrency choose rows of a dataset"):
+        plan_eval(EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                              selection="zlab-server"), INV)
+    with pytest.raises(InputError, match="--selection-concurrency 4 is the server path's warm-up"):
+        plan_eval(EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                              datasets=["humaneval@8"], selection_concurrency=4), INV)
 
 
 def test_a_watch_series_keeps_every_watch_option_that_changes_the_figures(tmp_path):
@@ -263,3 +280,20 @@ def test_the_dry_run_names_the_engine_it_plans(files):
     out = " ".join(proc.stdout.split())
     assert "SGLang engine inside the job" in out and "`dfo provision --host HOST --engine sglang`" in out
     assert "one SGLang server per drafter (z)" in out and "vLLM" not in out
+
+
+def test_a_protocol_fills_the_options_left_at_their_default_and_refuses_a_conflicting_one():
+    """--protocol zlab-card-gsm8k-t1: the card's measurement in one flag, on the controller as on the host."""
+    base = dict(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                protocol="zlab-card-gsm8k-t1", dataset_files=["gsm8k=/data/gsm8k-test.jsonl"])
+    (job,) = plan_eval(EvalRequest(**base), INV).jobs
+    s = settings_from_values(vars(build_parser().parse_args(job.args)))
+    assert (s.datasets, s.selection, s.selection_concurrency) == (["gsm8k@128"], "zlab-server", 1)
+    assert (s.temperature, s.top_p, s.top_k, s.enable_thinking, s.max_new_tokens, s.draft_rule) == (
+        1.0, 0.95, 20, True, 4096, "sampled")
+    assert s.protocol == "zlab-card-gsm8k-t1"
+    same = EvalRequest(**base, temperature=1.0, top_k=20)  # given with the protocol's own values: fine
+    plan_eval(same, INV)
+    with pytest.raises(InputError, match=r"--protocol zlab-card-gsm8k-t1 fixes what it measures, but --temperature "
+                                         r"0.6 \(the protocol: 1\); --draft-rule greedy \(the protocol: sampled\)"):
+        plan_eval(EvalRequest(**base, temperature=0.6, draft_rule="greedy"), INV)

@@ -13,6 +13,7 @@ from cli_runner import dfo
 from orchestrator.evaluation.compare import compare_runs
 from orchestrator.evaluation.report import summary_table, write_report
 from orchestrator.evaluation.runs import new_run, write_json_atomic
+from remote_payload.eval import protocols
 
 INVENTORY = """hosts:
   kpro6: {address: 127.0.0.1, port: 1, workdir: /tmp/dfo-k, roles: [train], paths: {checkpoints: /tmp/ck}}
@@ -62,8 +63,10 @@ def test_the_sampling_options_reach_the_payload_only_when_given(inventory):
         assert args[args.index(flag) + 1] == value
 
 
-def _sampled_run(root: Path, taus: dict[str, list[list[float]]], seed: int = 0, temperature: float = 1.0):
-    """A run at T > 0: per drafter, per prompt, the τ of each draw."""
+def _sampled_run(root: Path, taus: dict[str, list[list[float]]], seed: int = 0, temperature: float = 1.0,
+                 draft_rule: str | None = None, protocol: bool = False):
+    """A run at T > 0: per drafter, per prompt, the τ of each draw (``draft_rule`` None: a run from before the
+    option, which followed the greedy rule)."""
     run = new_run(root, ["ct129"], {"request": {}})
     names = list(taus)
     prompts, draws = len(taus[names[0]]), len(taus[names[0]][0])
@@ -71,8 +74,11 @@ def _sampled_run(root: Path, taus: dict[str, list[list[float]]], seed: int = 0, 
               "seed": 1000 * seed + 10 * p + j, "continuation_tokens": 20,
               "drafters": {n: {"tau": taus[n][p][j]} for n in names}} for p in range(prompts) for j in range(draws)]
     mean = {n: sum(sum(d) for d in t) / (prompts * draws) for n, t in taus.items()}
-    sampling = {"temperature": temperature, "top_p": 1.0, "top_k": 0, "samples_per_prompt": draws, "seed": seed}
-    results = {"schema": "dfo.results/1", "status": "ok", "settings": {"max_new_tokens": 64, "sampling": sampling},
+    sampling = {"temperature": temperature, "top_p": 1.0, "top_k": 0, "samples_per_prompt": draws, "seed": seed,
+                **({"draft_rule": draft_rule} if draft_rule else {})}
+    settings = {"max_new_tokens": 64, "sampling": sampling, **({"draft_rule": draft_rule} if draft_rule else {}),
+                **({"protocol": protocols.record("zlab-card-gsm8k-t1")} if protocol else {})}
+    results = {"schema": "dfo.results/1", "status": "ok", "settings": settings,
                "target": {"weights_digest": "aa"}, "extraction": {"kernel_path": "torch"},
                "drafters": {n: {"spec": {"format": "zlab"}, "metrics": {
                    "tau_macro": mean[n], "tau_micro": mean[n], "samples": len(lines), "rounds": 99, "block_size": 8,
@@ -96,10 +102,10 @@ def test_the_run_table_has_the_t_column_and_the_report_its_sampling_section(tmp_
     console = Console(width=200, record=True)
     console.print(summary_table(run.results()))
     text = console.export_text()
-    assert "T=1 τ [CI]" in text and "3.50 [3.30, 3.70]" in text and "2 per prompt, seeded" in text
+    assert "T=1, greedy rule τ [CI]" in text and "3.50 [3.30, 3.70]" in text and "2 per prompt, seeded" in text
     report = (run.path / "report.md").read_text()
-    assert "## Sampling (T=1)" in report and "| ours | 3.50 [3.30, 3.70] |" in report
-    assert "sampling: T=1, 2 draw(s) per prompt, seed 0" in report
+    assert "## Sampling (T=1, greedy rule)" in report and "| ours | 3.50 [3.30, 3.70] |" in report
+    assert "sampling: T=1, greedy rule, 2 draw(s) per prompt, seed 0" in report
     assert "<b>" not in report and "**estimator**" in report  # the host's text is escaped
 
 
@@ -115,6 +121,31 @@ def test_runs_compare_pairs_the_draws_by_prompt_and_seed(tmp_path):
     assert any("the runs' draws are independent" in n for n in compare_runs(a, other)["notes"])
     hotter = _sampled_run(tmp_path, {"ours": [[3.0, 3.0], [5.0, 5.0], [2.0, 2.0]]}, temperature=0.6)
     assert any("settings differ: sampling" in n for n in compare_runs(a, hotter)["notes"])
+
+
+def test_runs_compare_refuses_two_draft_rules_unless_told(tmp_path):
+    """A run from before --draft-rule (greedy rule) against a sampled-rule run: refused, with the flag that allows
+    it; with the flag the notes say so. The table headers name the rule."""
+    from orchestrator.core.errors import InputError
+
+    old = _sampled_run(tmp_path, {"ours": [[2.0, 3.0], [4.0, 6.0]]})
+    new = _sampled_run(tmp_path, {"ours": [[1.5, 2.0], [3.0, 4.0]]}, draft_rule="sampled")
+    with pytest.raises(InputError, match="greedy draft rule .* the sampled one") as err:
+        compare_runs(old, new)
+    assert "--across-rules" in (err.value.hint or "")
+    report = compare_runs(old, new, across_rules=True)
+    assert report["draft_rule"] == {"a": "greedy", "b": "sampled"}
+    assert any("draft rules differ: greedy in A, sampled in B" in n for n in report["notes"])
+    same = _sampled_run(tmp_path, {"ours": [[1.0, 2.0], [3.0, 3.0]]}, draft_rule="sampled", protocol=True)
+    assert compare_runs(new, same)["draft_rule"] == {"a": "sampled", "b": "sampled"}
+    assert "## Sampling (T=1, sampled rule)" in (new.path / "report.md").read_text()
+    # a run under a protocol prints it with its results: the table's caption and the report's settings
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(summary_table(same.results()))
+    assert "protocol zlab-card-gsm8k-t1: z-lab's Qwen3.8-27B-DFlash2 card" in console.export_text()
+    assert "- protocol: zlab-card-gsm8k-t1: z-lab" in (same.path / "report.md").read_text()
 
 
 def test_a_watch_series_from_before_the_sampling_options_is_still_the_same_series(tmp_path):

@@ -143,6 +143,23 @@ def test_an_option_newer_than_the_series_is_no_difference_while_it_keeps_its_def
         series_state.check_same_settings(s, s["source"], s["eval_host"], newer)
 
 
+def test_a_series_keeps_its_draft_rule_and_one_older_than_the_option_was_greedy_at_t():
+    """At T > 0 a series started before --draft-rule existed followed the greedy rule: continuing it under the
+    new default (sampled) is refused; --draft-rule greedy continues it. At T = 0 the rule does not apply."""
+    s = make_series()
+    hot = {**s, "settings": {**s["settings"], "temperature": 1.0}}
+    given = {**hot["settings"], "draft_rule": None}  # not given: the payload's default, sampled
+    with pytest.raises(InputError, match=r"draft rule 'greedy' → 'sampled' \(pass --draft-rule greedy"):
+        series_state.check_same_settings(hot, hot["source"], hot["eval_host"], given, {"draft_rule": None})
+    series_state.check_same_settings(hot, hot["source"], hot["eval_host"], {**given, "draft_rule": "greedy"},
+                                     {"draft_rule": None})
+    new = {**hot, "settings": given}  # a series started with the option: None and "sampled" are one rule
+    series_state.check_same_settings(new, new["source"], new["eval_host"], {**given, "draft_rule": "sampled"})
+    cold = {**s["settings"], "temperature": 0.0}
+    series_state.check_same_settings({**s, "settings": cold}, s["source"], s["eval_host"],
+                                     {**cold, "draft_rule": "greedy"}, {"draft_rule": None})
+
+
 def test_series_markdown_and_plot(tmp_path):
     s = make_series()
     md = series_markdown(s, plotted=True)

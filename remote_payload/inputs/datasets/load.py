@@ -8,26 +8,30 @@ from pathlib import Path
 from remote_payload.errors import PayloadError
 from remote_payload.inputs.datasets.registry import DatasetSpec, package_source
 from remote_payload.inputs.datasets.rows import read_rows
-from remote_payload.inputs.datasets.selection import RULE, RULE_TEXT, SEED, select_rows
+from remote_payload.inputs.datasets.selection import RULE, RULE_TEXTS, SEED, SERVER, first_turn_only, select_rows
 from remote_payload.inputs.prompts import Prompt
 
 
-def load_datasets(specs: list[DatasetSpec], files: dict[str, str]) -> tuple[list[Prompt], list[dict]]:
-    """Every selected row of every dataset as prompts (a multi-turn row: one per turn), in order, and one
-    record per dataset. ``files``: NAME -> the rows' file or folder (else the package the set ships in)."""
+def load_datasets(specs: list[DatasetSpec], files: dict[str, str], selection: str = RULE,
+                  concurrency: int = 1) -> tuple[list[Prompt], list[dict]]:
+    """Every selected row of every dataset as prompts (a multi-turn row: one per turn, or its first under the
+    server selection), in order, and one record per dataset. ``files``: NAME -> the rows' file or folder (else
+    the package the set ships in); ``selection``/``concurrency``: the rule (``selection.py``)."""
     unknown = sorted(set(files) - {s.name for s in specs})
     if unknown:
         raise PayloadError(f"--dataset-file for dataset(s) not evaluated: {', '.join(unknown)} (add --dataset NAME)")
     prompts: list[Prompt] = []
     records = []
     for spec in specs:
-        part, record = load_one(spec, files.get(spec.name), start=len(prompts))
+        part, record = load_one(spec, files.get(spec.name), start=len(prompts), selection=selection,
+                                concurrency=concurrency)
         prompts += part
         records.append(record)
     return prompts, records
 
 
-def load_one(spec: DatasetSpec, file: str | None, start: int = 0) -> tuple[list[Prompt], dict]:
+def load_one(spec: DatasetSpec, file: str | None, start: int = 0, selection: str = RULE,
+             concurrency: int = 1) -> tuple[list[Prompt], dict]:
     adapter = spec.adapter
     package = None
     if file is None:
@@ -44,7 +48,7 @@ def load_one(spec: DatasetSpec, file: str | None, start: int = 0) -> tuple[list[
         raise PayloadError(f"dataset {spec.name}: {exc}") from None
     for i, row in enumerate(source.rows):
         adapter.check_row(row, f"dataset {spec.name} ({_short(source.files)}) row {i + 1}")
-    chosen = select_rows(source.rows, spec.count)
+    chosen = select_rows(source.rows, spec.count, rule=selection, concurrency=concurrency)
     prompts: list[Prompt] = []
     row_ids: list[str] = []
     all_ids = [adapter.row_id(row, i) for i, row in enumerate(source.rows)]
@@ -52,8 +56,11 @@ def load_one(spec: DatasetSpec, file: str | None, start: int = 0) -> tuple[list[
     if twice:
         raise PayloadError(f"dataset {spec.name} ({_short(source.files)}): row id(s) {', '.join(twice[:5])} occur "
                            "more than once (each row is one sample: ids must be unique)")
+    seen: dict[int, int] = {}
     for pos in chosen:
         row, rid = source.rows[pos], all_ids[pos]
+        seen[pos] = seen.get(pos, 0) + 1
+        repeat = f"/rep{seen[pos]}" if seen[pos] > 1 else ""  # the server rule wraps: a row measured again
         where = f"dataset {spec.name} ({_short(source.files)}) row {pos + 1} (id {rid})"
         try:
             turns = adapter.user_turns(row, where)
@@ -65,17 +72,21 @@ def load_one(spec: DatasetSpec, file: str | None, start: int = 0) -> tuple[list[
         for k, text in enumerate(turns, start=1):
             index = start + len(prompts)
             multi = adapter.multi_turn
-            prompts.append(Prompt(index=index, id=f"{spec.name}/{rid}" + (f"/turn{k}" if multi else ""),
+            prompts.append(Prompt(index=index, id=f"{spec.name}/{rid}{repeat}" + (f"/turn{k}" if multi else ""),
                                   messages=(("user", text),), category=category, dataset=spec.name, row_id=rid,
                                   turn=k if multi else None, follows=previous))
             previous = index
-            if not multi:
-                break  # a single-turn set's row is one user turn (z-lab: [format(row)])
+            if not multi or first_turn_only(selection):
+                break  # a single-turn set's row is one user turn (z-lab: [format(row)]); the server path: turn 1
     record = {"name": spec.name, "split": spec.split, "hub_id": adapter.hub_id, "config": adapter.config,
               "formatting": "z-lab dflash/benchmark.py DATASETS[name]['format']",
               "source": {"files": source.files, "format": source.fmt, "sha256": source.sha256, "package": package},
               "rows": len(source.rows),
-              "selection": {"rule": RULE, "seed": SEED, "requested": spec.count, "text": RULE_TEXT},
+              "selection": {"rule": selection, "seed": None if selection == SERVER else SEED,
+                            "requested": spec.count, "text": RULE_TEXTS[selection],
+                            **({"concurrency": concurrency, "warmup_rows": [all_ids[i % len(all_ids)]
+                                                                            for i in range(concurrency)]
+                                if all_ids else []} if selection == SERVER else {})},
               "row_ids": row_ids, "samples": len(prompts), "multi_turn": adapter.multi_turn}
     return prompts, record
 

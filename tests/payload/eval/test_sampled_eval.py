@@ -71,12 +71,35 @@ def test_every_draw_is_a_sample_with_its_seed_and_the_figures_are_their_expectat
 def test_the_online_check_at_t_compares_expectations(whole):
     results, lines = whole["results"], whole["lines"]
     check = results["drafters"]["z"]["online_check"]
-    assert check["sampled"] and check["samples"] == 8 and set(check["agreement"]) == {"committed", "zlab"}
+    # the default rule is the sampled one: its loop against its exact estimate (the zlab count is the greedy rule's)
+    assert results["settings"]["draft_rule"] == results["settings"]["sampling"]["draft_rule"] == "sampled"
+    assert results["drafters"]["z"]["metrics"]["draft_rule"] == "sampled" and check["draft_rule"] == "sampled"
+    assert check["sampled"] and check["samples"] == 8 and set(check["agreement"]) == {"committed"}
     assert check["agreement"]["committed"]["prompts"] == 4 and check["all_agree"] is True
     online = [line["drafters"]["z"]["online"] for line in lines]
     assert len({o["seed"] for o in online} | {line["seed"] for line in lines}) == 16  # its own seeds
     stages = {r["stage"] for r in whole["records"] if r["dfo"] == "progress"}
     assert {"online:z", "online:rand"} <= stages
+
+
+def test_the_greedy_rule_keeps_todays_figures_on_the_same_draws(whole, fixture_dir):
+    """--draft-rule greedy: the same draws, the teacher-forced replay as the headline (what the sampled-rule run
+    keeps under greedy_rule), and the zlab-rule online loop with both conventions checked."""
+    tmp = whole["tmp"]
+    results, lines, _ = _eval(whole["run_payload"], fixture_dir, tmp / "greedy", tmp / "cache",
+                              "--samples-per-prompt", "2", "--online-check", "--draft-rule", "greedy")
+    m, sampled_run = results["drafters"]["z"]["metrics"], whole["results"]["drafters"]["z"]["metrics"]
+    assert results["settings"]["draft_rule"] == m["draft_rule"] == "greedy" and "greedy_rule" not in m
+    for key in ("tau_macro", "tau_micro", "per_position", "tau_histogram"):
+        assert m[key] == sampled_run["greedy_rule"][key], key
+    assert [line["drafters"]["z"]["tau"] for line in lines] == [
+        line["drafters"]["z"]["greedy_rule_tau"] for line in whole["lines"]]
+    assert all("sampled_rule" not in line["drafters"]["z"] for line in lines)
+    assert "integrated out" in sampled_run["sampled"]["estimator"]
+    assert "integrated out" not in m["sampled"]["estimator"] and "replay" in m["sampled"]["estimator"]
+    check = results["drafters"]["z"]["online_check"]
+    assert set(check["agreement"]) == {"committed", "zlab"} and check["all_agree"] is True
+    assert sampled_run["tau_macro"] != m["tau_macro"]  # the two rules give different τ
 
 
 def test_more_draws_per_prompt_reuse_the_first_draws(whole, fixture_dir):
@@ -108,7 +131,7 @@ def test_two_shards_merge_into_the_figures_of_one_run(whole, fixture_dir):
             assert _rounded(got[key]) == _rounded(want[key]), (name, key)
         online, want_online = merged["drafters"][name]["online_check"], whole["results"]["drafters"][name][
             "online_check"]
-        for convention in ("committed", "zlab"):
+        for convention in want_online["agreement"]:
             g, w = online["agreement"][convention], want_online["agreement"][convention]
             assert g["difference"] == pytest.approx(w["difference"]) and g["agree"] == w["agree"]
 
