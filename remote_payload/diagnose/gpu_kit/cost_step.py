@@ -9,6 +9,9 @@ Sections, each saved as soon as it is measured (``real_size.py`` builds the mode
   seconds per new token, from two decodes that differ only in their length;
 - ``drafter``: the eval's draft pass and replays over one extracted sample: the chain (top-1 pass, chain
   replay) and DDTree-8 (the eval's own pass, top-``draft_topk``, then the top-8 and budgeted tree replays);
+- ``sampled_rule``: the sampled rule's exact estimator at T = 1 on the same sample (the target's law from one
+  teacher-forced pass, the drafter's law at every anchor, the per-(anchor, slot) reductions, the
+  forward/backward), beside the greedy rule's chain cost above;
 - ``sizes``: feature bytes per token (and what a cache file adds).
 
 With random weights nothing is accepted, so every replay visits every anchor: the replay figures are the upper
@@ -108,6 +111,32 @@ def measure_drafter(runtime, spec, feats, topk: int, tree: dict, out: dict, save
                      "tokens_per_s": out["anchors"] / (both.seconds + replay_s)}
 
 
+def measure_sampled_rule(target, runtime, feats, out: dict) -> None:
+    """The sampled rule's estimator on one extracted sample at T = 1 (every token has p > 0 there, so the
+    total-probability check holds on any continuation): its seconds by part, the check's error."""
+    from remote_payload.eval import sampled_rule as sr
+    from remote_payload.inputs.sampling import Sampling
+
+    sampling = Sampling(temperature=1.0)
+    tokens, P = feats.tokens, feats.prompt_len
+    device = target.device
+    _sync(device)
+    t0 = time.perf_counter()
+    law = sr.TargetLaw(target, tokens, P, sampling)
+    _sync(device)
+    t1 = time.perf_counter()
+    sc = sr.slot_scalars(runtime, runtime.prepare(feats.layers), tokens, P, law, sampling)
+    _sync(device)
+    t2 = time.perf_counter()
+    seg = sr.segment(sc)
+    t3 = time.perf_counter()
+    out.update(temperature=1.0, anchors=len(tokens) - 1 - P, target_law_s=round(t1 - t0, 3),
+               drafter_laws_and_reductions_s=round(t2 - t1, 3), forward_backward_s=round(t3 - t2, 4),
+               total_s=round(t3 - t0, 3), tokens_per_s=(len(tokens) - 1 - P) / (t3 - t0),
+               check_error=seg.error, tolerance=sr.TOLERANCE,
+               expected_rounds=round(sum(r * p for r, p in enumerate(seg.round_count)), 3))
+
+
 def run(part: Part, mode: str, device: str, kernel: str, work: Path) -> None:
     import torch
 
@@ -152,3 +181,7 @@ def run(part: Part, mode: str, device: str, kernel: str, work: Path) -> None:
         s = EvalSettings(target="", drafters=[])
         measure_drafter(runtime, spec, feats, s.draft_topk, {"k": s.tree_k, "budget": s.tree_budget, "K": s.tree_K},
                         out, part.save)
+    if not part.ok("drafter"):
+        return
+    with part.section("sampled_rule") as out:
+        measure_sampled_rule(target, runtime, feats, out)
