@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# Run dfo's checks and test suite (sets up what it needs first: sshd, iproute2, .venv). Extra args go to
-# pytest; with arguments the lint/type checks are skipped (a narrowed run is for iterating).
+# Run dfo's checks and test suite (sets up what it needs first: sshd, iproute2, .venv).
+#
+#   scripts/test.sh              lint, types, then every test, on DFO_TEST_WORKERS processes (default 2)
+#   scripts/test.sh --quick      lint, types and the quick tier: pure logic and the in-process CLI (no hosts,
+#                                engine, fixture models or venvs; tests/conftest.py says which); the edit-test loop
+#   scripts/test.sh ARGS...      pytest ARGS in one process, without lint (a narrowed run, for iterating)
+#
+# The full run spreads the tests over worker processes (pytest-xdist). The engine tests form one group that one
+# worker runs alone (its venv and servers are built once); the sandbox hosts and fixture models are per worker or
+# shared through the on-disk caches below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -9,6 +17,11 @@ scripts/setup.sh
 # (.ci/run sets empty ones for each CI run).
 export DFO_TEST_CACHE="${DFO_TEST_CACHE:-$HOME/.cache/dfo-test}"
 export DFO_FIXTURE_CACHE="${DFO_FIXTURE_CACHE:-$DFO_TEST_CACHE/fixtures}"
+quick=
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 if [ $# -eq 0 ]; then
   echo "test: ruff (lint + import order)" >&2
   .venv/bin/ruff check orchestrator remote_payload tests benchmarks
@@ -16,4 +29,12 @@ if [ $# -eq 0 ]; then
   .venv/bin/mypy orchestrator remote_payload
 fi
 # pytest exits 5 when no test ran: that is a failure here too.
+if [ -n "$quick" ]; then
+  exec .venv/bin/python -m pytest -m quick "$@"
+fi
+if [ $# -eq 0 ]; then
+  workers="${DFO_TEST_WORKERS:-2}"
+  echo "test: pytest on $workers worker(s)" >&2
+  exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=25
+fi
 exec .venv/bin/python -m pytest "$@"

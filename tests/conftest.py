@@ -25,6 +25,49 @@ from orchestrator.transport import Connector
 # Session fixtures other modules share (the provisioned CPU venv on ct129, the wheelhouse cache).
 pytest_plugins = ["fixtures_provision", "fixtures_eval"]
 
+# The quick tier (`scripts/test.sh --quick`, `-m quick`): pure logic and the in-process CLI. A test leaves it
+# when it asks (directly or through another fixture) for anything below: real sshd hosts, the engine, the fixture
+# models (a build on an empty cache), a payload subprocess or a venv. Everything else is quick by default.
+FULL_ONLY_FIXTURES = frozenset({
+    "sandbox", "fresh_sandbox", "connector", "eval_hosts", "provisioned_ct129", "provision_cache",
+    "fixture_dir", "eval_cache", "target", "samples", "loaded", "runtime_for", "run_payload",
+    "engine_python", "engine_fixtures", "servers", "target_model", "fla_python",
+})
+# Folders whose tests start processes or build models without going through those fixtures.
+FULL_ONLY_FOLDERS = ("engine", "fla_cpu", "testing", "demo")
+# One worker runs all of a group, so the engine venv and servers are built and started once per run.
+XDIST_GROUPS = {"engine": "engine"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    tests_root = Path(__file__).parent
+    for item in items:
+        folder = Path(str(item.fspath)).relative_to(tests_root).parts[0]
+        heavy = (FULL_ONLY_FIXTURES & set(item.fixturenames) or folder in FULL_ONLY_FOLDERS
+                 or item.get_closest_marker("sshd") or item.get_closest_marker("slow")
+                 or item.get_closest_marker("engine"))
+        if not heavy:
+            item.add_marker(pytest.mark.quick)
+        group = XDIST_GROUPS.get(folder) or ("engine" if item.get_closest_marker("engine") else None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+WORKER_FIGURES: list[str] = []  # measured figures the xdist workers handed back (the engine's timings)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    figures = getattr(node, "workeroutput", {}).get("engine_timings")
+    if figures:
+        WORKER_FIGURES.append(figures)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for figures in WORKER_FIGURES:
+        terminalreporter.write_line("engine timings: " + figures)
+
 
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory):

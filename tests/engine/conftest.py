@@ -52,6 +52,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line("engine timings: " + ", ".join(f"{k} {v}" for k, v in TIMINGS.items()))
 
 
+def pytest_sessionfinish(session):
+    """On an xdist worker: hand the figures to the controller, which prints them (tests/conftest.py)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None and TIMINGS:
+        output["engine_timings"] = ", ".join(f"{k} {v}" for k, v in TIMINGS.items())
+
+
 @pytest.fixture(scope="session")
 def engine_python() -> str:
     import engine_venv
