@@ -69,14 +69,23 @@ def option_names(command: Any) -> set[str]:
             for name in (*param.opts, *param.secondary_opts)} | {"-h", "--help"}
 
 
+def takes_value(command: Any, name: str) -> bool:
+    return any(name in (*param.opts, *param.secondary_opts) and not param.is_flag and not param.count
+               for param in command.params if param.param_type_name == "option")
+
+
 def problems(form: str, root: Any) -> list[str]:
     """What in FORM the CLI does not have (empty when it matches)."""
     command, path, bad = root, ["dfo"], []
+    value_next = False
     for word in words(form):
-        if word.startswith("-") and len(word) > 1 and not word[1:2].isdigit():
+        if value_next:  # the value of the option before (`-i PATH`), not a command
+            value_next = False
+        elif word.startswith("-") and len(word) > 1 and not word[1:2].isdigit():
             name = word.split("=", 1)[0]
             if name not in option_names(command):
                 bad.append(f"{' '.join(path)} has no option {name}")
+            value_next = "=" not in word and takes_value(command, name)
         elif is_group(command):
             sub = command.commands.get(word)
             if sub is None:
@@ -115,7 +124,8 @@ def test_the_check_catches_what_it_is_for():
     root = root_command()
     text = ("```\n$ dfo eval --host ct129 --no-such-option 1 \\\n      --samples 4\n$ dfo jobs frobnicate\n```\n"
             "Prose: `dfo relay-checkpoint kpro6:a ct129:b --streams 2`, `dfo inventory show [--json]`, "
-            "`dfo jobs run -H ct129 -- python --anything`, `dfo eval --dtyp=float32`, `dfo runs`.\n")
+            "`dfo jobs run -H ct129 -- python --anything`, `dfo eval --dtyp=float32`, `dfo runs`, "
+            "`dfo -i x.yaml inventory check`, `dfo --connect-timeout 5 jobs list`.\n")
     found = {form: problems(form, root) for _, form in forms(text)}
     assert found == {
         "dfo eval --host ct129 --no-such-option 1  --samples 4": ["dfo eval has no option --no-such-option"],
@@ -125,4 +135,6 @@ def test_the_check_catches_what_it_is_for():
         "dfo jobs run -H ct129 -- python --anything": [],
         "dfo eval --dtyp=float32": ["dfo eval has no option --dtyp"],
         "dfo runs": [],
+        "dfo -i x.yaml inventory check": [],
+        "dfo --connect-timeout 5 jobs list": [],
     }
