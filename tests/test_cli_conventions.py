@@ -112,6 +112,16 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
 OUT, ERR = "out", "err"
 VERSION = importlib.metadata.version("dfo")
 NO_INVENTORY = {"DFO_INVENTORY": "/nonexistent/dfo-inventory.yaml"}
+TEAM = {"DFO_INVENTORY": str(Path(__file__).parents[1] / "inventory.yaml")}  # the repository's (never connected to)
+EVAL = ["eval", "--host", "ct129", "--target", "/m/t", "--drafter", "a=/d/a", "--dry-run"]
+WATCH = ["watch", "kpro6:/data/checkpoints/run7", "--host", "ct129", "--target", "/m/t", "--dry-run"]
+
+
+def completes(words: str) -> dict[str, str]:
+    """The bash completion request for the last word of WORDS."""
+    return {"_DFO_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) -
+                                                                                     (0 if words.endswith(" ") else 1))}
+
 
 # id, argv, environment, exit code, [(stream, phrase)]. Placeholders {…} are the `state` fixture's names.
 CASES = [
@@ -172,6 +182,51 @@ CASES = [
     ("series-plot-step-not-a-number", ["series", "plot", "badstep"], {},
      2, [(ERR, "badstep/series.json: checkpoints.step_200.pt.step: expected an integer, got str")]),
     ("series-show-unknown", ["series", "show", "nosuch"], {}, 2, [(ERR, "no series 'nosuch'"), (ERR, "known series")]),
+    # values checked where they are declared, for every command that takes them, before anything moves
+    ("eval-temperature-nan", [*EVAL, "--temperature", "nan"], TEAM, 2, [(ERR, "--temperature nan: expected a finite")]),
+    ("eval-temperature-inf", [*EVAL, "--temperature", "inf"], TEAM, 2, [(ERR, "--temperature inf: expected a finite")]),
+    ("watch-temperature-nan", [*WATCH, "--temperature", "nan"], TEAM,
+     2, [(ERR, "--temperature nan: expected a finite")]),
+    ("eval-top-p-nan", [*EVAL, "--top-p", "nan"], TEAM, 2, [(ERR, "--top-p nan: expected a finite number")]),
+    ("eval-seed-too-big", [*EVAL, "--seed", "99999999999999999999999"], TEAM,
+     2, [(ERR, "--seed 99999999999999999999999: expected an integer of at most 4294967295")]),
+    ("watch-seed-negative", [*WATCH, "--seed", "-1"], TEAM, 2, [(ERR, "--seed -1: expected an integer of at least 0")]),
+    ("eval-samples-huge", [*EVAL, "--samples", "99999999999999999999999"], TEAM,
+     2, [(ERR, "--samples 99999999999999999999999: expected an integer of at most")]),
+    ("eval-cache-limit-inf", [*EVAL, "--payload-arg=--cache-limit-gib=inf"], TEAM,
+     2, [(ERR, "--cache-limit-gib inf: expected a finite number")]),
+    ("eval-reference-timeout-nan", [*EVAL, "--payload-arg=--reference-timeout=nan"], TEAM,
+     2, [(ERR, "--reference-timeout nan: expected a finite number")]),
+    ("eval-dataset-superscript-count", [*EVAL, "--dataset", "gsm8k@\u00b2"], TEAM,
+     2, [(ERR, "@N must be a whole number of at least 1")]),
+    ("connect-timeout-inf", ["--connect-timeout", "inf", "runs", "list"], {},
+     2, [(ERR, "inf is not a finite number of seconds")]),
+    ("connect-timeout-env-inf", ["runs", "list"], {"DFO_CONNECT_TIMEOUT": "inf"},
+     2, [(ERR, "DFO_CONNECT_TIMEOUT"), (ERR, "not a finite number")]),
+    # engine arguments that would replace what dfo sets; options that need another
+    ("engine-arg-port", [*EVAL, "--engine", "vllm", "--payload-arg=--engine-arg=--port=9000"], TEAM,
+     2, [(ERR, "--engine-arg '--port=9000': dfo sets --port of the vllm server itself")]),
+    ("engine-arg-api-key", [*EVAL, "--engine", "vllm", "--payload-arg=--engine-arg=--api-key=secret"], TEAM,
+     2, [(ERR, "dfo sets --api-key of the vllm server itself")]),
+    ("engine-arg-speculative-config",
+     [*EVAL, "--engine", "vllm", "--payload-arg=--engine-arg=--speculative-config={{}}"], TEAM,
+     2, [(ERR, "dfo sets --speculative-config of the vllm server itself")]),
+    ("engine-arg-model-sglang", [*EVAL, "--engine", "sglang", "--payload-arg=--engine-arg=--model-path=/x"], TEAM,
+     2, [(ERR, "dfo sets --model-path of the sglang server itself")]),
+    ("engine-arg-without-engine", [*EVAL, "--payload-arg=--engine-arg=--tensor-parallel-size=2"], TEAM,
+     2, [(ERR, "--engine-arg needs --engine NAME")]),
+    ("engine-concurrency-without-engine", [*EVAL, "--engine-concurrency", "1,4"], TEAM,
+     2, [(ERR, "no engine is served without --engine NAME")]),
+    # completion: each shell's own script, a refusal for others, option values from their registries
+    ("show-completion-zsh", ["--show-completion", "zsh"], {}, 0, [(OUT, "#compdef dfo")]),
+    ("show-completion-fish", ["--show-completion", "fish"], {}, 0, [(OUT, "complete --command dfo")]),
+    ("show-completion-tcsh", ["--show-completion", "tcsh"], {},
+     2, [(ERR, "--show-completion 'tcsh': dfo completes in bash, zsh, fish only")]),
+    ("completion-of-hosts", [], {**TEAM, **completes("dfo eval --host ct")}, 0, [(OUT, "ct129")]),
+    ("completion-of-datasets", [], completes("dfo eval --dataset human"), 0, [(OUT, "humaneval:test")]),
+    ("completion-of-engines", [], completes("dfo eval --engine sg"), 0, [(OUT, "sglang")]),
+    ("completion-of-run-ids", [], completes("dfo runs show "), 0, [(OUT, "{good}")]),
+    ("completion-of-series", [], completes("dfo series show fi"), 0, [(OUT, "fine")]),
 ]
 
 

@@ -215,6 +215,9 @@ def _check_declared_values(req: EvalRequest) -> None:
             declared.check_value(option, getattr(req, option.field))
         except PayloadError as exc:
             raise InputError(str(exc), hint=f"see {option.flag} in `dfo eval --help`") from None
+    if req.engine_concurrency is not None and req.engine is None:
+        raise InputError(f"--engine-concurrency {req.engine_concurrency}: it sets the engine sweep's levels, and no "
+                         "engine is served without --engine NAME", hint="add --engine vllm (or sglang), or drop it")
     if req.dtype == "float16" and "--allow-fp16" not in req.payload_args:
         raise InputError(declared.FP16_REFUSED, hint="use --dtype bfloat16 (float32 on CPU), or force float16 with "
                          "--payload-arg=--allow-fp16")
