@@ -104,7 +104,10 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
     bad_step = series_doc("badstep")
     bad_step["checkpoints"]["step_200.pt"]["step"] = "200"
     write_series(runs, "badstep", bad_step)
-    return {"runs": str(runs), "good": good.name, "bad_record": bad_record.name, "bad_results": bad_results.name}
+    inventory = tmp_path / "inventory.yaml"  # the repository's, to edit
+    inventory.write_text(Path(TEAM["DFO_INVENTORY"]).read_text(encoding="utf-8"), encoding="utf-8")
+    return {"inventory": str(inventory), "runs": str(runs), "good": good.name,
+            "bad_record": bad_record.name, "bad_results": bad_results.name}
 
 
 # ------------------------------------------------------------------------------ the table
@@ -217,6 +220,13 @@ CASES = [
      2, [(ERR, "--engine-arg needs --engine NAME")]),
     ("engine-concurrency-without-engine", [*EVAL, "--engine-concurrency", "1,4"], TEAM,
      2, [(ERR, "no engine is served without --engine NAME")]),
+    # inventory set: the rules of `inventory check` and of --reference, when the file is edited
+    ("inventory-set-empty-python", ["inventory", "set", "ct129.python", ""], {"DFO_INVENTORY": "{inventory}"},
+     2, [(ERR, "hosts.ct129.python: expected an interpreter"), (ERR, "nothing was written")]),
+    ("inventory-set-serve-url-not-a-url", ["inventory", "set", "ct129.serve_url", "not-a-url"],
+     {"DFO_INVENTORY": "{inventory}"}, 2, [(ERR, "hosts.ct129.serve_url: expected an http:// or https:// URL")]),
+    ("inventory-set-jump-to-itself", ["inventory", "set", "ct129.proxy_jump", "ct129"],
+     {"DFO_INVENTORY": "{inventory}"}, 2, [(ERR, "proxy_jump loop through ct129 -> ct129")]),
     # completion: each shell's own script, a refusal for others, option values from their registries
     ("show-completion-zsh", ["--show-completion", "zsh"], {}, 0, [(OUT, "#compdef dfo")]),
     ("show-completion-fish", ["--show-completion", "fish"], {}, 0, [(OUT, "complete --command dfo")]),
@@ -232,7 +242,7 @@ CASES = [
 
 @pytest.mark.parametrize("argv, env, code, phrases", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_and_damaged_state_are_one_clear_message(dfo, state, argv, env, code, phrases):
-    result = dfo([a.format(**state) for a in argv], env)
+    result = dfo([a.format(**state) for a in argv], {k: v.format(**state) for k, v in env.items()})
     both = result.out + result.err
     assert "Traceback" not in both
     assert result.code == code, both[-2000:]
