@@ -91,6 +91,9 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
     bad_results = new_run(runs, ["ct129"], {"request": {}})
     bad_results.set(status="succeeded")
     bad_results.results_path.write_text("[1, 2", encoding="utf-8")
+    foreign = new_run(runs, ["ct129"], {"request": {}})  # results of another tool or schema
+    write_json_atomic(foreign.results_path, {"schema": "other/2", "rows": [{"tau": 3.0}]})
+    foreign.set(status="succeeded")
 
     write_series(runs, "fine", series_doc("fine"))
     write_series(runs, "broken", "{not json")
@@ -107,7 +110,7 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
     inventory = tmp_path / "inventory.yaml"  # the repository's, to edit
     inventory.write_text(Path(TEAM["DFO_INVENTORY"]).read_text(encoding="utf-8"), encoding="utf-8")
     return {"inventory": str(inventory), "runs": str(runs), "good": good.name,
-            "bad_record": bad_record.name, "bad_results": bad_results.name}
+            "bad_record": bad_record.name, "bad_results": bad_results.name, "foreign": foreign.name}
 
 
 # ------------------------------------------------------------------------------ the table
@@ -168,6 +171,12 @@ CASES = [
      2, [(ERR, "{runs}/{bad_results}/results.json is not valid JSON"), (ERR, "dfo runs pull")]),
     ("runs-compare-damaged", ["runs", "compare", "{good}", "{bad_results}"], {},
      2, [(ERR, "results.json is not valid JSON")]),
+    ("runs-show-foreign-schema", ["runs", "show", "{foreign}"], {},
+     2, [(ERR, "{runs}/{foreign}/results.json: no 'drafters' object (missing)")]),
+    ("runs-compare-foreign-schema", ["runs", "compare", "{good}", "{foreign}"], {},
+     2, [(ERR, "{runs}/{foreign}/results.json: no 'drafters' object")]),
+    ("runs-compare-without-samples", ["runs", "compare", "{good}", "{good}"], {},
+     2, [(ERR, "{runs}/{good}/samples.jsonl: missing")]),
     ("runs-show-unknown", ["runs", "show", "nosuchrun"], {}, 2, [(ERR, "no run matches 'nosuchrun'")]),
     # local state: series
     ("series-list-damaged", ["series", "list"], {},

@@ -145,7 +145,7 @@ def _dataset_notes(sa: dict, sb: dict) -> list[str]:
 
 def compare_runs(a: Run, b: Run) -> dict:
     ra, rb = a.results(), b.results()
-    sa, sb = a.samples(), b.samples()
+    sa, sb = a.samples(required=True), b.samples(required=True)
     notes = []
     for key in _SETTINGS:
         va, vb = _obj(ra.get("settings")).get(key), _obj(rb.get("settings")).get(key)
