@@ -229,6 +229,11 @@ CASES = [
      2, [(ERR, "--engine-arg needs --engine NAME")]),
     ("engine-concurrency-without-engine", [*EVAL, "--engine-concurrency", "1,4"], TEAM,
      2, [(ERR, "no engine is served without --engine NAME")]),
+    # folders a command writes later are checked by writing, before anything moves
+    ("watch-tensorboard-not-writable", [*WATCH, "--tensorboard", "/proc/dfo-tensorboard"], TEAM,
+     2, [(ERR, "--tensorboard /proc/dfo-tensorboard: cannot write there")]),
+    ("watch-tensorboard-is-a-file", [*WATCH, "--tensorboard", "{inventory}/tb"], TEAM,
+     2, [(ERR, "is a file, not a folder")]),
     # inventory set: the rules of `inventory check` and of --reference, when the file is edited
     ("inventory-set-empty-python", ["inventory", "set", "ct129.python", ""], {"DFO_INVENTORY": "{inventory}"},
      2, [(ERR, "hosts.ct129.python: expected an interpreter"), (ERR, "nothing was written")]),

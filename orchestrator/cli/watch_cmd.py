@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import posixpath
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -13,7 +12,8 @@ from rich.text import Text
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.eval_options import DECLARED, read_prompts, with_eval_options
 from orchestrator.cli.main import app
-from orchestrator.core.errors import InputError
+from orchestrator.core.errors import InputError, OperationError
+from orchestrator.core.local_checks import writable_folder
 from orchestrator.evaluation.plan import EvalPlan, EvalRequest, eval_hosts, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
 from orchestrator.relay.plan import parse_endpoint
@@ -96,7 +96,7 @@ def watch_cmd(
                       options=Options(settle=settle, every=every, newest=newest), pattern=pattern,
                       step_from=step_from, prompts_file=prompts.file, prompts_digest=prompts.digest,
                       prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result,
-                      tensorboard=Path(tensorboard_dir).resolve() if tensorboard_dir else None,
+                      tensorboard=writable_folder(tensorboard_dir, "--tensorboard") if tensorboard_dir else None,
                       tensorboard_logdir=tensorboard_logdir, plot_last=plot_last, resident=resident,
                       worker_idle=worker_idle)
     stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
@@ -138,6 +138,11 @@ def _foreground(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
         failed_rows = [{"name": e["name"], "step": e["step"], "error": e.get("error")} for e in failed]
         app_ctx.print_json({"series": cfg.series, "path": str(watcher.folder), "steps": series_state.points(result),
                             "failed": failed_rows})
+    if cfg.once and failed and not done:  # cron must see that the round gave nothing
+        for e in failed:
+            err.print(Text(f"failed: {e['name']} (step {e['step']}): {e.get('error') or 'no error recorded'}"))
+        raise OperationError(f"series {cfg.series}: no checkpoint was evaluated, {len(failed)} failed",
+                             hint=f"the errors are in {watcher.folder / 'series.json'}")
 
 
 class _Nothing:
