@@ -210,7 +210,9 @@ OPTIONS: tuple[Option, ...] = (
            "~/.cache/dfo-payload).", metavar="DIR"),
     Option("--cache-limit-gib", "cache_limit_gib", "Size limit of the cache folder in GiB: least recently used "
            "entries are removed past it (never one this run uses).", kind=float, default=200.0, positive=True,
-           metavar="GIB"),
+           metavar="GIB", commands=BOTH, compared=False,
+           dfo_help="Size limit in GiB of the eval host's reference/feature cache ($DFO_PAYLOAD_CACHE, default "
+           "~/.cache/dfo-payload): least recently used entries are removed past it, never one this run uses."),
     Option("--out", "out", "Output folder for results.json and samples.jsonl.", default="dfo-eval", metavar="DIR",
            planned=True),
     Option("--online-check", "online_check", "Also run the online draft/verify loop and compare it with the "
