@@ -231,6 +231,9 @@ CASES = [
      2, [(ERR, "--engine-arg needs --engine NAME")]),
     ("engine-concurrency-without-engine", [*EVAL, "--engine-concurrency", "1,4"], TEAM,
      2, [(ERR, "no engine is served without --engine NAME")]),
+    # plans print commands a user can paste: shell-quoted
+    ("eval-plan-is-shell-quoted", ["eval", "--host", "ct129", "--target", "/m/my model", "--drafter", "a=/d/a",
+                                   "--dry-run"], TEAM, 0, [(OUT, "--target '/m/my model'")]),
     # folders a command writes later are checked by writing, before anything moves
     ("watch-tensorboard-not-writable", [*WATCH, "--tensorboard", "/proc/dfo-tensorboard"], TEAM,
      2, [(ERR, "--tensorboard /proc/dfo-tensorboard: cannot write there")]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import shlex
 import sys
 from typing import Optional
 
@@ -182,7 +183,7 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
         out.print(Text(f"evaluate step {c.step} ({c.step_source}): {c.name} → drafter {drafter_name(c)}: "
                        f"strip on {cfg.source_host}, relay to {cfg.eval_host}, eval, pull"
                        + ("" if cfg.keep else f", remove from {cfg.eval_host}")))
-        out.print(Text("    python -m remote_payload " + " ".join(evals[c.name].jobs[0].args)))
+        out.print(Text("    python -m remote_payload " + shlex.join(evals[c.name].jobs[0].args)))
     for c, why in plan.waiting:
         out.print(Text(f"wait     step {c.step}: {c.name}: {why}"))
     for c, why in plan.skipped:
@@ -191,7 +192,7 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
         out.print(Text(f"ignore   {name}: {why}"))
     if not (plan.evaluate or plan.waiting or plan.reattach):
         out.print("nothing new to evaluate")
-        out.print(Text("each checkpoint will run: python -m remote_payload " + " ".join(stand_in.jobs[0].args)))
+        out.print(Text("each checkpoint will run: python -m remote_payload " + shlex.join(stand_in.jobs[0].args)))
 
 
 def _detach(app_ctx: AppContext, cfg: WatchConfig) -> None:
