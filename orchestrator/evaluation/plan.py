@@ -190,6 +190,10 @@ def validate_request(req: EvalRequest, inventory: Inventory, *, prompt_count: in
         what = f"--samples {req.samples}" if req.samples == min(sizes) else f"the prompt set's {prompt_count} prompt(s)"
         raise InputError(f"{what} is fewer than the {len(req.hosts)} hosts it is sharded over",
                          hint="give fewer --host or more prompts")
+    if not (req.datasets or req.suite) and req.samples and prompt_count and req.samples > prompt_count:
+        raise InputError(f"--samples {req.samples}: the prompt set holds {prompt_count} prompt(s), so the eval would "
+                         f"run {prompt_count}, not {req.samples}",
+                         hint=f"give --samples {prompt_count} or fewer, or more prompts (--prompts FILE, --dataset)")
     if req.reference not in ("target", "server", *ENGINES) and not re.match(r"^https?://", req.reference):
         raise InputError(f"--reference {req.reference!r}: expected 'target', 'server', "
                          + ", ".join(f"'{e}'" for e in ENGINES) + " or an http(s):// URL")
