@@ -91,6 +91,9 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
     bad_results = new_run(runs, ["ct129"], {"request": {}})
     bad_results.set(status="succeeded")
     bad_results.results_path.write_text("[1, 2", encoding="utf-8")
+    foreign = new_run(runs, ["ct129"], {"request": {}})  # results of another tool or schema
+    write_json_atomic(foreign.results_path, {"schema": "other/2", "rows": [{"tau": 3.0}]})
+    foreign.set(status="succeeded")
 
     write_series(runs, "fine", series_doc("fine"))
     write_series(runs, "broken", "{not json")
@@ -104,7 +107,10 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
     bad_step = series_doc("badstep")
     bad_step["checkpoints"]["step_200.pt"]["step"] = "200"
     write_series(runs, "badstep", bad_step)
-    return {"runs": str(runs), "good": good.name, "bad_record": bad_record.name, "bad_results": bad_results.name}
+    inventory = tmp_path / "inventory.yaml"  # the repository's, to edit
+    inventory.write_text(Path(TEAM["DFO_INVENTORY"]).read_text(encoding="utf-8"), encoding="utf-8")
+    return {"inventory": str(inventory), "runs": str(runs), "good": good.name,
+            "bad_record": bad_record.name, "bad_results": bad_results.name, "foreign": foreign.name}
 
 
 # ------------------------------------------------------------------------------ the table
@@ -112,6 +118,16 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
 OUT, ERR = "out", "err"
 VERSION = importlib.metadata.version("dfo")
 NO_INVENTORY = {"DFO_INVENTORY": "/nonexistent/dfo-inventory.yaml"}
+TEAM = {"DFO_INVENTORY": str(Path(__file__).parents[1] / "inventory.yaml")}  # the repository's (never connected to)
+EVAL = ["eval", "--host", "ct129", "--target", "/m/t", "--drafter", "a=/d/a", "--dry-run"]
+WATCH = ["watch", "kpro6:/data/checkpoints/run7", "--host", "ct129", "--target", "/m/t", "--dry-run"]
+
+
+def completes(words: str) -> dict[str, str]:
+    """The bash completion request for the last word of WORDS."""
+    return {"_DFO_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) -
+                                                                                     (0 if words.endswith(" ") else 1))}
+
 
 # id, argv, environment, exit code, [(stream, phrase)]. Placeholders {…} are the `state` fixture's names.
 CASES = [
@@ -155,6 +171,12 @@ CASES = [
      2, [(ERR, "{runs}/{bad_results}/results.json is not valid JSON"), (ERR, "dfo runs pull")]),
     ("runs-compare-damaged", ["runs", "compare", "{good}", "{bad_results}"], {},
      2, [(ERR, "results.json is not valid JSON")]),
+    ("runs-show-foreign-schema", ["runs", "show", "{foreign}"], {},
+     2, [(ERR, "{runs}/{foreign}/results.json: no 'drafters' object (missing)")]),
+    ("runs-compare-foreign-schema", ["runs", "compare", "{good}", "{foreign}"], {},
+     2, [(ERR, "{runs}/{foreign}/results.json: no 'drafters' object")]),
+    ("runs-compare-without-samples", ["runs", "compare", "{good}", "{good}"], {},
+     2, [(ERR, "{runs}/{good}/samples.jsonl: missing")]),
     ("runs-show-unknown", ["runs", "show", "nosuchrun"], {}, 2, [(ERR, "no run matches 'nosuchrun'")]),
     # local state: series
     ("series-list-damaged", ["series", "list"], {},
@@ -172,12 +194,78 @@ CASES = [
     ("series-plot-step-not-a-number", ["series", "plot", "badstep"], {},
      2, [(ERR, "badstep/series.json: checkpoints.step_200.pt.step: expected an integer, got str")]),
     ("series-show-unknown", ["series", "show", "nosuch"], {}, 2, [(ERR, "no series 'nosuch'"), (ERR, "known series")]),
+    # values checked where they are declared, for every command that takes them, before anything moves
+    ("eval-temperature-nan", [*EVAL, "--temperature", "nan"], TEAM, 2, [(ERR, "--temperature nan: expected a finite")]),
+    ("eval-temperature-inf", [*EVAL, "--temperature", "inf"], TEAM, 2, [(ERR, "--temperature inf: expected a finite")]),
+    ("watch-temperature-nan", [*WATCH, "--temperature", "nan"], TEAM,
+     2, [(ERR, "--temperature nan: expected a finite")]),
+    ("eval-top-p-nan", [*EVAL, "--top-p", "nan"], TEAM, 2, [(ERR, "--top-p nan: expected a finite number")]),
+    ("eval-seed-too-big", [*EVAL, "--seed", "99999999999999999999999"], TEAM,
+     2, [(ERR, "--seed 99999999999999999999999: expected an integer of at most 4294967295")]),
+    ("watch-seed-negative", [*WATCH, "--seed", "-1"], TEAM, 2, [(ERR, "--seed -1: expected an integer of at least 0")]),
+    ("eval-samples-huge", [*EVAL, "--samples", "99999999999999999999999"], TEAM,
+     2, [(ERR, "--samples 99999999999999999999999: expected an integer of at most")]),
+    ("eval-cache-limit-inf", [*EVAL, "--cache-limit-gib", "inf"], TEAM,
+     2, [(ERR, "--cache-limit-gib inf: expected a finite number")]),
+    ("watch-cache-limit-zero", [*WATCH, "--cache-limit-gib", "0"], TEAM,
+     2, [(ERR, "--cache-limit-gib 0.0: expected a number above 0")]),
+    ("eval-reference-timeout-nan", [*EVAL, "--payload-arg=--reference-timeout=nan"], TEAM,
+     2, [(ERR, "--reference-timeout nan: expected a finite number")]),
+    ("eval-samples-above-the-prompt-set", [*EVAL, "--samples", "100"], TEAM,
+     2, [(ERR, "--samples 100: the prompt set holds 12 prompt(s), so the eval would run 12, not 100")]),
+    ("watch-samples-above-the-prompt-set", [*WATCH, "--samples", "100"], TEAM,
+     2, [(ERR, "--samples 100: the prompt set holds 12 prompt(s)")]),
+    ("eval-dataset-superscript-count", [*EVAL, "--dataset", "gsm8k@\u00b2"], TEAM,
+     2, [(ERR, "@N must be a whole number of at least 1")]),
+    ("connect-timeout-inf", ["--connect-timeout", "inf", "runs", "list"], {},
+     2, [(ERR, "inf is not a finite number of seconds")]),
+    ("connect-timeout-env-inf", ["runs", "list"], {"DFO_CONNECT_TIMEOUT": "inf"},
+     2, [(ERR, "DFO_CONNECT_TIMEOUT"), (ERR, "not a finite number")]),
+    # engine arguments that would replace what dfo sets; options that need another
+    ("engine-arg-port", [*EVAL, "--engine", "vllm", "--payload-arg=--engine-arg=--port=9000"], TEAM,
+     2, [(ERR, "--engine-arg '--port=9000': dfo sets --port of the vllm server itself")]),
+    ("engine-arg-api-key", [*EVAL, "--engine", "vllm", "--payload-arg=--engine-arg=--api-key=secret"], TEAM,
+     2, [(ERR, "dfo sets --api-key of the vllm server itself")]),
+    ("engine-arg-speculative-config",
+     [*EVAL, "--engine", "vllm", "--payload-arg=--engine-arg=--speculative-config={{}}"], TEAM,
+     2, [(ERR, "dfo sets --speculative-config of the vllm server itself")]),
+    ("engine-arg-model-sglang", [*EVAL, "--engine", "sglang", "--payload-arg=--engine-arg=--model-path=/x"], TEAM,
+     2, [(ERR, "dfo sets --model-path of the sglang server itself")]),
+    ("engine-arg-without-engine", [*EVAL, "--payload-arg=--engine-arg=--tensor-parallel-size=2"], TEAM,
+     2, [(ERR, "--engine-arg needs --engine NAME")]),
+    ("engine-concurrency-without-engine", [*EVAL, "--engine-concurrency", "1,4"], TEAM,
+     2, [(ERR, "no engine is served without --engine NAME")]),
+    # plans print commands a user can paste: shell-quoted
+    ("eval-plan-is-shell-quoted", ["eval", "--host", "ct129", "--target", "/m/my model", "--drafter", "a=/d/a",
+                                   "--dry-run"], TEAM, 0, [(OUT, "--target '/m/my model'")]),
+    # folders a command writes later are checked by writing, before anything moves
+    ("watch-tensorboard-not-writable", [*WATCH, "--tensorboard", "/proc/dfo-tensorboard"], TEAM,
+     2, [(ERR, "--tensorboard /proc/dfo-tensorboard: cannot write there")]),
+    ("watch-tensorboard-is-a-file", [*WATCH, "--tensorboard", "{inventory}/tb"], TEAM,
+     2, [(ERR, "is a file, not a folder")]),
+    # inventory set: the rules of `inventory check` and of --reference, when the file is edited
+    ("inventory-set-empty-python", ["inventory", "set", "ct129.python", ""], {"DFO_INVENTORY": "{inventory}"},
+     2, [(ERR, "hosts.ct129.python: expected an interpreter"), (ERR, "nothing was written")]),
+    ("inventory-set-serve-url-not-a-url", ["inventory", "set", "ct129.serve_url", "not-a-url"],
+     {"DFO_INVENTORY": "{inventory}"}, 2, [(ERR, "hosts.ct129.serve_url: expected an http:// or https:// URL")]),
+    ("inventory-set-jump-to-itself", ["inventory", "set", "ct129.proxy_jump", "ct129"],
+     {"DFO_INVENTORY": "{inventory}"}, 2, [(ERR, "proxy_jump loop through ct129 -> ct129")]),
+    # completion: each shell's own script, a refusal for others, option values from their registries
+    ("show-completion-zsh", ["--show-completion", "zsh"], {}, 0, [(OUT, "#compdef dfo")]),
+    ("show-completion-fish", ["--show-completion", "fish"], {}, 0, [(OUT, "complete --command dfo")]),
+    ("show-completion-tcsh", ["--show-completion", "tcsh"], {},
+     2, [(ERR, "--show-completion 'tcsh': dfo completes in bash, zsh, fish only")]),
+    ("completion-of-hosts", [], {**TEAM, **completes("dfo eval --host ct")}, 0, [(OUT, "ct129")]),
+    ("completion-of-datasets", [], completes("dfo eval --dataset human"), 0, [(OUT, "humaneval:test")]),
+    ("completion-of-engines", [], completes("dfo eval --engine sg"), 0, [(OUT, "sglang")]),
+    ("completion-of-run-ids", [], completes("dfo runs show "), 0, [(OUT, "{good}")]),
+    ("completion-of-series", [], completes("dfo series show fi"), 0, [(OUT, "fine")]),
 ]
 
 
 @pytest.mark.parametrize("argv, env, code, phrases", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_and_damaged_state_are_one_clear_message(dfo, state, argv, env, code, phrases):
-    result = dfo([a.format(**state) for a in argv], env)
+    result = dfo([a.format(**state) for a in argv], {k: v.format(**state) for k, v in env.items()})
     both = result.out + result.err
     assert "Traceback" not in both
     assert result.code == code, both[-2000:]

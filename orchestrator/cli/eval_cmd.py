@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Optional
 
 import typer
@@ -95,7 +96,7 @@ def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
     if plan.request.prompts != "builtin":
         lines.append(f"5. upload prompts {plan.request.prompts}")
     lines.append("6. run as a detached job (then follow, pull, merge, report):")
-    lines += [f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload " + " ".join(j.args)
+    lines += [f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload " + shlex.join(j.args)
               for j in plan.jobs]
     for line in lines + _engine_plan_lines(plan):
         out.print(Text(line))  # paths and names are printed as they are, never read as markup

@@ -50,6 +50,12 @@ def _show_version(wanted: bool) -> None:
         raise typer.Exit()
 
 
+def _finite_timeout(value: float) -> float:
+    if value != value or value == float("inf"):  # nan or inf: no socket takes it
+        raise typer.BadParameter(f"{value} is not a finite number of seconds (e.g. 10 or 30)")
+    return value
+
+
 @app.callback()
 def _global(
     ctx: typer.Context,
@@ -64,7 +70,8 @@ def _global(
         "Mismatching keys are always refused.",
     ),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", metavar="SECONDS", min=0.1,
-                                          envvar="DFO_CONNECT_TIMEOUT", help="SSH connect timeout."),
+                                          callback=_finite_timeout, envvar="DFO_CONNECT_TIMEOUT",
+                                          help="SSH connect timeout."),
     version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
                                  help="Print dfo's version and exit."),
 ) -> None:
@@ -141,8 +148,11 @@ def _apply_help_conventions(command: Any) -> None:
 
 def command() -> Any:
     """The click command typer builds from `app` (with the commands registered so far), help conventions applied."""
+    from orchestrator.cli.completion import attach
+
     built = typer.main.get_command(app)
     _apply_help_conventions(built)
+    attach(built)
     return built
 
 
@@ -161,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("DFO_DEBUG") == "1"
     err = AppContext().err
     try:
+        from orchestrator.cli.completion import requested_script
+
+        script = requested_script(argv)
+        if script is not None:
+            sys.stdout.write(script + "\n")
+            return 0
         result = command().main(args=argv, prog_name="dfo", standalone_mode=False)
         if result == 130:  # typer turns Ctrl-C into this exit code
             err.print("interrupted")

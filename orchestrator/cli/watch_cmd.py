@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import posixpath
+import shlex
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -13,7 +13,8 @@ from rich.text import Text
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.eval_options import DECLARED, read_prompts, with_eval_options
 from orchestrator.cli.main import app
-from orchestrator.core.errors import InputError
+from orchestrator.core.errors import InputError, OperationError
+from orchestrator.core.local_checks import writable_folder
 from orchestrator.evaluation.plan import EvalPlan, EvalRequest, eval_hosts, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
 from orchestrator.relay.plan import parse_endpoint
@@ -96,7 +97,7 @@ def watch_cmd(
                       options=Options(settle=settle, every=every, newest=newest), pattern=pattern,
                       step_from=step_from, prompts_file=prompts.file, prompts_digest=prompts.digest,
                       prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result,
-                      tensorboard=Path(tensorboard_dir).resolve() if tensorboard_dir else None,
+                      tensorboard=writable_folder(tensorboard_dir, "--tensorboard") if tensorboard_dir else None,
                       tensorboard_logdir=tensorboard_logdir, plot_last=plot_last, resident=resident,
                       worker_idle=worker_idle)
     stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
@@ -138,6 +139,11 @@ def _foreground(app_ctx: AppContext, cfg: WatchConfig, json_out: bool) -> None:
         failed_rows = [{"name": e["name"], "step": e["step"], "error": e.get("error")} for e in failed]
         app_ctx.print_json({"series": cfg.series, "path": str(watcher.folder), "steps": series_state.points(result),
                             "failed": failed_rows})
+    if cfg.once and failed and not done:  # cron must see that the round gave nothing
+        for e in failed:
+            err.print(Text(f"failed: {e['name']} (step {e['step']}): {e.get('error') or 'no error recorded'}"))
+        raise OperationError(f"series {cfg.series}: no checkpoint was evaluated, {len(failed)} failed",
+                             hint=f"the errors are in {watcher.folder / 'series.json'}")
 
 
 class _Nothing:
@@ -177,7 +183,7 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
         out.print(Text(f"evaluate step {c.step} ({c.step_source}): {c.name} → drafter {drafter_name(c)}: "
                        f"strip on {cfg.source_host}, relay to {cfg.eval_host}, eval, pull"
                        + ("" if cfg.keep else f", remove from {cfg.eval_host}")))
-        out.print(Text("    python -m remote_payload " + " ".join(evals[c.name].jobs[0].args)))
+        out.print(Text("    python -m remote_payload " + shlex.join(evals[c.name].jobs[0].args)))
     for c, why in plan.waiting:
         out.print(Text(f"wait     step {c.step}: {c.name}: {why}"))
     for c, why in plan.skipped:
@@ -186,7 +192,7 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
         out.print(Text(f"ignore   {name}: {why}"))
     if not (plan.evaluate or plan.waiting or plan.reattach):
         out.print("nothing new to evaluate")
-        out.print(Text("each checkpoint will run: python -m remote_payload " + " ".join(stand_in.jobs[0].args)))
+        out.print(Text("each checkpoint will run: python -m remote_payload " + shlex.join(stand_in.jobs[0].args)))
 
 
 def _detach(app_ctx: AppContext, cfg: WatchConfig) -> None:

@@ -12,6 +12,7 @@ import posixpath
 import re
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -98,12 +99,32 @@ def _proxy_jump(value: Any) -> Any:
     return value
 
 
+def _interpreter(value: Any) -> Any:
+    # An interpreter the host runs by name (python3) or path: one word, never an option.
+    if isinstance(value, str) and (not value.strip() or any(c.isspace() or not c.isprintable() for c in value)
+                                   or value.startswith("-")):
+        raise PydanticCustomError("python", "expected an interpreter: a command name like python3 or an absolute "
+                                  "path like /usr/bin/python3.12 (one word, not empty, not starting with '-')")
+    return value
+
+
+def _url(value: Any) -> Any:
+    if isinstance(value, str):
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise PydanticCustomError("serve_url", "expected an http:// or https:// URL with a host, e.g. "
+                                      "http://127.0.0.1:30000/v1")
+    return value
+
+
 Port = Annotated[int, BeforeValidator(check_port)]
 RemotePath = Annotated[str, BeforeValidator(_remote_path)]
 Address = Annotated[str, BeforeValidator(_address)]
 User = Annotated[str, BeforeValidator(_user)]
 Env = Annotated[dict[str, str], BeforeValidator(_env)]
 ProxyJump = Annotated[str, BeforeValidator(_proxy_jump)]
+Interpreter = Annotated[str, BeforeValidator(_interpreter)]
+Url = Annotated[str, BeforeValidator(_url)]
 
 
 class _Strict(BaseModel):
@@ -131,7 +152,7 @@ class Host(_Strict):
     known_hosts: str | None = None
     proxy_jump: ProxyJump | None = None
     workdir: RemotePath
-    python: str = "python3"
+    python: Interpreter = "python3"
     gpu: bool | None = Field(None, description="None: detect with nvidia-smi")
     torch_backend: str | None = Field(None, description="uv --torch-backend value, e.g. cu128; default from gpu")
     allow_python_download: bool = False
@@ -139,7 +160,7 @@ class Host(_Strict):
     paths: HostPaths = HostPaths()
     reaches: list[str] = Field(default_factory=list, description="hosts this one can reach directly")
     env: Env = Field(default_factory=dict, description="environment for remote jobs (values never printed)")
-    serve_url: str | None = Field(None, description="OpenAI-compatible endpoint serving the target")
+    serve_url: Url | None = Field(None, description="OpenAI-compatible endpoint serving the target")
 
     @model_validator(mode="after")
     def _one_address(self) -> "Host":
@@ -168,6 +189,29 @@ class Inventory(_Strict):
 
     # Where it was read from (not part of the file).
     _source: Path | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _no_jump_loop(self) -> "Inventory":
+        """A host reached through itself by the inventory's own proxy_jump hops (ssh_config's are checked when a
+        host is resolved): refused when the file is read or edited, as `inventory check` refuses it."""
+        for name in self.hosts:
+            path, todo = [name], self._jumps(name)
+            while todo:
+                hop = todo.pop(0)
+                if hop == name:
+                    raise PydanticCustomError("proxy_jump", f"hosts.{name}.proxy_jump: proxy_jump loop through "
+                                              f"{' -> '.join(path + [hop])} (a host cannot be reached through "
+                                              "itself)")
+                if hop not in path:
+                    path.append(hop)
+                    todo += self._jumps(hop)
+        return self
+
+    def _jumps(self, name: str) -> list[str]:
+        spec = self.hosts[name].proxy_jump if name in self.hosts else None
+        if not spec or spec.strip().lower() == "none":
+            return []
+        return [h.strip() for h in spec.split(",") if h.strip() in self.hosts]
 
     @property
     def source(self) -> Path:

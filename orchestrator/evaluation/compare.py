@@ -160,7 +160,7 @@ def run_rule(results: dict) -> str:
 
 def compare_runs(a: Run, b: Run, across_rules: bool = False) -> dict:
     ra, rb = a.results(), b.results()
-    sa, sb = a.samples(), b.samples()
+    sa, sb = a.samples(required=True), b.samples(required=True)
     notes = []
     rule_a, rule_b = run_rule(ra), run_rule(rb)
     if rule_a != rule_b and "n/a at T = 0" not in (rule_a, rule_b):

@@ -107,6 +107,7 @@ class EvalRequest:
     payload_args: list[str] = field(default_factory=list)  # options of `remote_payload eval` dfo has none of
     engine: str | None = None            # "vllm": every drafter also served by vLLM after the offline eval
     engine_concurrency: str | None = None  # "1,4,16": requests in flight per level of the engine sweep
+    cache_limit_gib: float | None = None  # the host's reference/feature cache size limit (payload default 200)
 
     @property
     def uses_engine(self) -> bool:
@@ -194,6 +195,10 @@ def validate_request(req: EvalRequest, inventory: Inventory, *, prompt_count: in
         what = f"--samples {req.samples}" if req.samples == min(sizes) else f"the prompt set's {prompt_count} prompt(s)"
         raise InputError(f"{what} is fewer than the {len(req.hosts)} hosts it is sharded over",
                          hint="give fewer --host or more prompts")
+    if not (req.datasets or req.suite) and req.samples and prompt_count and req.samples > prompt_count:
+        raise InputError(f"--samples {req.samples}: the prompt set holds {prompt_count} prompt(s), so the eval would "
+                         f"run {prompt_count}, not {req.samples}",
+                         hint=f"give --samples {prompt_count} or fewer, or more prompts (--prompts FILE, --dataset)")
     if req.reference not in ("target", "server", *ENGINES) and not re.match(r"^https?://", req.reference):
         raise InputError(f"--reference {req.reference!r}: expected 'target', 'server', "
                          + ", ".join(f"'{e}'" for e in ENGINES) + " or an http(s):// URL")
@@ -220,6 +225,9 @@ def _check_declared_values(req: EvalRequest) -> None:
             declared.check_value(option, getattr(req, option.field))
         except PayloadError as exc:
             raise InputError(str(exc), hint=f"see {option.flag} in `dfo eval --help`") from None
+    if req.engine_concurrency is not None and req.engine is None:
+        raise InputError(f"--engine-concurrency {req.engine_concurrency}: it sets the engine sweep's levels, and no "
+                         "engine is served without --engine NAME", hint="add --engine vllm (or sglang), or drop it")
     if req.dtype == "float16" and "--allow-fp16" not in req.payload_args:
         raise InputError(declared.FP16_REFUSED, hint="use --dtype bfloat16 (float32 on CPU), or force float16 with "
                          "--payload-arg=--allow-fp16")

@@ -74,11 +74,19 @@ class Run:
         if not isinstance(results, dict):
             raise InputError(f"{self.results_path}: not a JSON object (got {type(results).__name__})",
                              hint=f"pull the results again: dfo runs pull {self.name}")
+        if not isinstance(results.get("drafters"), dict):
+            got = "missing" if "drafters" not in results else type(results["drafters"]).__name__
+            raise InputError(f"{self.results_path}: no 'drafters' object ({got}): not the results of a dfo eval, or "
+                             "of another results schema", hint=f"pull the results again: dfo runs pull {self.name}")
         return results
 
-    def samples(self) -> list[dict]:
+    def samples(self, required: bool = False) -> list[dict]:
+        """The per-sample lines; REQUIRED: a missing file is an error (a comparison pairs them)."""
         path = self.path / "samples.jsonl"
         if not path.exists():
+            if required:
+                raise InputError(f"{path}: missing: run {self.name} has no per-sample lines to pair",
+                                 hint=f"pull the run again: dfo runs pull {self.name}")
             return []
         samples = []
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

@@ -8,6 +8,7 @@ Every list of engine names (the eval options, provision, the demo) is read from 
 from __future__ import annotations
 
 from ..errors import PayloadError
+from . import sglang, vllm
 from .base import Engine
 from .sglang import SGLANG
 from .vllm import VLLM
@@ -21,3 +22,17 @@ def get(name: str) -> Engine:
         return ENGINES[name]
     except KeyError:
         raise PayloadError(f"unknown engine {name!r} (known: {', '.join(NAMES)})") from None
+
+
+OWNED_FLAGS: dict[str, tuple[str, ...]] = {"vllm": vllm.OWNED_FLAGS, "sglang": sglang.OWNED_FLAGS}
+
+
+def check_engine_args(name: str, args: list[str]) -> None:
+    """--engine-arg values for engine NAME: none may name a server option dfo sets itself."""
+    owned = OWNED_FLAGS.get(name, ())
+    for arg in args:
+        flag = arg.partition("=")[0].replace("_", "-")
+        if flag in owned:
+            raise PayloadError(f"--engine-arg {arg!r}: dfo sets {flag} of the {name} server itself (the port, the "
+                               f"model, the speculative config and the API key are the run's own; it sets "
+                               f"{', '.join(owned)})")

@@ -45,6 +45,12 @@ ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_toke
 PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
 
 
+# The server options dfo sets itself (server_argv, and the API key in its --config file): refused as --engine-arg.
+OWNED_FLAGS = ("--model-path", "--model", "--served-model-name", "--host", "--port", "--dtype", "--context-length",
+               "--random-seed", "--disable-radix-cache", "--config", "--speculative-algorithm",
+               "--speculative-draft-model-path", "--speculative-num-draft-tokens", "--api-key")
+
+
 def server_argv(cfg: ServerConfig, port: int, config_file: Path) -> list[str]:
     argv = [cfg.python, "-m", ENTRYPOINT, "--model-path", str(cfg.target), "--served-model-name", cfg.served_name,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype,

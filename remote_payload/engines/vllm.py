@@ -36,6 +36,13 @@ API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads its API key from here when no --api-k
 METRICS_LEVEL = "detailed"  # per-step arrays too: compared with the offline rounds of the same prompt
 
 
+# The server options dfo sets itself (server_argv, and the API key it passes in the environment): an --engine-arg
+# naming one would replace what the run measures or put a key in argv, so it is refused by name.
+OWNED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--dtype", "--max-model-len",
+               "--enable-prefix-caching", "--no-enable-prefix-caching", "--seed", "--generation-config",
+               "--enforce-eager", "--speculative-config", "--per-request-spec-decode-metrics", "--api-key")
+
+
 def speculative_config(cfg: ServerConfig) -> dict | None:
     if cfg.drafter is None:
         return None

@@ -8,6 +8,7 @@ tests/evaluation/test_eval_options.py fails when a parser, a dataclass or a comm
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,6 +24,8 @@ BOTH = (EVAL, WATCH)
 DTYPES = ("bfloat16", "float32", "float16")
 FP16_REFUSED = ("--dtype float16 is refused: DFlash drafters and Qwen3.x targets are trained in bfloat16, and "
                 "fp16's narrow range gives near-0% acceptance (pitfall 5)")
+SEED_MAX = 2**32 - 1  # torch, numpy and the engines' request seeds all take it
+INT_LIMIT = 2**63 - 1  # an int option beyond it cannot be a count, a size or a seed on the host
 NONE = object()  # "no dfo default given": see Option.request_default
 
 
@@ -36,6 +39,7 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] = ()
     minimum: float | None = None    # the least value allowed
+    maximum: float | None = None    # the most value allowed (an int: what its consumer can hold)
     positive: bool = False          # more than 0 (a duration)
     repeatable: bool = False
     negatable: bool = False         # a bool with its --no- form
@@ -132,7 +136,7 @@ def parse_concurrency(value: str | None) -> tuple[int, ...]:
 def parse_top_p(value) -> float:
     """``--top-p P``: a probability mass in (0, 1]."""
     p = float(value)
-    if not 0 < p <= 1:
+    if not 0 < p <= 1:  # also refuses nan
         raise PayloadError(f"--top-p {value}: expected a probability mass above 0 and at most 1 (1: off)")
     return p
 
@@ -226,7 +230,9 @@ OPTIONS: tuple[Option, ...] = (
            "~/.cache/dfo-payload).", metavar="DIR"),
     Option("--cache-limit-gib", "cache_limit_gib", "Size limit of the cache folder in GiB: least recently used "
            "entries are removed past it (never one this run uses).", kind=float, default=200.0, positive=True,
-           metavar="GIB"),
+           metavar="GIB", commands=BOTH, compared=False,
+           dfo_help="Size limit in GiB of the eval host's reference/feature cache ($DFO_PAYLOAD_CACHE, default "
+           "~/.cache/dfo-payload): least recently used entries are removed past it, never one this run uses."),
     Option("--out", "out", "Output folder for results.json and samples.jsonl.", default="dfo-eval", metavar="DIR",
            planned=True),
     Option("--online-check", "online_check", "Also run the online draft/verify loop and compare it with the "
@@ -234,7 +240,7 @@ OPTIONS: tuple[Option, ...] = (
            "expectations compared within their CI).", kind=bool, default=False, commands=(EVAL,)),
     Option("--seed", "seed", "Seed of torch, of the bootstrap CIs and (with --temperature > 0) of the sampled "
            "continuations: the same seed draws the same continuations on the same target.", kind=int, default=0,
-           metavar="N", commands=BOTH, dfo_default=0),
+           minimum=0, maximum=SEED_MAX, metavar="N", commands=BOTH, dfo_default=0),
     Option("--topk", "topk", "Per-depth top-k kept from the draft pass (raised to cover the tree metrics).",
            kind=int, default=8, minimum=1, metavar="K"),
     Option("--tree-k", "tree_k", "DDTree-K: top-K depth acceptance, K candidates per depth (the headline is "
@@ -337,6 +343,14 @@ def check_value(option: Option, value: Any) -> None:
         raise PayloadError(f"{option.flag} {value!r}: expected one of {', '.join(option.choices)}")
     if option.kind in (int, float):
         what = "an integer" if option.kind is int else "a number"
+        if option.kind is float and not math.isfinite(value):
+            raise PayloadError(f"{option.flag} {value}: expected a finite number")
+        most = option.maximum if option.maximum is not None else INT_LIMIT if option.kind is int else None
+        if most is not None and value > most:
+            raise PayloadError(f"{option.flag} {value}: expected {what} of at most {most:g}" if option.kind is float
+                               else f"{option.flag} {value}: expected {what} of at most {int(most)}")
+        if option.kind is int and value < -INT_LIMIT:
+            raise PayloadError(f"{option.flag} {value}: expected {what} of at least {-INT_LIMIT}")
         if option.positive and not value > 0:
             raise PayloadError(f"{option.flag} {value}: expected {what} above 0")
         if option.minimum is not None and value < option.minimum:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from remote_payload.engines.registry import check_engine_args
 from remote_payload.errors import PayloadError
 from remote_payload.eval import protocols
 from remote_payload.eval.options import (  # noqa: F401 - parse_named, parse_expect_p1: the settings' parsers
@@ -215,6 +216,11 @@ def check_engine_values(s: EvalSettings) -> None:
                            f"`dfo provision --engine {name}`)")
     if s.reference_engine and s.reference_url:
         raise PayloadError("--reference takes one source: an engine name (vllm) or a URL, not both")
+    if s.engine_args and not (s.engine or s.reference_engine):
+        raise PayloadError("--engine-arg needs --engine NAME (or --reference vllm): no engine server is started "
+                           "without it")
+    for name in {s.engine, s.reference_engine} - {None}:
+        check_engine_args(str(name), list(s.engine_args))
 
 
 def _check_engine_python(s: EvalSettings) -> None:

@@ -116,6 +116,8 @@ def test_server_argv_and_env(tmp_path):
     assert spec == {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 15}
     assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "detailed"  # per-step acceptance
     assert argv[-2:] == ["--tensor-parallel-size", "2"]  # --engine-arg: last, unchanged
+    # every flag dfo sets is one an --engine-arg may not name (the refusal's list follows the argv)
+    assert {a for a in argv[3:-2] if a.startswith("--")} <= set(vllm.OWNED_FLAGS)
     (drafter / "config.json").write_text(json.dumps({"block_size": 8}))  # older z-lab configs: top level
     assert vllm.speculative_config(cfg)["num_speculative_tokens"] == 7 and drafter_block_size(drafter) == 8
     (drafter / "config.json").write_text(json.dumps({"dflash_config": {}}))

@@ -44,6 +44,7 @@ def test_sglang_is_registered_and_its_launch_holds_dflash_and_no_key(tmp_path):
     launch = engine.launch(cfg, 4321, "the-key", tmp_path)
     argv = launch.argv
     assert argv[:3] == ["py", "-m", "sglang.launch_server"]
+    assert {a for a in argv[3:-2] if a.startswith("--")} <= set(sglang.OWNED_FLAGS)  # refused as --engine-arg
     for flag, value in (("--model-path", "/t"), ("--host", "127.0.0.1"), ("--port", "4321"),
                         ("--context-length", "900"), ("--speculative-algorithm", "DFLASH"),
                         ("--speculative-draft-model-path", str(tmp_path / "drafter")),

@@ -108,7 +108,8 @@ def test_the_same_checks_pass_what_is_right(files, tmp_path):
     """The positive side of the table: forced fp16, a good prompts file, payload options with their values."""
     proc = dfo(*BASE, "--dtype", "float16", "--payload-arg=--allow-fp16", "--prompts", str(files["good"]),
                "--payload-arg=--reference-timeout", "--payload-arg=30", "--payload-arg=--engine-arg=--x=1",
-               "--expect-p1", "ours=0.6", "--threads", "1", "--dry-run", "--json", inventory=files["inventory"])
+               "--engine", "vllm", "--expect-p1", "ours=0.6", "--threads", "1", "--dry-run", "--json",
+               inventory=files["inventory"])
     assert proc.returncode == 0, proc.stderr
     (job,) = json.loads(proc.stdout)["plan"]["jobs"]
     args = job["args"]

@@ -238,6 +238,9 @@ def test_keep_keeps_the_stripped_copy_a_failed_relay_left(sandbox, eval_hosts, t
     left.mkdir(parents=True)
     run = watch(sandbox, tmp_path / "runs", folder, "keep", "--target", eval_hosts["target"], "--no-resident",
                 "--keep")
-    assert run.returncode == 0, run.stderr[-3000:]
+    # --once with nothing evaluated and a failure exits 1 (cron sees it), naming what failed
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "no checkpoint was evaluated, 1 failed" in " ".join(run.stderr.split())
+    assert "failed: step_5.pt (step 5):" in " ".join(run.stderr.split())
     assert series(tmp_path / "runs", "keep")["checkpoints"]["step_5.pt"]["status"] == "failed"
     assert left.is_dir()

@@ -47,7 +47,7 @@ def parse_spec(text: str) -> DatasetSpec:
                            f"{', '.join(adapter.splits)})")
     count = None
     if at:
-        if not count_text.isdigit() or int(count_text) < 1:
+        if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
             raise PayloadError(f"--dataset {text!r}: @N must be a whole number of at least 1, not {count_text!r}")
         count = int(count_text)
     return DatasetSpec(name, split if colon else adapter.split, count)
