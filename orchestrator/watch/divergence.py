@@ -134,3 +134,17 @@ def _alert(anchor: Point, point: Point) -> Alert:
     proxy_change = (point.proxy - anchor.proxy) / proxy_base
     kind = "diverge" if ci[1] < 0 else "stall"
     return Alert(point.step, kind, anchor.step, proxy_change, change, ci)
+
+
+def points_from_entries(entries: list[dict], proxy_at: dict[int, tuple[int, float]]) -> list[Point]:
+    """The checks' input from the series' done checkpoints (step order) and the proxy matched to their steps
+    (proxies.at_checkpoints); a checkpoint without a τ or without a proxy value is left out."""
+    points = []
+    for e in entries:
+        tau = ((e.get("measures") or {}).get("tau_macro") or {})
+        if tau.get("value") is None or e["step"] not in proxy_at:
+            continue
+        ci = tau.get("ci")
+        points.append(Point(e["step"], float(tau["value"]), (float(ci[0]), float(ci[1])) if ci else None,
+                            proxy_at[e["step"]][1]))
+    return points

@@ -80,3 +80,14 @@ def test_no_alert_before_calibration_and_one_per_run():
     checks, alerts = check(points)
     assert [c.disagrees for c in checks] == [False, False, False, True, False, True, True]
     assert [(a.step, a.since) for a in alerts] == [(7000, 5000)]
+
+
+def test_points_come_from_done_series_entries_with_a_matched_proxy():
+    from orchestrator.watch.divergence import points_from_entries
+
+    entries = [{"step": 100, "measures": {"tau_macro": {"value": 2.0, "ci": [1.9, 2.1]}}},
+               {"step": 200, "measures": {"tau_macro": {"value": None, "ci": None}}},
+               {"step": 300, "measures": {"tau_macro": {"value": 2.5, "ci": None}}},
+               {"step": 400, "measures": {"tau_macro": {"value": 2.6, "ci": [2.5, 2.7]}}}]
+    points = points_from_entries(entries, {100: (100, 0.4), 200: (190, 0.5), 300: (300, 0.6)})
+    assert points == [Point(100, 2.0, (1.9, 2.1), 0.4), Point(300, 2.5, None, 0.6)]
