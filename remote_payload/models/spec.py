@@ -216,7 +216,8 @@ def from_zlab(cfg: dict, shapes: dict, where: str, fmt: str = "zlab") -> Drafter
     if not isinstance(dcfg, dict):
         raise PayloadError(f"{where}: dflash_config must be an object")
     if any("DFlash2" in a for a in archs) or "selector_rank" in dcfg or "conv_kernel_size" in dcfg:
-        raise PayloadError(f"{where}: DFlash2 drafters (candidate selector / dynamic convolutions) are not supported")
+        raise PayloadError(f"{where}: DFlash2 drafters (candidate selector / dynamic convolutions) are not supported "
+                           "yet; dfo refuses them rather than evaluate them as DFlash (see docs/dflash2.md)")
     arch = _arch(cfg, shapes, where)
     block = _int(dcfg, "block_size", where, required=False)
     if block is None:

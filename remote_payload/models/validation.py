@@ -34,7 +34,24 @@ def _names(keys) -> str:
     return ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
 
 
+# Weights only a DFlash2 drafter carries: the dynamic convolutions around each sub-layer and the candidate
+# selector. Under a DFlash config they would be left out of the forward and τ would silently change.
+DFLASH2_KEY_PARTS = (".attention_conv.", ".mlp_conv.", "predecessor_codebook", "successor_codebook",
+                     "hidden_projection")
+
+
+def refuse_dflash2_weights(spec: DrafterSpec, weights: dict, where: str) -> None:
+    found = sorted(k for k in weights if any(part in f".{k}" for part in DFLASH2_KEY_PARTS))
+    if found:
+        raise PayloadError(f"{where}: the weights are a DFlash2 drafter's (dynamic convolutions / candidate selector: "
+                           f"{_names(found)}) but the config describes a DFlash drafter ({spec.format} format); "
+                           "evaluating it as DFlash would ignore the selector and give a different τ. Give the "
+                           "checkpoint its DFlash2 config (architectures: [\"DFlash2DraftModel\"] with the "
+                           "selector fields in dflash_config)")
+
+
 def validate_weights(spec: DrafterSpec, weights: dict, extras: dict, where: str) -> None:
+    refuse_dflash2_weights(spec, weights, where)
     fc = weights.get("fc.weight")
     if fc is not None and fc.dim() == 2 and fc.shape[1] != spec.fc_in_features:
         n_in, H = int(fc.shape[1]), spec.hidden_size

@@ -229,3 +229,28 @@ def test_wrong_mask_id_refused(loaded, target, mask, message):
         validate_against_target(spec, target.config, tok, target.stop_ids, "zlab")
     # the real mask token passes
     validate_against_target(loaded["zlab"].spec, target.config, tok, target.stop_ids, "zlab")
+
+
+def test_dflash2_weights_under_a_dflash_config_are_refused(fixture_dir, tmp_path):
+    """DFlash2 weights (selector, dynamic convolutions) loaded as DFlash would silently drop the selector."""
+    from safetensors.torch import load_file, save_file
+
+    d = _copy(fixture_dir, "zlab-drafter", tmp_path)
+    w = load_file(str(d / "model.safetensors"))
+    w["layers.0.attention_conv.base_kernel"] = torch.zeros(2, 2, 64)
+    w["predecessor_codebook"] = torch.zeros(16, 4)
+    save_file(w, str(d / "model.safetensors"))
+    with pytest.raises(PayloadError, match=r"the weights are a DFlash2 drafter's .*layers\.0\.attention_conv\."
+                                           r"base_kernel, predecessor_codebook\) but the config describes a DFlash "
+                                           r"drafter .*ignore the selector"):
+        load_drafter(d)
+
+
+def test_dflash2_config_is_refused_by_name(fixture_dir, tmp_path):
+    d = _copy(fixture_dir, "zlab-drafter", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(PayloadError, match=r"DFlash2 drafters .* not supported yet; dfo refuses them rather than "
+                                           r"evaluate them as DFlash"):
+        load_drafter(d)
