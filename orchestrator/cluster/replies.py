@@ -110,19 +110,32 @@ def parse_scontrol(cluster: str, array_job_id: str, text: str) -> dict[int, Task
         words = dict(word.split("=", 1) for word in line.split() if "=" in word)
         if words.get("ArrayJobId") != array_job_id or "ArrayTaskId" not in words:
             continue
-        if not JOB_ID_RE.match(words.get("ArrayTaskId", "")):
-            continue  # the pending remainder ("ArrayTaskId=2-3"): not started yet, squeue lists it per task
-        index = _task_index(cluster, words["ArrayTaskId"])
         exit_code, signal = _exit(cluster, words.get("ExitCode", "0:0"))
         node = words.get("NodeList", "")
-        tasks[index] = TaskState(
-            task=index, job_id=_field(cluster, "job id", words.get("JobId", ""), JOB_ID_RE),
-            array_job_id=array_job_id, state=_state(cluster, words.get("JobState", "")),
-            reason=_field(cluster, "reason", "" if words.get("Reason") == "None" else words.get("Reason", ""),
-                          REASON_RE),
-            node="" if node in ("(null)", "") else _field(cluster, "node", node, NODE_RE),
-            exit_code=exit_code, signal=signal)
+        # A task that never started is listed in the array's remainder record ("ArrayTaskId=2-3%1").
+        for index in _task_range(cluster, words["ArrayTaskId"]):
+            tasks[index] = TaskState(
+                task=index, job_id=_field(cluster, "job id", words.get("JobId", ""), JOB_ID_RE),
+                array_job_id=array_job_id, state=_state(cluster, words.get("JobState", "")),
+                reason=_field(cluster, "reason", "" if words.get("Reason") == "None" else words.get("Reason", ""),
+                              REASON_RE),
+                node="" if node in ("(null)", "") else _field(cluster, "node", node, NODE_RE),
+                exit_code=exit_code, signal=signal)
     return tasks
+
+
+def _task_range(cluster: str, value: str) -> list[int]:
+    """``3``, ``0-3`` or ``0-1,5%2`` as task indices (bounded: at most 1000 tasks of 0-9999)."""
+    spec = value.split("%", 1)[0]
+    indices: list[int] = []
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        first = _task_index(cluster, low)
+        last = _task_index(cluster, high) if high else first
+        if last < first or last - first + len(indices) >= 1000:
+            raise HostError(cluster, f"Slurm reported a malformed array task range {value[:40]!r}")
+        indices.extend(range(first, last + 1))
+    return indices
 
 
 def _exit(cluster: str, value: str) -> tuple[int, int]:
