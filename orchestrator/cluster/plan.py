@@ -98,11 +98,11 @@ def batch_script(section: SlurmSection, request: BatchRequest) -> str:
         *[f"export {key}={shlex.quote(value)}" for key, value in sorted(request.env.items())],
         # The task's own record: which job, which node, when (the controller cross-checks it with Slurm's).
         'printf \'{"job_id": "%s", "array_job_id": "%s", "task": %d, "node": "%s", "started": %s}\\n\' '
-        '"${SLURM_JOB_ID}" "${SLURM_ARRAY_JOB_ID}" "$task" "${SLURMD_NODENAME:-unknown}" "$(date +%s)" '
+        '"${SLURM_JOB_ID}" "${SLURM_ARRAY_JOB_ID}" "$task" "${SLURMD_NODENAME:-unknown}" "$(date +%s.%N)" '
         '> "$task_dir/.started.json.tmp" && mv "$task_dir/.started.json.tmp" "$task_dir/started.json"',
         command,
         "status=$?",
-        'printf \'{"exit_code": %d, "finished": %s}\\n\' "$status" "$(date +%s)" '
+        'printf \'{"exit_code": %d, "finished": %s}\\n\' "$status" "$(date +%s.%N)" '
         '> "$task_dir/.finished.json.tmp" && mv "$task_dir/.finished.json.tmp" "$task_dir/finished.json"',
         'exit "$status"',
     ]
