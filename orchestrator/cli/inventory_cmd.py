@@ -83,11 +83,13 @@ def _cluster_facts(app_ctx: AppContext, names: list[str]) -> dict:
     """Slurm version, partition state and the shared folder seen from a compute node, per cluster host."""
     if not names:
         return {}
+    from orchestrator.cluster.operation import login_session
     from orchestrator.cluster.probe import probe_cluster
     from orchestrator.transport.pool import for_each_host
 
     sections = {n: section for n in names if (section := app_ctx.inventory.hosts[n].slurm) is not None}
-    outcomes = for_each_host(list(sections), lambda n: probe_cluster(app_ctx.connector.session(n), sections[n]))
+    outcomes = for_each_host(list(sections),
+                             lambda n: probe_cluster(login_session(app_ctx.connector, n), sections[n]))
     # .result raises a login node's malformed answer as the HostError naming it
     return {name: outcome.result for name, outcome in outcomes.items()}
 

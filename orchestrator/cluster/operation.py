@@ -27,6 +27,23 @@ class LoginSession(Protocol):
             timeout: float | None = None, env: dict[str, str] | None = None) -> Any: ...
 
 
+class ClusterLogin:
+    """A control session to the login node whose commands carry the host's ``env:`` (e.g. SLURM_CONF on a
+    cluster without a system-wide one); the values travel on stdin, never in a command line."""
+
+    def __init__(self, session: LoginSession, env: dict[str, str]):
+        self.session, self.env, self.name = session, env, session.name
+
+    def run(self, command: Any, *, stdin: bytes | None = None, check: bool = True,
+            timeout: float | None = None, env: dict[str, str] | None = None) -> Any:
+        return self.session.run(command, stdin=stdin, check=check, timeout=timeout, env={**self.env, **(env or {})})
+
+
+def login_session(connector: Any, host: str) -> ClusterLogin:
+    """The cluster HOST's login node, through CONNECTOR (a transport Connector)."""
+    return ClusterLogin(connector.session(host), connector.inventory.host_env(host))
+
+
 @dataclass(frozen=True)
 class Submitted:
     array_job_id: str

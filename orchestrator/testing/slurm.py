@@ -3,6 +3,12 @@
 No systemd and no /etc: every path (munge socket and key, state, spool, logs) lives under ROOT and the
 daemons listen on loopback ports chosen at start. Partition ``debug`` is up (the default); partition
 ``down`` is down, for the pending tests. The scheduler runs every second so tests stay short.
+
+With NETNS and ADDRESS (a sandbox host's network namespace, and this machine's address on that host's link)
+the login node is that sandbox host: the daemons stay on this machine (slurmd needs the cgroup filesystem that
+`ip netns exec` hides), the controller is reached at ADDRESS, and the commands of LocalLoginSession, like
+those run over SSH on that host (its sshd lives in the namespace), run in the namespace. The filesystem is
+this machine's, shared as a cluster's is.
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
+def _conf(root: Path, address: str, ctld_port: int, slurmd_port: int) -> str:
     return f"""ClusterName=dfosandbox
 SlurmctldHost=localhost
+SlurmctldAddr={address}
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -77,7 +84,12 @@ PartitionName=down Nodes=node1 MaxTime=60 State=DOWN
 @dataclass
 class SandboxSlurm:
     root: Path
+    netns: str | None = None
+    address: str = "127.0.0.1"
     processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def _client(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
 
     @property
     def conf(self) -> Path:
@@ -94,7 +106,7 @@ class SandboxSlurm:
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self.conf.write_text(_conf(self.root, _free_port(), _free_port()))
+        self.conf.write_text(_conf(self.root, self.address, _free_port(), _free_port()))
         log = open(self.root / "log" / "daemons.out", "ab")
         run = self.root / "run"
         self.processes.append(subprocess.Popen(
@@ -119,7 +131,8 @@ class SandboxSlurm:
             time.sleep(0.2)
 
     def shell(self, line: str, stdin: bytes | None = None) -> CommandResult:
-        done = subprocess.run(["bash", "-c", line], input=stdin, capture_output=True, env=self.env, timeout=60)
+        done = subprocess.run(self._client(["bash", "-c", line]), input=stdin, capture_output=True, env=self.env,
+                              timeout=60)
         return CommandResult("cluster", line, done.returncode, done.stdout, done.stderr)
 
     def stop(self) -> None:
