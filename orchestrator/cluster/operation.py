@@ -155,4 +155,4 @@ def resubmit(session: LoginSession, section: SlurmSection, request: BatchRequest
     if not missing:
         return None
     return submit(session, section, BatchRequest(request.name, request.job_dir, missing, request.command,
-                                                 request.env))
+                                                 request.env, request.cwd))

@@ -31,6 +31,7 @@ class BatchRequest:
     tasks: tuple[int, ...]
     command: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None  # where the command runs (default: the task's folder)
 
 
 def task_dir(job_dir: str, task: int) -> str:
@@ -100,6 +101,7 @@ def batch_script(section: SlurmSection, request: BatchRequest) -> str:
         'printf \'{"job_id": "%s", "array_job_id": "%s", "task": %d, "node": "%s", "started": %s}\\n\' '
         '"${SLURM_JOB_ID}" "${SLURM_ARRAY_JOB_ID}" "$task" "${SLURMD_NODENAME:-unknown}" "$(date +%s.%N)" '
         '> "$task_dir/.started.json.tmp" && mv "$task_dir/.started.json.tmp" "$task_dir/started.json"',
+        f"cd {shlex.quote(request.cwd)} || exit 1" if request.cwd else 'cd "$task_dir" || exit 1',
         command,
         "status=$?",
         'printf \'{"exit_code": %d, "finished": %s}\\n\' "$status" "$(date +%s.%N)" '

@@ -38,15 +38,17 @@ def section(slurm: SandboxSlurm) -> SlurmSection:
 
 @pytest.fixture(scope="session")
 def cluster_inventory(sandbox, slurm: SandboxSlurm, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sandbox's inventory plus host `hpc`: ct129's SSH with a slurm: section and the sandbox's SLURM_CONF."""
+    """The sandbox's inventory plus host `hpc`: ct129's SSH and workdir (its release and venv, when the eval
+    fixtures built them) with a slurm: section whose shared folder is ct129's root, and the sandbox's SLURM_CONF."""
     text = Path(sandbox.inventory_path).read_text()
     ct129 = load_inventory(sandbox.inventory_path).host("ct129")
-    shared = slurm.root / "shared"
+    shared = sandbox.hosts["ct129"].root_dir
     text += (f"  hpc:\n    address: {ct129.address}\n    port: {ct129.port}\n    user: {ct129.user}\n"
              f"    identity_file: {ct129.identity_file}\n    known_hosts: {ct129.known_hosts}\n"
-             f"    workdir: {shared}/dfo\n    python: {ct129.python}\n"
+             f"    workdir: {ct129.workdir}\n    python: {ct129.python}\n    gpu: false\n"
+             f"    paths:\n      checkpoints: {ct129.paths.checkpoints}\n      models: {ct129.paths.models}\n"
              f"    env:\n      SLURM_CONF: {slurm.conf}\n"
-             f"    slurm:\n      shared: {shared}\n      partition: debug\n      time_limit: '1'\n")
+             f"    slurm:\n      shared: {shared}\n      partition: debug\n      time_limit: '10'\n")
     path = tmp_path_factory.mktemp("cluster-inventory") / "inventory.yaml"
     path.write_text(text)
     return path

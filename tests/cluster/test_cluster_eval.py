@@ -1,0 +1,51 @@
+"""`dfo eval --host CLUSTER --shards 2` against the real sandbox Slurm, with the real payload and the tiny
+fixture models: the merged run matches the single-host run on the same prompts, and records every task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_runner import dfo
+
+pytestmark = [pytest.mark.sshd, pytest.mark.slow]
+
+
+def _args(hosts, *where: str) -> list[str]:
+    return ["eval", *where, "--target", hosts["target"], "--drafter", f"zlab={hosts['zlab']}",
+            "--drafter", hosts["random"], "--samples", "4", "--max-new-tokens", "32", "--dtype", "float32",
+            "--threads", "1", "--json"]
+
+
+def _taus(run_dir: Path) -> dict:
+    results = json.loads((run_dir / "results.json").read_text())
+    return {name: d["metrics"]["tau_macro"] if "tau_macro" in d["metrics"] else d["metrics"]
+            for name, d in results["drafters"].items()}
+
+
+def test_a_two_task_array_gives_the_single_host_taus_and_records_each_task(eval_hosts, cluster_inventory, sandbox,
+                                                                            tmp_path):
+    one = dfo(*_args(eval_hosts, "--host", "ct129"), inventory=sandbox.inventory_path, runs=tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = dfo(*_args(eval_hosts, "--host", "hpc", "--shards", "2"), inventory=cluster_inventory,
+              runs=tmp_path / "cluster")
+    assert two.returncode == 0, two.stderr[-3000:]
+    single, merged = Path(json.loads(one.stdout)["path"]), Path(json.loads(two.stdout)["path"])
+    assert _taus(merged) == _taus(single)
+    results = json.loads((merged / "results.json").read_text())
+    assert set(results["hosts"]) == {"hpc[0]", "hpc[1]"}
+    for task in (0, 1):
+        record = results["hosts"][f"hpc[{task}]"]
+        assert record["shard"] == [task, 2] and record["job_id"].isdigit()
+        assert record["slurm"]["node"] == "node1" and record["slurm"]["state"] == "COMPLETED"
+    tasks = json.loads((merged / "run.json").read_text())["jobs"]["hpc"]["slurm"]["tasks"]
+    assert {t["state"] for t in tasks.values()} == {"COMPLETED"} and {t["node"] for t in tasks.values()} == {"node1"}
+    assert "task 0" in two.stderr and "COMPLETED" in two.stderr
+
+
+def test_dry_run_prints_the_batch_script(eval_hosts, cluster_inventory, tmp_path):
+    proc = dfo(*[a for a in _args(eval_hosts, "--host", "hpc", "--shards", "2") if a != "--json"], "--dry-run",
+               inventory=cluster_inventory, runs=tmp_path / "runs")
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --array=0-1" in proc.stdout and "--shard \"$task\"/2" in proc.stdout.replace("'", "")
