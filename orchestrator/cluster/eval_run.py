@@ -69,7 +69,12 @@ def submit_eval(connector: Any, host: str, request: BatchRequest) -> dict:
 def follow_cluster(connector: Any, host: str, job: dict, events: Events) -> dict[int, TaskState]:
     """Follow the array to its end, telling EVENTS each task's changes (pending reason, node, end state)."""
     slurm = job["slurm"]
+    login = login_session(connector, host)
     tasks = tuple(int(t) for t in slurm.get("pending_tasks") or range(slurm["shards"]))
+    # A task whose folder already holds complete results is done, whatever Slurm still remembers of it.
+    tasks = missing_tasks(task_records(login, slurm["job_dir"], tasks))
+    if not tasks:
+        return {}
     submitted = Submitted(slurm["array_job_id"], slurm["job_dir"], tasks, "")
 
     def tell(state: TaskState) -> None:
@@ -78,7 +83,7 @@ def follow_cluster(connector: Any, host: str, job: dict, events: Events) -> dict
         code = f", exit {state.exit_code}" if state.exit_code is not None and not state.active else ""
         events.info(f"  {host} task {state.task} (job {state.job_id}): {state.state}{why}{where}{code}")
 
-    return follow(login_session(connector, host), submitted, poll=1.0, on_change=tell)
+    return follow(login, submitted, poll=1.0, on_change=tell)
 
 
 def record_tasks(job: dict, final: dict[int, TaskState]) -> list[TaskState]:
@@ -204,3 +209,13 @@ def follow_and_collect_cluster(connector: Any, run: Any, *, events: Events) -> A
         parts.update(pull_tasks(connector, host, job, run.path / "hosts", events))
         merged_jobs.update(part_jobs(host, job))
     return finish_run(run, parts, merged_jobs, jobs, events)
+
+
+def resume_cluster_run(connector: Any, run: Any, events: Events) -> None:
+    """`dfo runs pull RUN --resume`: each cluster job's tasks without complete results, submitted again."""
+    jobs = run.record["jobs"]
+    for host, job in jobs.items():
+        again = resume_eval(connector, host, job)
+        events.info(f"  {host}: " + (f"task(s) {', '.join(map(str, again))} submitted again as job {job['job_id']}"
+                                     if again else "every task has complete results"))
+    run.set(jobs=jobs, status="running", error=None)

@@ -84,8 +84,22 @@ def follow(session: LoginSession, submitted: Submitted, *, poll: float = 1.0, ti
     """Poll until every task has left the queue; ON_CHANGE sees each task whenever its state changes."""
     deadline = time.monotonic() + timeout
     seen: dict[int, TaskState] = {}
+    polls = 0
     while True:
         states = task_states(session, submitted.array_job_id)
+        polls += 1
+        forgotten = [task for task in submitted.tasks if task not in seen and task not in states]
+        if forgotten and states and polls >= 3:
+            # The array is known but never listed these: cancelled before they started (Slurm then drops a
+            # task from the array's pending remainder without a record of its own).
+            for task in forgotten:
+                states[task] = TaskState(task, submitted.array_job_id, submitted.array_job_id, "CANCELLED",
+                                         reason="removed from the array before it started")
+        elif forgotten and polls >= 5:  # nothing listed: the job ended long ago and Slurm has forgotten it
+            raise OperationError(f"{session.name}: Slurm does not know task(s) {', '.join(map(str, forgotten))} of "
+                                 f"job {submitted.array_job_id} (ended and forgotten, or never submitted)",
+                                 hint="tasks without complete results are submitted again by `dfo runs pull RUN "
+                                 "--resume`")
         for task, state in sorted(states.items()):
             if seen.get(task) != state and on_change:
                 on_change(state)

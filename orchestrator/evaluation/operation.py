@@ -470,8 +470,18 @@ def _payload_error(log_path: Path, status: JobStatus) -> str:
     return " | ".join(tail) if tail else "no output"
 
 
-def wait_and_collect(connector: Connector, run: Run, *, events: Events) -> Run:
-    """`dfo runs pull`: follow what is still running, then collect."""
+def wait_and_collect(connector: Connector, run: Run, *, events: Events, resume: bool = False) -> Run:
+    """`dfo runs pull`: follow what is still running, then collect. RESUME (a cluster run): first submit again
+    the array tasks without complete results."""
+    if any("slurm" in job for job in run.record.get("jobs", {}).values()):
+        if resume:
+            from orchestrator.cluster.eval_run import resume_cluster_run
+
+            resume_cluster_run(connector, run, events)
+        return follow_and_collect(connector, run, events=events)
+    if resume:
+        raise InputError(f"run {run.name}: --resume is for runs on a Slurm cluster host",
+                         hint=f"`dfo runs pull {run.name}` follows and collects an SSH run")
     statuses = {h: job_status(connector, h, j["job_id"]) for h, j in run.record.get("jobs", {}).items()}
     if all(s.done for s in statuses.values()):
         return collect(connector, run, statuses, events=events)

@@ -49,6 +49,8 @@ def cluster_inventory(sandbox, slurm: SandboxSlurm, tmp_path_factory: pytest.Tem
              f"    paths:\n      checkpoints: {ct129.paths.checkpoints}\n      models: {ct129.paths.models}\n"
              f"    env:\n      SLURM_CONF: {slurm.conf}\n"
              f"    slurm:\n      shared: {shared}\n      partition: debug\n      time_limit: '10'\n")
+    # The same cluster, one task at a time: a test cancels task 1 while it is still pending.
+    text += text[text.index("  hpc:\n"):].replace("  hpc:\n", "  hpc-serial:\n", 1) + "      max_parallel: 1\n"
     path = tmp_path_factory.mktemp("cluster-inventory") / "inventory.yaml"
     path.write_text(text)
     return path

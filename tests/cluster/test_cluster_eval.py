@@ -49,3 +49,25 @@ def test_dry_run_prints_the_batch_script(eval_hosts, cluster_inventory, tmp_path
                inventory=cluster_inventory, runs=tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --array=0-1" in proc.stdout and "--shard \"$task\"/2" in proc.stdout.replace("'", "")
+
+
+def test_a_cancelled_task_fails_the_run_and_resume_reruns_only_it(eval_hosts, cluster_inventory, slurm, tmp_path):
+    runs = tmp_path / "runs"
+    # hpc-serial runs one task at a time, so task 1 is still pending when it is cancelled.
+    started = dfo(*_args(eval_hosts, "--host", "hpc-serial", "--shards", "2"), "--detach",
+                  inventory=cluster_inventory, runs=runs)
+    assert started.returncode == 0, started.stderr[-3000:]
+    run = json.loads(started.stdout)
+    array = run["jobs"]["hpc-serial"]["slurm"]["array_job_id"]
+    assert slurm.shell(f"scancel {array}_1").ok
+    failed = dfo("runs", "pull", run["run"], inventory=cluster_inventory, runs=runs)
+    assert failed.returncode == 1
+    assert "task 1" in failed.stderr and "CANCELLED" in failed.stderr and "--resume" in failed.stderr
+    assert not (Path(run["path"]) / "results.json").exists()  # nothing half-done is merged
+    task0 = json.loads((Path(run["path"]) / "run.json").read_text())["jobs"]["hpc-serial"]["slurm"]["tasks"]["0"]
+    resumed = dfo("runs", "pull", run["run"], "--resume", "--json", inventory=cluster_inventory, runs=runs)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "task(s) 1 submitted again" in resumed.stderr
+    tasks = json.loads((Path(run["path"]) / "run.json").read_text())["jobs"]["hpc-serial"]["slurm"]["tasks"]
+    assert tasks["0"] == task0 and tasks["1"]["state"] == "COMPLETED" and tasks["1"]["job_id"] != task0["job_id"]
+    assert json.loads((Path(run["path"]) / "results.json").read_text())["drafters"]["zlab"]["metrics"]["samples"] == 4
