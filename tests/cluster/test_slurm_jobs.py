@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from orchestrator.cluster.operation import cancel, follow, resubmit, submit, task_records, task_states
 from orchestrator.cluster.plan import BatchRequest
 
@@ -71,3 +73,12 @@ def test_a_cancelled_running_task_leaves_no_finished_record(login, section):
     assert final[0].state == "CANCELLED"
     record = task_records(login, request.job_dir, request.tasks)[0]
     assert record.started and record.exit_code is None  # half-done: resume would run it again
+
+
+@pytest.mark.slow
+def test_a_task_past_its_time_limit_is_reported_as_killed_by_the_scheduler(login, section):
+    # Slurm's smallest limit is one minute: this test waits for it (about 60-90 s).
+    request = _request(section, "timeout", ("sleep", "300"), tasks=(0,))
+    final = follow(login, submit(login, section.model_copy(update={"time_limit": "1"}), request), poll=1, timeout=240)
+    assert final[0].state == "TIMEOUT" and final[0].killed_by_scheduler
+    assert task_records(login, request.job_dir, request.tasks)[0].exit_code is None
