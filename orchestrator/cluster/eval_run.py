@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,10 @@ def eval_request(section: SlurmSection, run_name: str, argv: list[str], cwd: str
 def submit_eval(connector: Any, host: str, request: BatchRequest) -> dict:
     """Submit the array; the run's job record for HOST."""
     section = _section(connector, host)
+    submitted_at = time.time()
     submitted = submit(login_session(connector, host), section, request)
-    return {"slurm": {"array_job_id": submitted.array_job_id, "job_dir": request.job_dir, "name": request.name,
+    return {"slurm": {"array_job_id": submitted.array_job_id, "submitted_at": submitted_at,
+                      "job_dir": request.job_dir, "name": request.name,
                       "shards": len(request.tasks), "command": list(request.command), "cwd": request.cwd,
                       "tasks": {}},
             "job_id": submitted.array_job_id, "state": "submitted"}
@@ -148,6 +151,7 @@ def resume_eval(connector: Any, host: str, job: dict) -> tuple[int, ...]:
     again = submit(login, _section(connector, host), BatchRequest(request.name, request.job_dir, missing,
                                                                  request.command, request.env, request.cwd))
     slurm["array_job_id"], slurm["pending_tasks"] = again.array_job_id, list(missing)
+    slurm["submitted_at"] = time.time()
     job["job_id"] = again.array_job_id
     return missing
 
@@ -190,6 +194,7 @@ def follow_and_collect_cluster(connector: Any, run: Any, *, events: Events) -> A
     try:
         for host, job in jobs.items():
             bad = record_tasks(job, follow_cluster(connector, host, job, events))
+            _record_times(connector, host, job)
             job["state"] = "failed" if bad else "succeeded"
             if bad:
                 failed.append(failure_message(host, bad))
@@ -219,3 +224,16 @@ def resume_cluster_run(connector: Any, run: Any, events: Events) -> None:
         events.info(f"  {host}: " + (f"task(s) {', '.join(map(str, again))} submitted again as job {job['job_id']}"
                                      if again else "every task has complete results"))
     run.set(jobs=jobs, status="running", error=None)
+
+
+def _record_times(connector: Any, host: str, job: dict) -> None:
+    """Each task's start and end (its own clock) and its wait since submission, into the job record."""
+    slurm = job["slurm"]
+    records = task_records(login_session(connector, host), slurm["job_dir"], tuple(range(int(slurm["shards"]))))
+    for task, record in records.items():
+        entry = slurm["tasks"].get(str(task))
+        if entry is None or record.started_at is None:
+            continue
+        if "started_at" not in entry or entry.get("started_at") != record.started_at:
+            entry["queued_s"] = round(record.started_at - float(slurm.get("submitted_at") or record.started_at), 3)
+        entry["started_at"], entry["finished_at"] = record.started_at, record.finished_at

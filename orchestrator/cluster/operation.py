@@ -127,6 +127,8 @@ class TaskRecord:
     started: bool
     exit_code: int | None  # None: no finished.json (never finished, or killed before it could write one)
     node: str = ""
+    started_at: float | None = None   # the task's own clock (epoch seconds), as it wrote them
+    finished_at: float | None = None
 
 
 def task_records(session: LoginSession, job_dir: str, tasks: tuple[int, ...]) -> dict[int, TaskRecord]:
@@ -154,8 +156,15 @@ def task_records(session: LoginSession, job_dir: str, tasks: tuple[int, ...]) ->
         records[task] = TaskRecord(task, "started" in files,
                                    code if isinstance(code, int) and not isinstance(code, bool)
                                    and 0 <= code <= 255 else None,
-                                   node if isinstance(node, str) and node.isprintable() and len(node) < 200 else "")
+                                   node if isinstance(node, str) and node.isprintable() and len(node) < 200 else "",
+                                   _epoch(files.get("started", {}).get("started")),
+                                   _epoch(files.get("finished", {}).get("finished")))
     return records
+
+
+def _epoch(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e11
+    return float(value) if ok else None
 
 
 def missing_tasks(records: dict[int, TaskRecord]) -> tuple[int, ...]:

@@ -42,6 +42,13 @@ def test_a_two_task_array_gives_the_single_host_taus_and_records_each_task(eval_
     tasks = json.loads((merged / "run.json").read_text())["jobs"]["hpc"]["slurm"]["tasks"]
     assert {t["state"] for t in tasks.values()} == {"COMPLETED"} and {t["node"] for t in tasks.values()} == {"node1"}
     assert "task 0" in two.stderr and "COMPLETED" in two.stderr
+    assert all(t["queued_s"] >= 0 and t["finished_at"] >= t["started_at"] for t in tasks.values())
+    # The figures the docs quote (printed with -s; speed is not asserted).
+    timings = {k: h["timings"]["total_s"] for k, h in results["hosts"].items()}
+    alone = json.loads((single / "results.json").read_text())["hosts"]["ct129"]["timings"]["total_s"]
+    print(f"\ncluster tasks: queued {[t['queued_s'] for t in tasks.values()]} s, task wall "
+          f"{[round(t['finished_at'] - t['started_at'], 2) for t in tasks.values()]} s, payload total {timings} s; "
+          f"one host: payload total {alone} s")
 
 
 def test_dry_run_prints_the_batch_script(eval_hosts, cluster_inventory, tmp_path):
