@@ -86,7 +86,8 @@ def follow_cluster(connector: Any, host: str, job: dict, events: Events) -> dict
         code = f", exit {state.exit_code}" if state.exit_code is not None and not state.active else ""
         events.info(f"  {host} task {state.task} (job {state.job_id}): {state.state}{why}{where}{code}")
 
-    return follow(login, submitted, poll=1.0, on_change=tell)
+    # No deadline of our own: a cluster eval takes as long as the queue and the time limit allow (Ctrl-C detaches).
+    return follow(login, submitted, poll=1.0, timeout=30 * 86400, on_change=tell)
 
 
 def record_tasks(job: dict, final: dict[int, TaskState]) -> list[TaskState]:

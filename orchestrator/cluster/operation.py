@@ -80,11 +80,13 @@ def task_states(session: LoginSession, array_job_id: str) -> dict[int, TaskState
 
 
 def follow(session: LoginSession, submitted: Submitted, *, poll: float = 1.0, timeout: float = 3600.0,
-           on_change: Callable[[TaskState], None] | None = None) -> dict[int, TaskState]:
-    """Poll until every task has left the queue; ON_CHANGE sees each task whenever its state changes."""
+           on_change: Callable[[TaskState], None] | None = None, max_poll: float = 30.0) -> dict[int, TaskState]:
+    """Poll until every task has left the queue; ON_CHANGE sees each task whenever its state changes. The
+    interval grows from POLL to MAX_POLL while nothing changes (a long job does not hammer slurmctld)."""
     deadline = time.monotonic() + timeout
     seen: dict[int, TaskState] = {}
     polls = 0
+    interval = poll
     while True:
         states = task_states(session, submitted.array_job_id)
         polls += 1
@@ -100,17 +102,19 @@ def follow(session: LoginSession, submitted: Submitted, *, poll: float = 1.0, ti
                                  f"job {submitted.array_job_id} (ended and forgotten, or never submitted)",
                                  hint="tasks without complete results are submitted again by `dfo runs pull RUN "
                                  "--resume`")
-        for task, state in sorted(states.items()):
-            if seen.get(task) != state and on_change:
+        changed = [state for task, state in sorted(states.items()) if seen.get(task) != state]
+        for state in changed:
+            if on_change:
                 on_change(state)
+        interval = poll if changed else min(max_poll, interval * 1.5)
         seen.update(states)
         if all(task in seen and not seen[task].active for task in submitted.tasks):
             return {task: seen[task] for task in submitted.tasks}
         if time.monotonic() > deadline:
             raise OperationError(f"{session.name}: job {submitted.array_job_id} still has tasks in the queue after "
                                  f"{timeout:.0f} s", hint=f"follow it with squeue -j {submitted.array_job_id}, or "
-                                 "cancel it with `dfo jobs cancel`")
-        time.sleep(poll)
+                                 f"cancel it with scancel {submitted.array_job_id} on the login node")
+        time.sleep(interval)
 
 
 def cancel(session: LoginSession, array_job_id: str, task: int | None = None) -> None:

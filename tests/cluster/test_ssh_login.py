@@ -15,7 +15,7 @@ def test_an_array_submitted_over_ssh_runs_and_is_followed(cluster_connector):
     login = login_session(cluster_connector, "hpc")
     request = BatchRequest("over-ssh", f"{section.shared}/jobs/over-ssh", (0, 1),
                            ("bash", "-c", 'echo "$1" > "$2/result.txt"', "_", "{task}", "{task_dir}"))
-    final = follow(login, submit(login, section, request), poll=0.5, timeout=60)
+    final = follow(login, submit(login, section, request), poll=0.5, max_poll=1, timeout=60)
     assert {s.state for s in final.values()} == {"COMPLETED"}
     assert {r.exit_code for r in task_records(login, request.job_dir, request.tasks).values()} == {0}
 
