@@ -9,6 +9,11 @@ need_pkgs=()
 [ -x /usr/sbin/sshd ] || need_pkgs+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || need_pkgs+=(openssh-client)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+# The sandbox Slurm of the cluster tests (optional: without it those tests skip, so only root installs it).
+if [ "$(id -u)" -eq 0 ]; then
+  [ -x /usr/sbin/slurmctld ] || need_pkgs+=(slurm-wlm)
+  [ -x /usr/sbin/munged ] || need_pkgs+=(munge)
+fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need_pkgs[*]}; install them (sudo apt-get install -y ${need_pkgs[*]}) and re-run" >&2

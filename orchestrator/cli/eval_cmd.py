@@ -13,6 +13,7 @@ from orchestrator.cli.context import AppContext
 from orchestrator.cli.eval_options import DECLARED, read_prompts, with_eval_options
 from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
+from orchestrator.core.errors import InputError
 from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
 from orchestrator.evaluation.plan import EvalRequest, eval_hosts, hosts_used, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
@@ -37,6 +38,8 @@ def eval_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Check every option and print the whole plan; connect to "
                                  "no host, change nothing anywhere."),
     json_out: bool = typer.Option(False, "--json", help="Print the run summary (or the plan) as JSON on stdout."),
+    shards: int = typer.Option(1, "--shards", metavar="N", help="On a Slurm cluster host (slurm: in the inventory): "
+                               "one array job of N tasks, each on its share of the prompts (docs/clusters.md)."),
     runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Where run folders go (default ./runs or $DFO_RUNS_DIR)."),
 ) -> None:
     """Evaluate drafters against a target on the eval host(s).
@@ -53,12 +56,16 @@ def eval_cmd(
     plan = plan_eval(request, inv, prompts_digest=prompts.digest, prompt_count=prompts.count)
     for name in hosts_used(request):
         inv.host_env(name)  # an unset ${VAR} in a host's env is refused now, not at job launch after a relay
+    cluster = _cluster_host(inv, request.hosts, shards, request.samples, prompts.count)
     if dry_run:
         _print_plan(app_ctx, plan, json_out)
+        if cluster and not json_out:
+            app_ctx.out.print(Text(_cluster_script(inv, cluster, plan, shards)))
         return
     console = app_ctx.err
     connector = app_ctx.connector
-    run = start_eval(connector, plan, runs_dir=runs_root(runs_dir), events=app_ctx.events, prompts_file=prompts.file)
+    run = start_eval(connector, plan, runs_dir=runs_root(runs_dir), events=app_ctx.events, prompts_file=prompts.file,
+                     shards=shards)
     if detach:
         run.set(status="detached")
         console.print(Text.assemble(("detached", "green"), f": run folder {run.path}\n  {reattach_hint(run)}"))
@@ -72,6 +79,34 @@ def eval_cmd(
         console.print(Text.assemble("\n", ("detached", "yellow"), f" (Ctrl-C): {reattach_hint(run)}"))
         raise typer.Exit(130) from None
     render_run(app_ctx, run, json_out)
+
+
+def _cluster_host(inv, hosts: list[str], shards: int, samples: int | None, prompt_count: int | None) -> str | None:
+    """The Slurm cluster host the eval runs on (alone), or None; --shards is for a cluster host only."""
+    clusters = [h for h in hosts if inv.hosts[h].slurm is not None]
+    if not clusters:
+        if shards != 1:
+            raise InputError(f"--shards {shards}: none of {', '.join(hosts)} is a Slurm cluster (no slurm: section)",
+                             hint="to shard over SSH hosts, repeat --host")
+        return None
+    if len(hosts) > 1:
+        raise InputError(f"{clusters[0]} is a Slurm cluster: evaluate on it alone (--host {clusters[0]} --shards N)")
+    from orchestrator.cluster.eval_run import check_shards
+
+    check_shards(shards, samples, prompt_count)
+    return clusters[0]
+
+
+def _cluster_script(inv, host: str, plan, shards: int) -> str:
+    """The batch script `dfo eval --dry-run` shows for a cluster host (the run's name is known at submission)."""
+    from orchestrator.cluster.eval_run import eval_request
+    from orchestrator.cluster.plan import batch_script
+    from orchestrator.deploy.operation import payload_dir
+
+    h = inv.hosts[host]
+    argv = [f"{h.venv}/bin/python", "-m", "remote_payload", *plan.jobs[0].args]
+    request = eval_request(h.slurm, "RUN", argv, payload_dir(h.workdir), shards)
+    return f"7. on {host}: sbatch this batch script ({shards} array task(s)):\n" + batch_script(h.slurm, request)
 
 
 def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:

@@ -50,8 +50,10 @@ def check(
     from orchestrator.transport.facts import gather_facts
 
     facts = gather_facts(app_ctx.connector, names)
+    clusters = _cluster_facts(app_ctx, [n for n in names if facts[n].reachable and inv.hosts[n].slurm])
     if json_out:
-        app_ctx.print_json({"inventory": str(inv.source), "hosts": {n: f.as_dict() for n, f in facts.items()}})
+        app_ctx.print_json({"inventory": str(inv.source), "hosts": {
+            n: {**f.as_dict(), **({"slurm": clusters[n].as_dict()} if n in clusters else {})} for n, f in facts.items()}})
     else:
         table = Table(title=f"{inv.source}", title_justify="left")
         for col in ("host", "reachable", "auth", "python", "GPUs", "free disk", "latency"):
@@ -71,8 +73,33 @@ def check(
                 app_ctx.out.print(Text.assemble((name, "red"), f": {f.error or 'unreachable'}"))
                 if f.hint:
                     app_ctx.out.print(Text(f"  hint: {f.hint}", style="dim"))
+        for name, c in clusters.items():
+            app_ctx.out.print(Text(cluster_line(name, c), style="green" if c.shared_visible else "yellow"))
     if not all(f.reachable for f in facts.values()):
         raise typer.Exit(1)
+
+
+def _cluster_facts(app_ctx: AppContext, names: list[str]) -> dict:
+    """Slurm version, partition state and the shared folder seen from a compute node, per cluster host."""
+    if not names:
+        return {}
+    from orchestrator.cluster.operation import login_session
+    from orchestrator.cluster.probe import probe_cluster
+    from orchestrator.transport.pool import for_each_host
+
+    sections = {n: section for n in names if (section := app_ctx.inventory.hosts[n].slurm) is not None}
+    outcomes = for_each_host(list(sections),
+                             lambda n: probe_cluster(login_session(app_ctx.connector, n), sections[n]))
+    # .result raises a login node's malformed answer as the HostError naming it
+    return {name: outcome.result for name, outcome in outcomes.items()}
+
+
+def cluster_line(name: str, facts) -> str:
+    visible = {True: "visible from a compute node", False: "NOT visible from a compute node",
+               None: "not probed"}[facts.shared_visible]
+    return (f"{name}: Slurm {facts.version or '(none)'}, partition {facts.partition} "
+            f"{facts.partition_state or 'unknown'}, shared folder {visible}"
+            + (f" ({facts.detail})" if facts.detail else ""))
 
 
 def _disk_summary(host, free: dict[str, int | None]) -> str:

@@ -87,12 +87,14 @@ def show_cmd(ctx: typer.Context, run: str = RUN_ARG, runs_dir: Optional[str] = R
 
 @runs_app.command("pull")
 def pull_cmd(ctx: typer.Context, run: str = RUN_ARG, runs_dir: Optional[str] = RunsDir,
-             json_out: bool = typer.Option(False, "--json", help="Print the run's figures as JSON on stdout.")) -> None:
+             json_out: bool = typer.Option(False, "--json", help="Print the run's figures as JSON on stdout."),
+             resume: bool = typer.Option(False, "--resume", help="A run on a Slurm cluster: first submit again only "
+                                         "the array tasks without complete results.")) -> None:
     """Reattach to a detached run: follow its jobs to the end, pull, merge and report."""
     app_ctx: AppContext = ctx.obj
     found = find_run(runs_root(runs_dir), run)
     try:
-        wait_and_collect(app_ctx.connector, found, events=app_ctx.events)
+        wait_and_collect(app_ctx.connector, found, events=app_ctx.events, resume=resume)
     except Detached:
         app_ctx.err.print(Text.assemble("\n", ("detached", "yellow"), f" (Ctrl-C): {reattach_hint(found)}"))
         raise typer.Exit(130) from None

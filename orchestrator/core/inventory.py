@@ -22,6 +22,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
 
 from orchestrator.core.errors import InputError
+from orchestrator.core.slurm_section import SlurmSection, workdir_inside_shared
 
 DEFAULT_INVENTORY = "inventory.yaml"
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
@@ -161,6 +162,7 @@ class Host(_Strict):
     reaches: list[str] = Field(default_factory=list, description="hosts this one can reach directly")
     env: Env = Field(default_factory=dict, description="environment for remote jobs (values never printed)")
     serve_url: Url | None = Field(None, description="OpenAI-compatible endpoint serving the target")
+    slurm: SlurmSection | None = Field(None, description="the host is a Slurm login node (docs/clusters.md)")
 
     @model_validator(mode="after")
     def _one_address(self) -> "Host":
@@ -168,6 +170,9 @@ class Host(_Strict):
             raise PydanticCustomError("address", "give either 'address' or 'ssh_alias', not both")
         if not self.address and not self.ssh_alias:
             raise PydanticCustomError("address", "missing 'address' (or 'ssh_alias')")
+        if self.slurm and not workdir_inside_shared(self.workdir, self.slurm.shared):
+            raise PydanticCustomError("slurm_shared", f"workdir {self.workdir} is not inside slurm.shared "
+                                      f"{self.slurm.shared}: compute nodes would not see the releases and the venv")
         return self
 
     @property
@@ -423,6 +428,8 @@ def _known_fields(parent: tuple) -> list[str]:
         model = Host
     elif len(parent) == 3 and parent[0] == "hosts" and parent[2] == "paths":
         model = HostPaths
+    elif len(parent) == 3 and parent[0] == "hosts" and parent[2] == "slurm":
+        model = SlurmSection
     else:
         model = None
     return list(model.model_fields) if model else []

@@ -223,6 +223,7 @@ def start_eval(
     events: Events,
     prompts_file: Path | None = None,
     stripper: Stripper | None = None,
+    shards: int = 1,
 ) -> Run:
     """Everything up to and including the launch of the remote jobs; returns the run (status running).
     STRIPPER: a resident strip worker that strips the drafters relayed with --strip-optimizer (dfo watch)."""
@@ -236,7 +237,7 @@ def start_eval(
                 events.warn(notice)
         _refuse_busy_hosts(connector, plan)
         return _start_locked(connector, plan, runs_dir=runs_dir, events=events, prompts_file=prompts_file,
-                             stripper=stripper)
+                             stripper=stripper, shards=shards)
 
 
 def _refuse_busy_hosts(connector: Connector, plan: EvalPlan) -> None:
@@ -249,7 +250,7 @@ def _refuse_busy_hosts(connector: Connector, plan: EvalPlan) -> None:
 
 
 def _start_locked(connector: Connector, plan: EvalPlan, *, runs_dir: Path, events: Events,
-                  prompts_file: Path | None, stripper: Stripper | None) -> Run:
+                  prompts_file: Path | None, stripper: Stripper | None, shards: int = 1) -> Run:
     pythons = _prepare_hosts(connector, plan, events)
     relays = relay_drafters(connector, plan, events, stripper)
     if prompts_file is not None:
@@ -268,6 +269,12 @@ def _start_locked(connector: Connector, plan: EvalPlan, *, runs_dir: Path, event
         for job in plan.jobs:
             inv_host = connector.inventory.hosts[job.host]
             argv = [pythons[job.host], "-m", "remote_payload", *job.args]
+            if inv_host.slurm is not None:  # a cluster's login node: one Slurm array, one task per shard
+                from orchestrator.cluster.eval_run import submit_cluster_eval
+
+                jobs[job.host] = submit_cluster_eval(connector, job.host, run.name, argv, shards, _job_env(), events)
+                run.set(jobs=jobs, status="running")
+                continue
             handle = launch_job(connector, job.host, argv, cwd=payload_dir(inv_host.workdir),
                                 job_name=f"dfo eval {run.name}", force=plan.request.force, env=_job_env())
             for notice in handle.notices:
@@ -308,6 +315,10 @@ def follow_and_collect(connector: Connector, run: Run, *, events: Events) -> Run
     jobs = run.record.get("jobs", {})
     if not jobs:
         raise InputError(f"run {run.name} has no remote jobs to follow (status {run.status})")
+    if any("slurm" in job for job in jobs.values()):
+        from orchestrator.cluster.eval_run import follow_and_collect_cluster
+
+        return follow_and_collect_cluster(connector, run, events=events)
     run.set(status="running")
     events.step("follow progress" + (" (Ctrl-C detaches; the job keeps running)" if events.is_terminal else ""))
     finals: dict[str, JobStatus] = {}
@@ -389,7 +400,15 @@ def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None 
         events.info(f"  {host}: {pulled.files} file(s), {pulled.bytes:,} B {pulled.status}")
         parts[host] = dest
         _copy_engine_logs(dest, run.path / "logs", host)
-    results, samples = merge_host_results(parts, jobs)
+    return finish_run(run, parts, jobs, jobs, events)
+
+
+def finish_run(run: Run, parts: dict[str, Path], part_jobs: dict[str, dict], jobs: dict, events: Events) -> Run:
+    """Merge the pulled parts (one per host, or per cluster task) into the run folder and report it."""
+    results, samples = merge_host_results(parts, part_jobs)
+    for key, job in part_jobs.items():
+        if job.get("slurm"):  # a cluster task: its Slurm job id, node, state and exit code
+            results["hosts"][key]["slurm"] = job["slurm"]
     if len(parts) > 1:
         _merge_engine(results, parts, samples)
     body = "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in samples)
@@ -451,8 +470,18 @@ def _payload_error(log_path: Path, status: JobStatus) -> str:
     return " | ".join(tail) if tail else "no output"
 
 
-def wait_and_collect(connector: Connector, run: Run, *, events: Events) -> Run:
-    """`dfo runs pull`: follow what is still running, then collect."""
+def wait_and_collect(connector: Connector, run: Run, *, events: Events, resume: bool = False) -> Run:
+    """`dfo runs pull`: follow what is still running, then collect. RESUME (a cluster run): first submit again
+    the array tasks without complete results."""
+    if any("slurm" in job for job in run.record.get("jobs", {}).values()):
+        if resume:
+            from orchestrator.cluster.eval_run import resume_cluster_run
+
+            resume_cluster_run(connector, run, events)
+        return follow_and_collect(connector, run, events=events)
+    if resume:
+        raise InputError(f"run {run.name}: --resume is for runs on a Slurm cluster host",
+                         hint=f"`dfo runs pull {run.name}` follows and collects an SSH run")
     statuses = {h: job_status(connector, h, j["job_id"]) for h, j in run.record.get("jobs", {}).items()}
     if all(s.done for s in statuses.values()):
         return collect(connector, run, statuses, events=events)

@@ -1,0 +1,169 @@
+"""A real, one-node Slurm for the tests: munged, slurmctld and slurmd in the foreground, under one folder.
+
+No systemd and no /etc: every path (munge socket and key, state, spool, logs) lives under ROOT and the
+daemons listen on loopback ports chosen at start. Partition ``debug`` is up (the default); partition
+``down`` is down, for the pending tests. The scheduler runs every second so tests stay short.
+
+With NETNS and ADDRESS (a sandbox host's network namespace, and this machine's address on that host's link)
+the login node is that sandbox host: the daemons stay on this machine (slurmd needs the cgroup filesystem that
+`ip netns exec` hides), the controller is reached at ADDRESS, and the commands of LocalLoginSession, like
+those run over SSH on that host (its sshd lives in the namespace), run in the namespace. The filesystem is
+this machine's, shared as a cluster's is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.transport.control import CommandResult
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
+
+
+def missing_reason() -> str | None:
+    """Why a sandbox Slurm cannot start here (None when it can)."""
+    if os.geteuid() != 0:
+        return "the sandbox Slurm runs its daemons as root"
+    absent = [name for name in DAEMONS if not shutil.which(name) and not Path("/usr/sbin", name).exists()]
+    if absent:
+        return f"Slurm is not installed (missing {', '.join(absent)}; scripts/setup.sh installs slurm-wlm and munge)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _conf(root: Path, address: str, ctld_port: int, slurmd_port: int) -> str:
+    return f"""ClusterName=dfosandbox
+SlurmctldHost=localhost
+SlurmctldAddr={address}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={root}/run/munge.socket
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/run/slurmctld.pid
+SlurmdPidFile={root}/run/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,bf_interval=1
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+InactiveLimit=0
+MinJobAge=600
+KillWait=1
+OverTimeLimit=0
+MessageTimeout=5
+NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=node1 Default=YES MaxTime=60 State=UP
+PartitionName=down Nodes=node1 MaxTime=60 State=DOWN
+"""
+
+
+@dataclass
+class SandboxSlurm:
+    root: Path
+    netns: str | None = None
+    address: str = "127.0.0.1"
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def _client(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def start(self, timeout: float = 30.0) -> "SandboxSlurm":
+        for sub in ("run", "state", "spool", "log", "shared"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)  # munged checks its socket's folders are reachable
+        key = self.root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        self.conf.write_text(_conf(self.root, self.address, _free_port(), _free_port()))
+        log = open(self.root / "log" / "daemons.out", "ab")
+        run = self.root / "run"
+        self.processes.append(subprocess.Popen(
+            ["munged", "--foreground", "--force", f"--socket={run}/munge.socket", f"--key-file={key}",
+             f"--pid-file={run}/munged.pid", f"--seed-file={run}/munge.seed", f"--log-file={self.root}/log/munged.log"],
+            stdout=log, stderr=log))
+        self._wait(lambda: (run / "munge.socket").exists(), timeout, "munged")
+        self.processes.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], stdout=log,
+                                               stderr=log, env=self.env))
+        self.processes.append(subprocess.Popen(["slurmd", "-D", "-f", str(self.conf), "-N", "node1"], stdout=log,
+                                               stderr=log, env=self.env))
+        self._wait(lambda: "idle" in self.shell("sinfo -h -p debug -o %t").text, timeout, "slurmd (node idle)")
+        return self
+
+    def _wait(self, ready, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.processes):
+                self.stop()
+                tail = (self.root / "log" / "daemons.out").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"sandbox Slurm: {what} did not come up:\n{tail}")
+            time.sleep(0.2)
+
+    def shell(self, line: str, stdin: bytes | None = None) -> CommandResult:
+        done = subprocess.run(self._client(["bash", "-c", line]), input=stdin, capture_output=True, env=self.env,
+                              timeout=60)
+        return CommandResult("cluster", line, done.returncode, done.stdout, done.stderr)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.processes.clear()
+
+
+class LocalLoginSession:
+    """The sandbox cluster's login node is this machine: commands run in bash with the sandbox's SLURM_CONF.
+    Same ``run`` shape as a control session, so the cluster operations run unchanged."""
+
+    name = "cluster"
+
+    def __init__(self, slurm: SandboxSlurm):
+        self.slurm = slurm
+
+    def run(self, command, *, stdin: bytes | None = None, check: bool = True, timeout: float | None = None,
+            env: dict[str, str] | None = None) -> CommandResult:
+        import shlex
+
+        from orchestrator.core.errors import HostError
+
+        line = command if isinstance(command, str) else shlex.join(command)
+        result = self.slurm.shell(line, stdin)
+        if check and not result.ok:
+            raise HostError(self.name, f"`{line[:80]}` exited with {result.exit_code}: {result.err_text[-300:]}")
+        return result

@@ -1,0 +1,93 @@
+"""The batch script and the slurm: inventory section (pure: no cluster involved)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cluster.plan import BatchRequest, array_spec, batch_script
+from orchestrator.cluster.replies import parse_job_id, parse_scontrol, parse_squeue
+from orchestrator.core.errors import HostError, InputError
+from orchestrator.core.inventory import load_inventory
+from orchestrator.core.slurm_section import SlurmSection
+
+SECTION = SlurmSection(shared="/shared/team", partition="gpu", account="lab", qos="normal", time_limit="2:00:00",
+                       gres="gpu:h100:1", cpus_per_task=8, mem="64G", extra_sbatch=["--constraint=h100"])
+
+
+def test_array_spec_groups_consecutive_tasks_and_throttles():
+    assert array_spec((0, 1, 2, 3)) == "0-3"
+    assert array_spec((3, 0, 1, 7)) == "0-1,3,7"
+    assert array_spec((0, 1), max_parallel=1) == "0-1%1"
+    with pytest.raises(InputError):
+        array_spec(())
+
+
+def test_batch_script_carries_the_section_and_quotes_the_command():
+    request = BatchRequest("dfo-eval-r1", "/shared/team/dfo/jobs/r1", (0, 1),
+                           ("/shared/team/dfo/venv/bin/python", "-m", "remote_payload", "eval",
+                            "--out", "{task_dir}/result.json", "--shard", "{task}/2", "--note", "a b;$(id)"))
+    script = batch_script(SECTION, request)
+    for line in ("#SBATCH --array=0-1", "#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --qos=normal",
+                 "#SBATCH --time=2:00:00", "#SBATCH --gres=gpu:h100:1", "#SBATCH --cpus-per-task=8",
+                 "#SBATCH --mem=64G", "#SBATCH --constraint=h100",
+                 "#SBATCH --output=/shared/team/dfo/jobs/r1/tasks/%a/slurm.log"):
+        assert line in script.splitlines()
+    assert "'a b;$(id)'" in script  # data, not shell
+    assert "\"$task_dir\"/result.json" in script.replace("'", "")
+    subprocess.run(["bash", "-n"], input=script.encode(), check=True)  # bash parses it
+
+
+def test_batch_script_refuses_a_folder_outside_shared_and_bad_names():
+    with pytest.raises(InputError, match="inside slurm.shared"):
+        batch_script(SECTION, BatchRequest("x", "/tmp/elsewhere", (0,), ("true",)))
+    with pytest.raises(InputError, match="job name"):
+        batch_script(SECTION, BatchRequest("-x;id", "/shared/team/j", (0,), ("true",)))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("partition", "gpu;id", "Slurm name"),
+    ("time_limit", "2 hours", "time limit"),
+    ("mem", "64 GB", "memory size"),
+    ("gres", "gpu:1 --wrap=id", "generic resource"),
+    ("extra_sbatch", ["--output=/tmp/x"], "dfo sets --output"),
+    ("extra_sbatch", ["--comment=a b"], "--option=value"),
+    ("cpus_per_task", 0, "greater than or equal"),
+])
+def test_inventory_slurm_section_rejects_unsafe_values(tmp_path: Path, field, value, message):
+    path = tmp_path / "inventory.yaml"
+    rendered = value if isinstance(value, (int, list)) else shlex.quote(value)
+    path.write_text("hosts:\n  cluster:\n    address: login1\n    workdir: /shared/dfo\n    slurm:\n"
+                    f"      shared: /shared\n      {field}: {rendered}\n")
+    with pytest.raises(InputError, match=message) as err:
+        load_inventory(path)
+    assert f"hosts.cluster.slurm.{field}" in err.value.message and ":7" in err.value.message
+
+
+def test_inventory_workdir_must_lie_on_the_shared_filesystem(tmp_path: Path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  cluster:\n    address: login1\n    workdir: /home/me/dfo\n    slurm:\n"
+                    "      shared: /shared\n")
+    with pytest.raises(InputError, match="not inside slurm.shared"):
+        load_inventory(path)
+    path.write_text(path.read_text().replace("/home/me/dfo", "/shared/dfo"))
+    assert load_inventory(path).host("cluster").slurm.shared == "/shared"
+
+
+def test_replies_are_typed_and_hostile_text_is_refused():
+    assert parse_job_id("c", "1234;cluster\n") == "1234"
+    with pytest.raises(HostError):
+        parse_job_id("c", "Submitted batch job 12")
+    queued = parse_squeue("c", "7", "8|8|1|7|PENDING|PartitionDown|\n9|9|0|7|RUNNING|None|node1\n")
+    assert queued[1].state == "PENDING" and queued[1].reason == "PartitionDown"
+    assert queued[0].node == "node1" and queued[0].active
+    with pytest.raises(HostError, match="unknown job state"):
+        parse_squeue("c", "7", "8|8|1|7|$(reboot)|None|node1\n")
+    shown = parse_scontrol("c", "7", "JobId=8 ArrayJobId=7 ArrayTaskId=1 JobState=TIMEOUT Reason=TimeLimit "
+                                     "ExitCode=0:15 NodeList=node1\n")
+    assert shown[1].killed_by_scheduler and shown[1].signal == 15 and not shown[1].active
+    with pytest.raises(HostError, match="exit code"):
+        parse_scontrol("c", "7", "JobId=8 ArrayJobId=7 ArrayTaskId=1 JobState=FAILED ExitCode=999999:0\n")
