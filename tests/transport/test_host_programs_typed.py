@@ -22,13 +22,16 @@ ORCHESTRATOR = ROOT / "orchestrator"
 PYPROJECT = ROOT / "pyproject.toml"
 # A feature whose host program has more parts than its host_script.py: the parts it sends behind the prelude.
 MORE_PARTS = {"relay": RELAY_PARTS}
+# Host programs beside a feature's host_script.py (sent by hostcall the same way): name -> parts.
+OTHER_PROGRAMS = {"watch_proxies": (ORCHESTRATOR / "watch" / "proxy_host_script.py",)}
 _ERROR = re.compile(r"^(?P<file>[^:]+\.py):(?P<line>\d+): (?P<rest>(error|note): .*)$")
 
 
 def host_programs() -> dict[str, tuple[Path, ...]]:
     """Feature folder -> the parts its host program is assembled from, after the prelude."""
-    return {s.parent.name: tuple(MORE_PARTS.get(s.parent.name, (s,)))
-            for s in sorted(ORCHESTRATOR.glob("*/host_script.py"))}
+    programs = {s.parent.name: tuple(MORE_PARTS.get(s.parent.name, (s,)))
+                for s in sorted(ORCHESTRATOR.glob("*/host_script.py"))}
+    return {**programs, **OTHER_PROGRAMS}
 
 
 def _where(parts: tuple[Path, ...], line: int) -> str:
