@@ -87,7 +87,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """A 30x is an error, never followed: urllib would copy ``Authorization`` to whatever host and scheme the
     reply names (also around the plain-http check made on the configured URL)."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
         return None
 
 

@@ -41,3 +41,29 @@ def test_reference_client_follows_no_redirect_with_the_key():
     assert not info.value.retryable
     assert [path for path, _ in _Recorder.seen] == ["/v1/models"]  # /stolen never asked, the key never sent there
     assert "k-secret-30" not in str(info.value)
+
+
+NESTED = "[" * 200_000 + "]" * 200_000
+
+
+def test_deeply_nested_json_from_a_host_is_a_clear_error(tmp_path):
+    from orchestrator.core.errors import InputError, OperationError
+    from orchestrator.evaluation.merge import merge_host_results
+    from orchestrator.evaluation.runs import Run
+    from orchestrator.ui.progress_view import parse_line
+    from orchestrator.watch.series import load_series
+
+    assert parse_line('{"dfo": "progress", "x": ' + NESTED + "}") is None  # job-log progress line
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(NESTED)
+    (run / "samples.jsonl").write_text(NESTED + "\n")
+    with pytest.raises(InputError, match="nested too deeply"):
+        Run(run, {"run": "run"}).results()
+    with pytest.raises(InputError, match="nested too deeply"):
+        Run(run, {"run": "run"}).samples()
+    with pytest.raises(OperationError, match="nested too deeply"):
+        merge_host_results({"ct129": run}, {"ct129": {}})
+    (tmp_path / "series.json").write_text(NESTED)
+    with pytest.raises(InputError, match="nested too deeply"):
+        load_series(tmp_path)
