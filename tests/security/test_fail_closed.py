@@ -67,3 +67,17 @@ def test_deeply_nested_json_from_a_host_is_a_clear_error(tmp_path):
     (tmp_path / "series.json").write_text(NESTED)
     with pytest.raises(InputError, match="nested too deeply"):
         load_series(tmp_path)
+
+
+def test_a_checkpoint_step_beyond_int64_is_no_step():
+    from orchestrator.watch.discovery import parse_listing
+
+    now = 1_000_000.0
+    entries = [{"name": "step_9223372036854775808.pt", "is_dir": False, "size": 1, "mtime": now - 3600},
+               {"name": "step_" + "9" * 5000 + ".pt", "is_dir": False, "size": 1, "mtime": now - 3600},
+               {"name": "huge", "is_dir": True, "size": 1, "mtime": now - 3600, "has_weights": True,
+                "meta": {"file": "trainer_state.json", "step": 2**64}},
+               {"name": "step_9223372036854775807.pt", "is_dir": False, "size": 1, "mtime": now - 3600}]
+    found = parse_listing({"now": now, "entries": entries}, host="kpro6", folder="/data/run7")
+    assert [c.step for c in found.checkpoints] == [2**63 - 1]
+    assert sorted(name for name, _ in found.ignored) == sorted(e["name"] for e in entries[:3])
