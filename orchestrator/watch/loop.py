@@ -465,7 +465,11 @@ class Watcher:
         data = tensorboard.event_bytes(entries, self.series.get("baselines"))
         done: dict[str, str] = {}
         if cfg.tensorboard:
-            done["local"] = str(tensorboard.write_local(cfg.tensorboard, name, data))
+            try:
+                done["local"] = str(tensorboard.write_local(cfg.tensorboard, name, data))
+            except DfoError as exc:
+                self.events.warn(f"TensorBoard events not written: {exc.message} (tried again when the watcher "
+                                 "restarts)")
         if cfg.tensorboard_logdir:
             try:
                 done["pushed"] = tensorboard.push(self.connector, cfg.source_host, cfg.tensorboard_logdir,

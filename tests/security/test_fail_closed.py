@@ -81,3 +81,22 @@ def test_a_checkpoint_step_beyond_int64_is_no_step():
     found = parse_listing({"now": now, "entries": entries}, host="kpro6", folder="/data/run7")
     assert [c.step for c in found.checkpoints] == [2**63 - 1]
     assert sorted(name for name, _ in found.ignored) == sorted(e["name"] for e in entries[:3])
+
+
+def test_tensorboard_write_follows_no_planted_link_and_names_a_planted_folder(tmp_path):
+    from orchestrator.core.errors import OperationError
+    from orchestrator.watch.tensorboard import write_local
+
+    logdir, victim = tmp_path / "shared-logdir", tmp_path / "victim.txt"
+    logdir.mkdir()
+    victim.write_text("the planter's target\n")
+    name = "events.out.tfevents.1.dfo-s7"
+    (logdir / f".{name}.tmp").symlink_to(victim)  # the name the writer used to pick
+    written = write_local(logdir, name, b"EVENTS")
+    assert written.read_bytes() == b"EVENTS" and not written.is_symlink()
+    assert victim.read_text() == "the planter's target\n"
+    (logdir / "planted").mkdir()
+    with pytest.raises(OperationError, match="cannot write the TensorBoard event file") as info:
+        write_local(logdir, "planted", b"EVENTS")
+    assert "planted" in str(info.value)
+    assert sorted(p.name for p in logdir.iterdir()) == sorted([f".{name}.tmp", name, "planted"])  # no tmp left
