@@ -100,3 +100,23 @@ def test_tensorboard_write_follows_no_planted_link_and_names_a_planted_folder(tm
         write_local(logdir, "planted", b"EVENTS")
     assert "planted" in str(info.value)
     assert sorted(p.name for p in logdir.iterdir()) == sorted([f".{name}.tmp", name, "planted"])  # no tmp left
+
+
+def test_an_engine_logging_its_api_key_leaves_only_a_placeholder_in_a_private_log(tmp_path):
+    import stat
+
+    from remote_payload.engines import server as vs
+
+    fake = tmp_path / "fake-python"  # logs its merged arguments as SGLang does, api_key included
+    fake.write_text("#!/bin/sh\necho \"server_args=ServerArgs(port=1, api_key='$VLLM_API_KEY')\"\n"
+                    "echo \"key again: $VLLM_API_KEY\" >&2\nexit 3\n")
+    fake.chmod(0o755)
+    log = tmp_path / "results" / "engine.log"
+    srv = vs.EngineServer(vs.ServerConfig(python=str(fake), target=str(tmp_path)), log)
+    with pytest.raises(vs.EngineError) as info:
+        srv.start(timeout_s=30)
+    srv.stop()
+    text = log.read_text()
+    assert srv.api_key not in text and srv.api_key not in str(info.value)
+    assert "api_key='<dfo-api-key>'" in text and "key again: <dfo-api-key>" in text
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
