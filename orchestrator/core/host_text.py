@@ -64,10 +64,13 @@ def md_text(text: object) -> str:
     """TEXT as one line of inline Markdown that shows as itself, in a paragraph, a list item or a table cell.
 
     HTML is written as entities; backslash, backticks, '[' and '|' are backslash-escaped, so no tag, link,
-    image, code span or extra cell can start. Emphasis characters are left: they change only the look.
+    image, code span or extra cell can start, and a leading '#', '-', '+', '*' or '=' is escaped, so no
+    heading or list starts. Emphasis characters are left: they change only the look.
     """
     s = one_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_PUNCT_RE.sub(r"\\\1", s)
+    s = _MD_PUNCT_RE.sub(r"\\\1", s)
+    # At the start of a line '#' opens a heading, '-', '+', '*' a list, '=' a setext underline.
+    return "\\" + s if s[:1] in ("#", "-", "+", "*", "=") else s
 
 
 def md_code(text: object, *, in_table: bool = False) -> str:

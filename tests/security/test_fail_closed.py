@@ -120,3 +120,10 @@ def test_an_engine_logging_its_api_key_leaves_only_a_placeholder_in_a_private_lo
     assert srv.api_key not in text and srv.api_key not in str(info.value)
     assert "api_key='<dfo-api-key>'" in text and "key again: <dfo-api-key>" in text
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("text", ["# owned", "## dataset", "- item", "= underline"])
+def test_host_text_starting_a_line_renders_as_text_not_a_heading_or_list(text):
+    from orchestrator.core.host_text import md_text
+
+    assert md_text(text) == "\\" + text
