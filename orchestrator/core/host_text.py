@@ -14,7 +14,9 @@ No terminal library here: the evaluation and watch code that writes Markdown use
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 # C0 controls except tab and newline, DEL, C1 controls (U+009B is a one-character CSI for some terminals),
 # and the bidi embeddings/overrides/isolates, which reorder how the rest of the line is displayed.
@@ -26,6 +28,19 @@ _UNCLEAN_RE = re.compile(f"{_CONTROL_RE.pattern}|{_SURROGATE_RE.pattern}")
 # '['), table cells. HTML is written as entities instead.
 _MD_PUNCT_RE = re.compile(r"([\\`\[|])")
 _BACKTICKS_RE = re.compile("`+")
+
+
+def decode_json(text: str | bytes) -> Any:
+    """``json.loads`` for text a host wrote (replies, pulled results and samples, progress lines, records): any
+    decode failure is a ``ValueError``. json raises ``RecursionError`` (not a ValueError) on a deeply nested
+    document and ``MemoryError`` on a huge one; the callers' ``except ValueError`` then turns it into a
+    clear error naming the host or the file instead of a traceback."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except MemoryError:
+        raise ValueError("JSON too large") from None
 
 
 def clean(text: object) -> str:
@@ -49,10 +64,13 @@ def md_text(text: object) -> str:
     """TEXT as one line of inline Markdown that shows as itself, in a paragraph, a list item or a table cell.
 
     HTML is written as entities; backslash, backticks, '[' and '|' are backslash-escaped, so no tag, link,
-    image, code span or extra cell can start. Emphasis characters are left: they change only the look.
+    image, code span or extra cell can start, and a leading '#', '-', '+', '*' or '=' is escaped, so no
+    heading or list starts. Emphasis characters are left: they change only the look.
     """
     s = one_line(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_PUNCT_RE.sub(r"\\\1", s)
+    s = _MD_PUNCT_RE.sub(r"\\\1", s)
+    # At the start of a line '#' opens a heading, '-', '+', '*' a list, '=' a setext underline.
+    return "\\" + s if s[:1] in ("#", "-", "+", "*", "=") else s
 
 
 def md_code(text: object, *, in_table: bool = False) -> str:

@@ -7,16 +7,16 @@ every sample (tagged with its host) and metrics recomputed over all of them, plu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from orchestrator.core.errors import OperationError
+from orchestrator.core.host_text import decode_json
 
 
 def _read(part: Path) -> tuple[dict, list[dict]]:
     try:
-        results = json.loads((part / "results.json").read_text(encoding="utf-8"))
-        samples = [json.loads(line) for line in (part / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+        results = decode_json((part / "results.json").read_text(encoding="utf-8"))
+        samples = [decode_json(line) for line in (part / "samples.jsonl").read_text(encoding="utf-8").splitlines()
                    if line.strip()]
     except (OSError, ValueError) as exc:
         raise OperationError(f"pulled results in {part} are incomplete or unreadable: {exc}") from None

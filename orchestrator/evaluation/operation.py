@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
 from orchestrator.core.events import Events
+from orchestrator.core.host_text import decode_json
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.engine_merge import merge_engine
@@ -441,7 +442,7 @@ def _tau(value: Any) -> str:
 
 def _merge_engine(results: dict, parts: dict[str, Path], samples: list[dict]) -> None:
     """A sharded run's engine figures over all samples (each host ran its own servers)."""
-    host_results = {h: json.loads((p / "results.json").read_text(encoding="utf-8")) for h, p in parts.items()}
+    host_results = {h: decode_json((p / "results.json").read_text(encoding="utf-8")) for h, p in parts.items()}
     run, drafters = merge_engine(host_results, samples)
     if run is None:
         return

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import InputError
+from orchestrator.core.host_text import decode_json
 
 RUN_RECORD = "run.json"
 STATES = ("planned", "running", "detached", "pulling", "succeeded", "failed")
@@ -64,7 +65,7 @@ class Run:
 
     def results(self) -> dict:
         try:
-            results = json.loads(self.results_path.read_text(encoding="utf-8"))
+            results = decode_json(self.results_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise InputError(f"run {self.name} has no results yet (status: {self.status})",
                              hint=f"dfo runs pull {self.name}") from None
@@ -93,7 +94,7 @@ class Run:
             if not line.strip():
                 continue
             try:
-                sample = json.loads(line)
+                sample = decode_json(line)
             except ValueError as exc:
                 raise InputError(f"{path}:{number}: not valid JSON: {exc}") from None
             if not isinstance(sample, dict):
@@ -126,7 +127,7 @@ def new_run(root: Path, hosts: list[str], record: dict) -> Run:
 
 def load_run(path: Path) -> Run:
     try:
-        record = json.loads((path / RUN_RECORD).read_text(encoding="utf-8"))
+        record = decode_json((path / RUN_RECORD).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path} is not a dfo run folder (no {RUN_RECORD})") from None
     except ValueError as exc:

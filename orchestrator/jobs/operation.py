@@ -51,6 +51,7 @@ from orchestrator.core.confine import check_component, check_name, confine
 from orchestrator.core.errors import ConnectionLost, HostError, InputError, OperationError
 from orchestrator.core.events import Events, OutputSink, QuietEvents
 from orchestrator.core.hashing import sha256_file
+from orchestrator.core.host_text import decode_json
 from orchestrator.jobs import replies
 from orchestrator.jobs.replies import FINAL_STATES, JobStatus
 from orchestrator.transport import Connector, for_each_host, hostcall
@@ -465,7 +466,7 @@ def pull_results(
 def _already_pulled(dest: Path, job_id: str, manifest: dict[str, dict]) -> bool:
     """DEST holds exactly these results already (its pull record and every file agree)."""
     try:
-        previous = json.loads((dest / PULL_RECORD).read_text())
+        previous = decode_json((dest / PULL_RECORD).read_text())
     except (OSError, ValueError):
         return False
     return (isinstance(previous, dict) and previous.get("files") == manifest and previous.get("job_id") == job_id

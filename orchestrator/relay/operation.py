@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import posixpath
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from typing import Any, Callable
 
 from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
 from orchestrator.core.events import Events, QuietEvents, QuietRelayProgress
+from orchestrator.core.host_text import decode_json
 from orchestrator.relay import pump
 from orchestrator.relay.cipher import check_paramiko_cipher, cipher_reason, dry_run_cipher, plane_choice
 from orchestrator.relay.plan import (
@@ -445,7 +445,7 @@ class _Relay:
             proc.write(send)
         line = proc.readline()
         try:
-            reply = json.loads(line)
+            reply = decode_json(line)
             if reply.get("error") == "changed":
                 raise pump.SourceChanged(reply["detail"])
             return str(reply["sha256"])

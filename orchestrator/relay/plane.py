@@ -10,7 +10,6 @@ pipe by the controller before the reader starts, so the source host never sees i
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import secrets
 import termios
@@ -19,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from orchestrator.core.errors import HostError
+from orchestrator.core.host_text import decode_json
 from orchestrator.relay import protocol as wire
 from orchestrator.relay.processes import (
     Bridge,
@@ -80,7 +80,7 @@ class Pair:
         word, rest = self.line()
         if word != expect:
             raise StreamEnded(self.writer)
-        return json.loads(rest) if rest.startswith("{") else {"value": rest}
+        return decode_json(rest) if rest.startswith("{") else {"value": rest}
 
     def culprit(self) -> RemoteProcess:
         """Which end stopped the pair: the writer sees the end of its input when the reader (or its link)
@@ -194,7 +194,7 @@ class DataPlane:
         for pair in pairs:
             try:
                 first, second = pair.line(), pair.line()
-                ok = first[0] == "hello" and second[0] == "reader" and json.loads(second[1]).get("hello")
+                ok = first[0] == "hello" and second[0] == "reader" and decode_json(second[1]).get("hello")
             except (ValueError, WriterFailed):
                 ok = False
             if not ok:

@@ -13,12 +13,12 @@ whole file by a source-side hasher and a destination-side follower (``operation`
 from __future__ import annotations
 
 import collections
-import json
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
 from orchestrator.core.errors import HostError
+from orchestrator.core.host_text import decode_json
 from orchestrator.relay import protocol as wire
 from orchestrator.relay.plan import FilePlan, first_gap
 from orchestrator.relay.plane import Pair, StreamEnded
@@ -218,7 +218,7 @@ def pump(job: FileJob, k: int, pair: Pair, monitor: TransferMonitor, open_it: bo
             job.record(acked[0], written=fields[3])  # "-" in sequential mode: the writer hashes the whole file
             request()
         elif word == "reader":
-            reply = json.loads(rest)
+            reply = decode_json(rest)
             _check_reader(pair, reply)
             if "chunk" in reply:
                 job.record(int(reply["chunk"]), read=str(reply["sha256"]))
@@ -237,7 +237,7 @@ def _finish(job: FileJob, k: int, pair: Pair) -> None:
     while True:
         word, rest = pair.line()
         if word == "reader":
-            reply = json.loads(rest)
+            reply = decode_json(rest)
             _check_reader(pair, reply)
             if "chunk" in reply:
                 job.record(int(reply["chunk"]), read=str(reply["sha256"]))

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from orchestrator.core.errors import ConnectionLost, HostError
+from orchestrator.core.host_text import decode_json
 
 PRELUDE = Path(__file__).with_name("host_prelude.py")
 RESULT_MARKER = "@@dfo-result@@"
@@ -52,7 +53,7 @@ def call(session, script: Path | tuple[Path, ...], func: str, python: str = "pyt
             raise ConnectionLost(session.name, f"{where}: the connection closed before the host answered: {detail}")
         raise HostError(session.name, f"{where} failed on the host (exit {result.exit_code}): {detail}")
     try:
-        payload = json.loads(result.text[marker + len(RESULT_MARKER):].strip().splitlines()[0])
+        payload = decode_json(result.text[marker + len(RESULT_MARKER):].strip().splitlines()[0])
     except (ValueError, IndexError) as exc:
         raise HostError(session.name, f"{where}: the host's reply is not valid JSON ({exc})") from None
     if not isinstance(payload, dict) or not ("ok" in payload or "error" in payload):

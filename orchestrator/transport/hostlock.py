@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from orchestrator.core.errors import ConnectionLost, HostError, OperationError
+from orchestrator.core.host_text import decode_json
 from orchestrator.transport.hostcall import program_source
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def _acquire(connector, host: str, op: str, python: str | None) -> tuple[paramik
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise ConnectionLost(host, f"connection lost while taking the host lock: {exc}") from None
     try:
-        answer = json.loads(reply)
+        answer = decode_json(reply)
         if not isinstance(answer, dict):
             raise ValueError("not an object")
     except ValueError:

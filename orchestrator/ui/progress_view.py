@@ -27,6 +27,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
+from orchestrator.core.host_text import decode_json
+
 KNOWN_KINDS = ("progress", "stage", "warning", "result")
 
 
@@ -36,7 +38,7 @@ def parse_line(line: str) -> dict | None:
     if not (text.startswith("{") and text.endswith("}")):
         return None
     try:
-        record = json.loads(text)
+        record = decode_json(text)
     except ValueError:
         return None
     if not isinstance(record, dict) or record.get("dfo") not in KNOWN_KINDS:

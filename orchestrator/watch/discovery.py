@@ -55,7 +55,19 @@ class Listing:
     ignored: list[tuple[str, str]]  # (name, reason) for entries matching the pattern that are not usable
 
 
+# Every integer a host answers (steps, sizes, times in ns) is below 2**63: TensorBoard, W&B and MLflow store
+# steps as int64, and a bigger one would crash the watcher at every restart on the same checkpoint.
+INT_LIMIT = 2**63
+
+
+def _in_range(digits: str) -> int | None:
+    # len() first: int() of a few thousand digits raises ValueError (and costs quadratic time before that).
+    value = int(digits) if len(digits) <= 19 else INT_LIMIT
+    return value if value < INT_LIMIT else None
+
+
 def step_from_name(name: str) -> int | None:
+    """The step a checkpoint name carries, or None (no number, or one of 2**63 and over: not a step)."""
     stem = name
     for suffix in CHECKPOINT_SUFFIXES:
         if stem.endswith(suffix):
@@ -63,9 +75,9 @@ def step_from_name(name: str) -> int | None:
             break
     m = _STEP_WORD.search(stem)
     if m:
-        return int(m.group(1))
+        return _in_range(m.group(1))
     numbers = _ANY_NUMBER.findall(stem)
-    return int(numbers[-1]) if numbers else None
+    return _in_range(numbers[-1]) if numbers else None
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,7 @@ def _malformed(host: str, what: str, value: object) -> HostError:
 
 
 def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < INT_LIMIT
 
 
 def _time(value: object) -> bool:
@@ -133,9 +145,10 @@ def _entry(raw: object, host: str) -> Entry:
     if meta is not None and not (isinstance(meta, dict) and meta.get("file") in _META_FILES
                                  and isinstance(meta.get("step"), int) and not isinstance(meta["step"], bool)):
         raise _malformed(host, f"the metadata step of {name!r}", meta)
+    # A step of 2**63 or over (or below 0) in the metadata is no step: the entry is listed as ignored.
+    meta_step = meta["step"] if meta and _count(meta["step"]) else None
     return Entry(name=name, is_dir=is_dir, size=raw["size"], mtime=float(raw["mtime"]), has_weights=has_weights,
-                 meta_file=meta["file"] if meta else None, meta_step=meta["step"] if meta else None,
-                 mtime_ns=raw.get("mtime_ns"))
+                 meta_file=meta["file"] if meta else None, meta_step=meta_step, mtime_ns=raw.get("mtime_ns"))
 
 
 def listing_entries(doc: object, *, host: str) -> tuple[float, list[Entry]]:

@@ -42,6 +42,7 @@ from typing import Callable
 from orchestrator.core import plotting
 from orchestrator.core.errors import DfoError, InputError
 from orchestrator.core.events import Events
+from orchestrator.core.host_text import decode_json
 from orchestrator.core.inventory import Inventory
 from orchestrator.evaluation.operation import follow_and_collect, preflight, start_eval, wait_and_collect
 from orchestrator.evaluation.plan import DrafterRef, EvalPlan, EvalRequest, hosts_used, plan_eval, relay_dir
@@ -305,7 +306,7 @@ class Watcher:
             self.resident.stop()  # it holds the GPU lock the baselines' eval job needs
         cache = series_state.series_root(cfg.runs_dir) / ".baselines" / f"{key}.json"
         if cache.is_file():
-            cached = json.loads(cache.read_text(encoding="utf-8"))
+            cached = decode_json(cache.read_text(encoding="utf-8"))
             self._say(f"baselines {', '.join(cached['drafters'])}: reusing run {cached['run']}")
         else:
             self._say("evaluating the baselines once: " + ", ".join(d.label() for d in cfg.request.drafters))
@@ -464,7 +465,11 @@ class Watcher:
         data = tensorboard.event_bytes(entries, self.series.get("baselines"))
         done: dict[str, str] = {}
         if cfg.tensorboard:
-            done["local"] = str(tensorboard.write_local(cfg.tensorboard, name, data))
+            try:
+                done["local"] = str(tensorboard.write_local(cfg.tensorboard, name, data))
+            except DfoError as exc:
+                self.events.warn(f"TensorBoard events not written: {exc.message} (tried again when the watcher "
+                                 "restarts)")
         if cfg.tensorboard_logdir:
             try:
                 done["pushed"] = tensorboard.push(self.connector, cfg.source_host, cfg.tensorboard_logdir,

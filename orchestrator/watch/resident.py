@@ -28,6 +28,7 @@ from pathlib import Path
 
 from orchestrator.core.errors import DfoError
 from orchestrator.core.events import Events
+from orchestrator.core.host_text import decode_json
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.operation import (
@@ -99,7 +100,7 @@ class _ResidentJob:
 
     def _read(self) -> dict | None:
         try:
-            doc = json.loads(self.record_file.read_text(encoding="utf-8"))
+            doc = decode_json(self.record_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return doc if isinstance(doc, dict) and all(isinstance(doc.get(k), str) for k in

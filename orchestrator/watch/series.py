@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 
 from orchestrator.core.errors import InputError
+from orchestrator.core.host_text import decode_json
 from orchestrator.evaluation.runs import write_json_atomic
 from orchestrator.watch.discovery import Checkpoint
 from orchestrator.watch.measures import VERDICTS
@@ -64,7 +65,7 @@ def load_series(folder: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = decode_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{path}: not readable JSON ({exc})", hint=_DAMAGED_HINT) from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
@@ -96,7 +97,7 @@ def _replay(journal: Path, doc: dict) -> int:
     lines = raw.split(b"\n")[:-1]  # past the last newline: nothing, or a line a crash cut short (never acted on)
     for number, line in enumerate(lines, 1):
         try:
-            change = json.loads(line)
+            change = decode_json(line)
         except (UnicodeDecodeError, ValueError):
             change = None
         t = change.get("t") if isinstance(change, dict) else None

@@ -18,15 +18,17 @@ and ``dflash_baseline/<name>`` (each baseline's τ macro, a flat line at every s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
 import re
 import struct
+import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.core.errors import InputError
+from orchestrator.core.errors import InputError, OperationError
 
 INSTALL = "pip install 'tensorboardX>=2.6' (or the tensorboard extra: pip install 'dfo[tensorboard]')"
 
@@ -95,14 +97,27 @@ def _record(data: bytes) -> bytes:
 
 
 def write_local(folder: Path, name: str, data: bytes) -> Path:
-    """FOLDER/NAME written whole (temporary name, fsync, rename)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{name}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, folder / name)
+    """FOLDER/NAME written whole: an exclusive, unpredictable temporary name (mkstemp: O_CREAT|O_EXCL, so a
+    link planted in a shared logdir is never followed), fsync, rename over NAME (a link there is replaced,
+    not followed). A folder in the way, or a logdir dfo cannot write, is an OperationError naming it."""
+    tmp: str | None = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, folder / name)
+        tmp = None
+    except OSError as exc:
+        raise OperationError(f"cannot write the TensorBoard event file {folder / name}: "
+                             f"{exc.strerror or exc}",
+                             hint="remove what is in the way or choose another --tensorboard folder") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return folder / name
 
 

@@ -29,10 +29,12 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 from .base import EngineError, ServerConfig
 from .listener import check_port
@@ -49,6 +51,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+KEY_PLACEHOLDER = b"<dfo-api-key>"
+
+
+def _copy_filtered(source: IO[bytes], log: IO[bytes], secret: str) -> None:
+    """The engine's output, line by line, into LOG with SECRET replaced: no engine output reaches a log
+    unfiltered. Ends (and closes LOG) when the engine and its children closed their output."""
+    key = secret.encode()
+    with log, source:
+        for line in iter(source.readline, b""):
+            log.write(line.replace(key, KEY_PLACEHOLDER))
+            log.flush()
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -96,6 +111,7 @@ class EngineServer:
         self.command: list[str] = []  # the exact argv, as logged (no secret in it)
         self.api_key = secrets.token_urlsafe(32)  # this server's only: never in argv, logs or results
         self._private: Path | None = None
+        self._log_copier: threading.Thread | None = None
 
     @property
     def root(self) -> str:
@@ -123,11 +139,19 @@ class EngineServer:
                 fh.write(text)
         self.command = list(launch.argv)
         started = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            log.write(("$ " + " ".join(launch.argv) + "\n").encode())
-            log.flush()
-            self.proc = subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=launch.env, start_new_session=True)
+        # 0600 from creation: the log is pulled into the run folder, and other users of the host share /tmp-like
+        # results folders. The engine's output goes through _copy_filtered: SGLang logs its merged server
+        # arguments at start-up, api_key included.
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        os.fchmod(log_fd, 0o600)
+        log = os.fdopen(log_fd, "ab")
+        log.write(("$ " + " ".join(launch.argv) + "\n").encode())
+        log.flush()
+        self.proc = subprocess.Popen(launch.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=launch.env, start_new_session=True)
+        self._log_copier = threading.Thread(target=_copy_filtered, args=(self.proc.stdout, log, self.api_key),
+                                            name="engine-log", daemon=True)
+        self._log_copier.start()
         try:
             self._wait_ready(started + timeout_s, timeout_s)
         except BaseException:
@@ -142,6 +166,11 @@ class EngineServer:
             shutil.rmtree(self._private, ignore_errors=True)
             self._private = None
 
+    def _log_tail(self) -> str:
+        if self._log_copier is not None and self.proc is not None and self.proc.poll() is not None:
+            self._log_copier.join(timeout=5)  # an engine that exited: its last lines in the log first
+        return log_tail(self.log_path)
+
     def _what(self) -> str:
         return f"{self.engine.title} server for {self.cfg.target}" + (
             f" with drafter {self.cfg.drafter}" if self.cfg.drafter else "")
@@ -151,12 +180,12 @@ class EngineServer:
             code = self.proc.poll() if self.proc else None
             if code is not None:
                 raise EngineError(f"{self._what()} exited with status {code} before it was healthy; log "
-                                  f"{self.log_path}, last lines:\n{log_tail(self.log_path)}")
+                                  f"{self.log_path}, last lines:\n{self._log_tail()}")
             if self._port_is_ours() and self._answers_as_ours():
                 return
             if time.monotonic() > deadline:
                 raise EngineError(f"{self._what()} not healthy on 127.0.0.1:{self.port} within {timeout_s:g} s; "
-                                  f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}")
+                                  f"log {self.log_path}, last lines:\n{self._log_tail()}")
             time.sleep(0.5)
 
     def check_serving(self) -> None:
@@ -164,7 +193,7 @@ class EngineServer:
         code = self.proc.poll() if self.proc else None
         if self.proc is None or code is not None:
             raise EngineError(f"{self._what()} is not running (exit status {code}); log {self.log_path}, last "
-                              f"lines:\n{log_tail(self.log_path)}")
+                              f"lines:\n{self._log_tail()}")
         self._port_is_ours()
 
     def _port_is_ours(self) -> bool:
@@ -231,6 +260,8 @@ class EngineServer:
                 self.proc.wait()
         self._signal_group(signal.SIGKILL)  # an engine core left behind by a parent that exited first
         self._remove_private()
+        if self._log_copier is not None:
+            self._log_copier.join(timeout=10)  # the rest of the output, filtered, in the log
         return self.proc.returncode
 
     def __enter__(self) -> "EngineServer":

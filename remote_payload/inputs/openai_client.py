@@ -83,10 +83,20 @@ def base_url(url: str) -> str:
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 30x is an error, never followed: urllib would copy ``Authorization`` to whatever host and scheme the
+    reply names (also around the plain-http check made on the configured URL)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
 def _opener(url: str):
     # Loopback endpoints (the usual case: SGLang on the eval host itself) never go through an env proxy.
     host = urllib.parse.urlsplit(url).hostname or ""
-    handlers = [urllib.request.ProxyHandler({})] if host in LOOPBACK else []
+    handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+    if host in LOOPBACK:
+        handlers.append(urllib.request.ProxyHandler({}))
     return urllib.request.build_opener(*handlers)
 
 
@@ -111,6 +121,9 @@ def http_json(method: str, url: str, body: dict | None, timeout: float, api_key:
             detail = excerpt(exc.read())
         except OSError:
             detail = "(body unreadable)"
+        if 300 <= exc.code < 400:
+            detail = (f"redirect to {excerpt(exc.headers.get('Location') or '?')} not followed (the API key "
+                      "would go along); give the final URL with --reference")
         raise RequestFailed(f"HTTP {exc.code} {exc.reason} from {method} {where.path}: {detail}",
                              retryable=exc.code >= 500 and exc.code != 501, kind=f"http {exc.code}") from None
     except urllib.error.URLError as exc:
