@@ -1,0 +1,172 @@
+"""Which K to run at which load: a cost model per engine host, the profile's accept lengths, the schedule.
+
+Cost model. At concurrency c one engine step advances every request in flight by one verify; plain decoding
+is the K = 0 step. The step time is modelled linear in K, ``step_s(K, c) = a(c) + b(c)·K``, calibrated from
+the engine sweep's own timings: the plain server gives the K = 0 point (``c / plain tokens/s``), each DFlash
+server at K gives ``c · τ_engine / DFlash tokens/s``; with points at two or more K (the plain one included)
+a and b are the least-squares line through them. Combined with the profile's measured accept length τ(K):
+predicted speedup = τ(K) · step_s(0, c) / step_s(K, c), predicted tokens/s = c · τ(K) / step_s(K, c).
+The best K per c becomes vLLM's batch-size → K schedule (``num_speculative_tokens_per_batch_size``:
+``[[lo, hi, K], …]``, inclusive batch-size ranges). Pure.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+CALIBRATION = ("step time linear in K through the engine's own timings at each concurrency: plain decoding is "
+               "K = 0 (c / plain tok/s), each DFlash measurement at K gives c · engine τ / DFlash tok/s; "
+               "least-squares line through the points")
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+def step_points(concurrency_rows: list[dict], k_run: int) -> dict[int, list[tuple[int, float]]]:
+    """Per concurrency: [(K, seconds per step)] from the engine sweep rows (plain = K 0, DFlash at k_run and at
+    any per-K timing the row carries under ``per_k``: {K: {"tokens_per_s", "mean_acceptance_length"}})."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    for row in concurrency_rows:
+        c = row.get("concurrency")
+        if not isinstance(c, int) or c < 1:
+            continue
+        pts: list[tuple[int, float]] = []
+        if _num(row.get("plain_tokens_per_s")):
+            pts.append((0, c / row["plain_tokens_per_s"]))
+        measured = {k_run: {"tokens_per_s": row.get("dflash_tokens_per_s"),
+                            "mean_acceptance_length": row.get("mean_acceptance_length")}}
+        per_k = row.get("per_k")
+        if isinstance(per_k, dict):
+            measured.update({int(k): v for k, v in per_k.items() if str(k).isdigit() and isinstance(v, dict)})
+        for k, m in sorted(measured.items()):
+            tps, tau = m.get("tokens_per_s"), m.get("mean_acceptance_length")
+            if _num(tps) and _num(tau):
+                pts.append((k, c * float(tau) / float(tps)))  # type: ignore[arg-type]
+        if len(pts) >= 2 and pts[0][0] == 0:
+            out[c] = pts
+    return out
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) of the least-squares line step_s = a + b·K."""
+    n = len(points)
+    mk = sum(k for k, _ in points) / n
+    ms = sum(s for _, s in points) / n
+    var = sum((k - mk) ** 2 for k, _ in points)
+    b = sum((k - mk) * (s - ms) for k, s in points) / var if var else 0.0
+    return ms - b * mk, b
+
+
+def predict(points: dict[int, list[tuple[int, float]]], tau_at: Callable[[int], float | None],
+            max_k: int) -> list[dict]:
+    """Per concurrency: the fitted costs and, per K = 1..max_k, predicted tokens/s and speedup; the best K."""
+    rows = []
+    for c, pts in sorted(points.items()):
+        a, b = fit_line(pts)
+        plain_step = a  # the line's K = 0 value
+        per_k = []
+        for k in range(1, max_k + 1):
+            tau, step = tau_at(k), a + b * k
+            if tau is None or step <= 0 or plain_step <= 0:
+                continue
+            per_k.append({"k": k, "tau": round(tau, 4), "step_ms": round(step * 1000, 3),
+                          "tokens_per_s": round(c * tau / step, 2), "speedup": round(tau * plain_step / step, 3)})
+        best = max(per_k, key=lambda r: r["speedup"]) if per_k else None
+        rows.append({"concurrency": c, "calibration_points": [[k, round(s * 1000, 3)] for k, s in pts],
+                     "verify_ms_at_k0": round(a * 1000, 3), "ms_per_extra_k": round(b * 1000, 4),
+                     "per_k": per_k, "best_k": best["k"] if best else None,
+                     "best_speedup": best["speedup"] if best else None})
+    return rows
+
+
+def schedule(rows: list[dict]) -> list[list[int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size``: [[lo, hi, K], …], inclusive batch-size ranges, from
+    each measured concurrency to just below the next (the last range ends at the last one measured)."""
+    levels = [(r["concurrency"], r["best_k"]) for r in rows if r.get("best_k")]
+    out: list[list[int]] = []
+    for i, (c, k) in enumerate(levels):
+        lo = 1 if i == 0 else c
+        hi = levels[i + 1][0] - 1 if i + 1 < len(levels) else c
+        if out and out[-1][2] == k:
+            out[-1][1] = hi
+        else:
+            out.append([lo, hi, k])
+    return out
+
+
+def check(rows: list[dict], concurrency_rows: list[dict], k_run: int) -> list[dict]:
+    """Prediction beside measurement at every concurrency and K the engine ran (relative error of speedup)."""
+    measured = {r.get("concurrency"): r for r in concurrency_rows}
+    out = []
+    for row in rows:
+        m = measured.get(row["concurrency"]) or {}
+        pred = next((p for p in row["per_k"] if p["k"] == k_run), None)
+        speedup = m.get("speedup")
+        if pred is None or not _num(speedup):
+            continue
+        out.append({"concurrency": row["concurrency"], "k": k_run, "predicted_speedup": pred["speedup"],
+                    "measured_speedup": speedup,
+                    "relative_error": round((pred["speedup"] - speedup) / speedup, 4)})
+    return out
+
+
+def plan_for_drafter(engine_block: dict, tau_at: Callable[[int], float | None], max_k: int) -> dict | None:
+    """The K plan of one drafter's engine block (results.json drafters[NAME].engine), or None without a sweep."""
+    k_run = engine_block.get("num_speculative_tokens")
+    rows = [r for r in (engine_block.get("concurrency") or []) if isinstance(r, dict)]
+    if not isinstance(k_run, int) or not rows:
+        return None
+    pts = step_points(rows, k_run)
+    if not pts:
+        return None
+    predicted = predict(pts, tau_at, max_k)
+    return {"calibration": CALIBRATION, "k_measured": sorted({k for p in pts.values() for k, _ in p if k}),
+            "predicted": predicted, "num_speculative_tokens_per_batch_size": schedule(predicted),
+            "check": check(predicted, rows, k_run)}
+
+
+def k_plans(results: dict, samples: list[dict]) -> dict[str, dict]:
+    """Every drafter's K plan, from its profile's accept lengths and its engine block's sweep."""
+    from orchestrator.evaluation.profile import accept_length_at, build_profile
+
+    plans = {}
+    drafters = results.get("drafters")
+    for name, d in (drafters if isinstance(drafters, dict) else {}).items():
+        engine = d.get("engine") if isinstance(d, dict) else None
+        if not isinstance(engine, dict) or engine.get("error"):
+            continue
+        try:
+            profile = build_profile(results, samples, name)
+        except Exception:  # noqa: BLE001 - a drafter without a block size has no profile, hence no plan
+            continue
+        def tau_at(k: int, p: dict = profile) -> float | None:
+            return accept_length_at(p, k)
+
+        plan = plan_for_drafter(engine, tau_at, profile["max_supported_k"])
+        if plan is not None:
+            plans[name] = plan
+    return plans
+
+
+def k_plan_markdown(plans: dict[str, dict], md_text: Callable[[object], str]) -> list[str]:
+    """The report's K table: per drafter and concurrency the best K, its predicted speedup, the schedule and,
+    at the K the engine ran, prediction beside measurement."""
+    if not plans:
+        return []
+    out = ["", "## K per concurrency (predicted)", "", CALIBRATION + ".", "",
+           "| drafter | requests in flight | best K | predicted speedup at best K | predicted tok/s | "
+           "K run | predicted speedup at K run | measured | error |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, plan in plans.items():
+        checks = {c["concurrency"]: c for c in plan["check"]}
+        for row in plan["predicted"]:
+            best: dict = next((p for p in row["per_k"] if p["k"] == row["best_k"]), {})
+            c = checks.get(row["concurrency"]) or {}
+            err = c.get("relative_error")
+            out.append(f"| {md_text(name)} | {row['concurrency']} | {row['best_k']} | {best.get('speedup')}× | "
+                       f"{best.get('tokens_per_s')} | {c.get('k', '–')} | {c.get('predicted_speedup', '–')}× | "
+                       f"{c.get('measured_speedup', '–')}× | "
+                       + (f"{err * 100:+.1f}%" if isinstance(err, (int, float)) else "–") + " |")
+        out += ["", f"{md_text(name)}: vLLM schedule `num_speculative_tokens_per_batch_size` = "
+                f"`{plan['num_speculative_tokens_per_batch_size']}`"]
+    return out

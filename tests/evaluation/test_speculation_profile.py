@@ -1,0 +1,83 @@
+"""speculation_profile.json (schema 1.0) and the K plan: pure logic on hand-made results."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.core.errors import InputError
+from orchestrator.core.host_text import md_text
+from orchestrator.evaluation.k_schedule import fit_line, k_plan_markdown, k_plans, plan_for_drafter, schedule
+from orchestrator.evaluation.profile import accept_length_at, build_profile, load_profile, write_profiles
+
+
+def _results(engine: dict | None = None) -> tuple[dict, list[dict]]:
+    by_k = {"1": {"mean_accept_length": 1.6}, "2": {"mean_accept_length": 2.0}, "3": {"mean_accept_length": 2.2}}
+    drafter = {"spec": {"block_size": 4}, "source": {"path": "/m/d", "digest": "ab" * 32},
+               "metrics": {"block_size": 4, "tau_macro": 2.0, "tau_micro": 2.1,
+                           "accept_length_by_k": {"by_k": by_k}}}
+    if engine is not None:
+        drafter["engine"] = engine
+    results = {"created_utc": "2026-12-04T00:00:00Z", "target": {"name": "tiny", "weights_digest": "cd" * 32},
+               "versions": {"payload": "0.9"}, "settings": {"max_new_tokens": 64}, "drafters": {"d": drafter}}
+    samples = [{"id": "a", "dataset": "gsm8k", "drafters": {"d": {"accepted": [3, 0, 1, 2]}}},
+               {"id": "b", "dataset": "mbpp", "drafters": {"d": {"accepted": [3, 3]}}}]
+    return results, samples
+
+
+def test_profile_rates_positions_means_and_validation():
+    results, samples = _results()
+    p = build_profile(results, samples, "d")
+    assert p["schema_version"] == "1.0" and p["num_speculative_tokens"] == p["max_supported_k"] == 3
+    # rounds accepted 3,0,1,2,3,3: position i is draft i+1 (accept length i + 2)
+    assert p["marginal_accept_rates"] == [round(5 / 6, 6), round(4 / 6, 6), 0.5]
+    assert p["conditional_accept_rates"] == [round(5 / 6, 6), round(4 / 5, 6), 0.75]
+    assert p["mean_accept_length"] == 1 + 12 / 6
+    assert p["mean_accept_length_per_request"] == ((1 + 6 / 4) + (1 + 6 / 2)) / 2
+    assert p["acceptance_length_histogram"] == {"1": 1, "2": 1, "3": 1, "4": 3}
+    assert p["validation"]["passed"] and p["validation"]["marginals_non_increasing"]
+    assert set(p["per_category"]) == {"gsm8k", "mbpp"} and p["per_category"]["mbpp"]["mean_accept_length"] == 4
+    assert p["accept_length_by_k"] == {"1": 1.6, "2": 2.0, "3": 2.2}
+    mc = p["measurement_conditions"]
+    assert mc["temperature"] == 0.0 and mc["drafter_digest"] == "ab" * 32 and mc["dfo_version"] == "0.9"
+
+
+def test_written_profiles_load_and_foreign_schemas_are_refused(tmp_path):
+    results, samples = _results()
+    (path,) = write_profiles(tmp_path, results, samples)
+    assert path.name == "d.speculation_profile.json" and load_profile(path)["mean_accept_length"] == 3.0
+    other = {"schema_version": "2.0", "marginal_accept_rates": [0.5], "mean_accept_length": 1.5}
+    (tmp_path / "x.json").write_text(json.dumps(other))
+    with pytest.raises(InputError, match="schema_version '2.0'"):
+        load_profile(tmp_path / "x.json")
+    foreign = {"schema_version": "1.0", "marginal_accept_rates": [0.8, 0.5], "mean_accept_length": 2.3}
+    (tmp_path / "y.json").write_text(json.dumps(foreign))
+    # another tool's card without accept_length_by_k: the accept length at K comes from its marginals
+    assert accept_length_at(load_profile(tmp_path / "y.json"), 1) == pytest.approx(1.8)
+
+
+def test_cost_model_fits_the_plain_and_dflash_points_and_picks_k_per_concurrency():
+    # c=1: plain 100 tok/s (10 ms/step); DFlash at K=3 with τ 2.2 at 176 tok/s -> 12.5 ms/step
+    # c=8: plain 400 tok/s (20 ms/step); DFlash at K=3 τ 2.2 at 352 tok/s -> 50 ms/step
+    rows = [{"concurrency": 1, "plain_tokens_per_s": 100.0, "dflash_tokens_per_s": 176.0,
+             "mean_acceptance_length": 2.2, "speedup": 1.76},
+            {"concurrency": 8, "plain_tokens_per_s": 400.0, "dflash_tokens_per_s": 352.0,
+             "mean_acceptance_length": 2.2, "speedup": 0.88}]
+    results, samples = _results({"num_speculative_tokens": 3, "concurrency": rows})
+    plan = k_plans(results, samples)["d"]
+    low, high = plan["predicted"]
+    assert low["verify_ms_at_k0"] == pytest.approx(10.0) and low["ms_per_extra_k"] == pytest.approx(2.5 / 3, abs=1e-3)
+    assert low["best_k"] == 3 and high["best_k"] == 1  # under load every extra draft costs more than it gains
+    assert plan["num_speculative_tokens_per_batch_size"] == [[1, 7, 3], [8, 8, 1]]
+    # calibrated at K=3 with the engine's own τ, predicted with the profile's τ(3) = 2.2: no error
+    assert [c["relative_error"] for c in plan["check"]] == [0.0, 0.0]
+    table = "\n".join(k_plan_markdown({"d": plan}, md_text))
+    assert "| d | 8 | 1 |" in table and "[[1, 7, 3], [8, 8, 1]]" in table
+
+
+def test_line_fit_and_schedule_merge_equal_neighbours():
+    assert fit_line([(0, 1.0), (2, 2.0), (4, 3.0)]) == pytest.approx((1.0, 0.5))
+    assert schedule([{"concurrency": 1, "best_k": 4}, {"concurrency": 4, "best_k": 4},
+                     {"concurrency": 16, "best_k": 2}]) == [[1, 15, 4], [16, 16, 2]]
+    assert plan_for_drafter({"num_speculative_tokens": 3, "concurrency": []}, lambda k: 2.0, 3) is None
