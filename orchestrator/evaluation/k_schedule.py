@@ -95,19 +95,29 @@ def schedule(rows: list[dict]) -> list[list[int]]:
     return out
 
 
-def check(rows: list[dict], concurrency_rows: list[dict], k_run: int) -> list[dict]:
-    """Prediction beside measurement at every concurrency and K the engine ran (relative error of speedup)."""
+def check(points: dict[int, list[tuple[int, float]]], tau_at: Callable[[int], float | None],
+          concurrency_rows: list[dict], k_run: int) -> list[dict]:
+    """Prediction beside measurement at every concurrency and K the engine ran. Held out: the line is fitted
+    without that K's point when two or more others remain (plain included), so the prediction did not see it;
+    otherwise ``held_out`` is False (the K is the calibration point and the error is τ's alone)."""
     measured = {r.get("concurrency"): r for r in concurrency_rows}
     out = []
-    for row in rows:
-        m = measured.get(row["concurrency"]) or {}
-        pred = next((p for p in row["per_k"] if p["k"] == k_run), None)
-        speedup = m.get("speedup")
-        if pred is None or not _num(speedup):
-            continue
-        out.append({"concurrency": row["concurrency"], "k": k_run, "predicted_speedup": pred["speedup"],
-                    "measured_speedup": speedup,
-                    "relative_error": round((pred["speedup"] - speedup) / speedup, 4)})
+    for c, pts in sorted(points.items()):
+        row = measured.get(c) or {}
+        per_k: dict = row["per_k"] if isinstance(row.get("per_k"), dict) else {}
+        for k, _ in pts:
+            if k == 0:
+                continue
+            speedup = row.get("speedup") if k == k_run else (per_k.get(str(k)) or {}).get("speedup")
+            tau = tau_at(k)
+            others = [p for p in pts if p[0] != k]
+            held_out = len(others) >= 2
+            a, b = fit_line(others if held_out else pts)
+            if tau is None or not isinstance(speedup, (int, float)) or speedup <= 0 or a + b * k <= 0:
+                continue
+            pred = round(tau * a / (a + b * k), 3)
+            out.append({"concurrency": c, "k": k, "predicted_speedup": pred, "measured_speedup": speedup,
+                        "relative_error": round((pred - speedup) / speedup, 4), "held_out": held_out})
     return out
 
 
@@ -123,7 +133,7 @@ def plan_for_drafter(engine_block: dict, tau_at: Callable[[int], float | None], 
     predicted = predict(pts, tau_at, max_k)
     return {"calibration": CALIBRATION, "k_measured": sorted({k for p in pts.values() for k, _ in p if k}),
             "predicted": predicted, "num_speculative_tokens_per_batch_size": schedule(predicted),
-            "check": check(predicted, rows, k_run)}
+            "check": check(pts, tau_at, rows, k_run)}
 
 
 def k_plans(results: dict, samples: list[dict]) -> dict[str, dict]:
@@ -156,17 +166,18 @@ def k_plan_markdown(plans: dict[str, dict], md_text: Callable[[object], str]) ->
         return []
     out = ["", "## K per concurrency (predicted)", "", CALIBRATION + ".", "",
            "| drafter | requests in flight | best K | predicted speedup at best K | predicted tok/s | "
-           "K run | predicted speedup at K run | measured | error |", "|---|---|---|---|---|---|---|---|---|"]
+           "K measured | predicted speedup there | measured | error |", "|---|---|---|---|---|---|---|---|---|"]
     for name, plan in plans.items():
-        checks = {c["concurrency"]: c for c in plan["check"]}
         for row in plan["predicted"]:
             best: dict = next((p for p in row["per_k"] if p["k"] == row["best_k"]), {})
-            c = checks.get(row["concurrency"]) or {}
-            err = c.get("relative_error")
-            out.append(f"| {md_text(name)} | {row['concurrency']} | {row['best_k']} | {best.get('speedup')}× | "
-                       f"{best.get('tokens_per_s')} | {c.get('k', '–')} | {c.get('predicted_speedup', '–')}× | "
-                       f"{c.get('measured_speedup', '–')}× | "
-                       + (f"{err * 100:+.1f}%" if isinstance(err, (int, float)) else "–") + " |")
+            checks = [c for c in plan["check"] if c["concurrency"] == row["concurrency"]] or [{}]
+            for c in checks:
+                err = c.get("relative_error")
+                out.append(f"| {md_text(name)} | {row['concurrency']} | {row['best_k']} | {best.get('speedup')}× | "
+                           f"{best.get('tokens_per_s')} | {c.get('k', '–')}"
+                           + ("" if c.get("held_out", True) else " (calibration)")
+                           + f" | {c.get('predicted_speedup', '–')}× | {c.get('measured_speedup', '–')}× | "
+                           + (f"{err * 100:+.1f}%" if isinstance(err, (int, float)) else "–") + " |")
         out += ["", f"{md_text(name)}: vLLM schedule `num_speculative_tokens_per_batch_size` = "
                 f"`{plan['num_speculative_tokens_per_batch_size']}`"]
     return out

@@ -102,6 +102,7 @@ class EvalRequest:
     payload_args: list[str] = field(default_factory=list)  # options of `remote_payload eval` dfo has none of
     engine: str | None = None            # "vllm": every drafter also served by vLLM after the offline eval
     engine_concurrency: str | None = None  # "1,4,16": requests in flight per level of the engine sweep
+    engine_k: str | None = None  # "1,3": extra draft counts timed per drafter in the engine
 
     @property
     def uses_engine(self) -> bool:

@@ -70,8 +70,8 @@ def test_cost_model_fits_the_plain_and_dflash_points_and_picks_k_per_concurrency
     assert low["verify_ms_at_k0"] == pytest.approx(10.0) and low["ms_per_extra_k"] == pytest.approx(2.5 / 3, abs=1e-3)
     assert low["best_k"] == 3 and high["best_k"] == 1  # under load every extra draft costs more than it gains
     assert plan["num_speculative_tokens_per_batch_size"] == [[1, 7, 3], [8, 8, 1]]
-    # calibrated at K=3 with the engine's own τ, predicted with the profile's τ(3) = 2.2: no error
-    assert [c["relative_error"] for c in plan["check"]] == [0.0, 0.0]
+    # one K measured: it is the calibration point, and the profile's τ(3) = 2.2 is the engine's: no error
+    assert [(c["relative_error"], c["held_out"]) for c in plan["check"]] == [(0.0, False), (0.0, False)]
     table = "\n".join(k_plan_markdown({"d": plan}, md_text))
     assert "| d | 8 | 1 |" in table and "[[1, 7, 3], [8, 8, 1]]" in table
 
@@ -81,3 +81,18 @@ def test_line_fit_and_schedule_merge_equal_neighbours():
     assert schedule([{"concurrency": 1, "best_k": 4}, {"concurrency": 4, "best_k": 4},
                      {"concurrency": 16, "best_k": 2}]) == [[1, 15, 4], [16, 16, 2]]
     assert plan_for_drafter({"num_speculative_tokens": 3, "concurrency": []}, lambda k: 2.0, 3) is None
+
+
+def test_a_second_measured_k_is_predicted_from_a_line_that_did_not_see_it():
+    # c=1: plain 10 ms/step; K=3 at 12.5 ms/step (τ 2.2 -> 176 tok/s); K=1 measured at 11 ms/step with τ 1.6
+    row = {"concurrency": 1, "plain_tokens_per_s": 100.0, "dflash_tokens_per_s": 176.0,
+           "mean_acceptance_length": 2.2, "speedup": 1.76,
+           "per_k": {"1": {"tokens_per_s": 1.6 / 0.011, "mean_acceptance_length": 1.6, "speedup": 1.6 / 1.1}}}
+    results, samples = _results({"num_speculative_tokens": 3, "concurrency": [row]})
+    plan = k_plans(results, samples)["d"]
+    assert plan["k_measured"] == [1, 3]
+    by_k = {c["k"]: c for c in plan["check"]}
+    assert by_k[1]["held_out"] and by_k[3]["held_out"]
+    # K=1 from the plain and K=3 points: 10 + 2.5/3 ms = 10.833 ms, speedup 1.6·10/10.833 = 1.477 vs 1.4545
+    assert by_k[1]["predicted_speedup"] == pytest.approx(1.6 * 10 / (10 + 2.5 / 3), abs=1e-3)
+    assert by_k[1]["relative_error"] == pytest.approx((1.477 - 1.6 / 1.1) / (1.6 / 1.1), abs=1e-3)
