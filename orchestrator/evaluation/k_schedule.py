@@ -108,7 +108,8 @@ def check(points: dict[int, list[tuple[int, float]]], tau_at: Callable[[int], fl
         for k, _ in pts:
             if k == 0:
                 continue
-            speedup = row.get("speedup") if k == k_run else (per_k.get(str(k)) or {}).get("speedup")
+            at_k = row if k == k_run else (per_k.get(str(k)) or {})
+            speedup, engine_tau = at_k.get("speedup"), at_k.get("mean_acceptance_length")
             tau = tau_at(k)
             others = [p for p in pts if p[0] != k]
             held_out = len(others) >= 2
@@ -117,7 +118,8 @@ def check(points: dict[int, list[tuple[int, float]]], tau_at: Callable[[int], fl
                 continue
             pred = round(tau * a / (a + b * k), 3)
             out.append({"concurrency": c, "k": k, "predicted_speedup": pred, "measured_speedup": speedup,
-                        "relative_error": round((pred - speedup) / speedup, 4), "held_out": held_out})
+                        "relative_error": round((pred - speedup) / speedup, 4), "held_out": held_out,
+                        "profile_tau": round(tau, 4), "engine_tau": engine_tau})
     return out
 
 

@@ -92,7 +92,7 @@ def _conditions(results: dict, name: str, drafter: dict) -> dict:
         "target_weights_digest": target.get("weights_digest"),
         "drafter_digest": _obj(drafter.get("source")).get("digest"),
         "engine": ({"name": engine.get("name"), "version": engine.get("version"),
-                    "num_speculative_tokens": engine.get("num_speculative_tokens"),
+                    "num_speculative_tokens": _obj(drafter.get("engine")).get("num_speculative_tokens"),
                     "model_runner": engine.get("model_runner")} if engine else None),
     }
 
