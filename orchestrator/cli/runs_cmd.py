@@ -17,7 +17,13 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import fmt_number
 from orchestrator.evaluation.compare import compare_runs, dataset_lines
 from orchestrator.evaluation.operation import Detached, reattach_hint, wait_and_collect
-from orchestrator.evaluation.profile import PROFILE_SUFFIX, build_profile, write_profiles
+from orchestrator.evaluation.profile import (
+    PROFILE_SUFFIX,
+    build_profile,
+    compare_profiles,
+    load_profile,
+    write_profiles,
+)
 from orchestrator.evaluation.report import drafter_rows
 from orchestrator.evaluation.runs import find_run, runs_root, scan_runs
 
@@ -154,8 +160,12 @@ def compare_cmd(ctx: typer.Context,
                 json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout.")) -> None:
     """Compare two runs drafter by drafter: Δτ (B − A) with a paired bootstrap CI over their common prompts.
 
-    For example the checkpoints of step 20k and step 25k of one training run, evaluated on the same prompts."""
+    For example the checkpoints of step 20k and step 25k of one training run, evaluated on the same prompts.
+    Two speculation_profile.json files (dfo's or another tool's, schema 1.0) compare their accept length per K."""
     app_ctx: AppContext = ctx.obj
+    if run_a.endswith(".json") and run_b.endswith(".json"):
+        _compare_profile_files(app_ctx, Path(run_a), Path(run_b), json_out)
+        return
     root = runs_root(runs_dir)
     a, b = find_run(root, run_a), find_run(root, run_b)
     report = compare_runs(a, b)
@@ -179,6 +189,22 @@ def compare_cmd(ctx: typer.Context,
     app_ctx.out.print(table)
     for line in dataset_lines(report) + report.get("notes", []):
         app_ctx.out.print(Text(f"  {line}"))
+
+
+def _compare_profile_files(app_ctx: AppContext, a: Path, b: Path, json_out: bool) -> None:
+    report = compare_profiles(load_profile(a), load_profile(b))
+    if json_out:
+        app_ctx.print_json(report)
+        return
+    table = Table(title=Text(f"{a.name} → {b.name}  (mean accept length per step at K drafts)"), title_justify="left")
+    for col in ("K", "A", "B", "Δ (B−A)"):
+        table.add_column(col, justify="right")
+    for row in report["by_k"]:
+        table.add_row(str(row["k"]), _f(row["accept_length_a"]), _f(row["accept_length_b"]),
+                      _f(row["delta"], sign=True))
+    app_ctx.out.print(table)
+    if report["conditions_differ"]:
+        app_ctx.out.print(Text("  measured under different conditions: " + ", ".join(report["conditions_differ"])))
 
 
 def _f(x, sign: bool = False) -> str:

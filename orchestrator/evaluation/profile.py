@@ -203,3 +203,18 @@ def accept_length_at(profile: dict, k: int) -> float | None:
         return float(v)
     marg = profile.get("marginal_accept_rates") or []
     return 1 + sum(marg[:k]) if k <= len(marg) else None
+
+
+def compare_profiles(a: dict, b: dict) -> dict:
+    """Two cards side by side: accept length per K (measured, else from the marginals) and per position."""
+    ks = range(1, max(len(a.get("marginal_accept_rates") or []), len(b.get("marginal_accept_rates") or [])) + 1)
+    rows = []
+    for k in ks:
+        ta, tb = accept_length_at(a, k), accept_length_at(b, k)
+        rows.append({"k": k, "accept_length_a": ta, "accept_length_b": tb,
+                     "delta": round(tb - ta, 6) if ta is not None and tb is not None else None})
+    ma, mb = a.get("mean_accept_length"), b.get("mean_accept_length")
+    same = {key: (_obj(a.get("measurement_conditions")).get(key), _obj(b.get("measurement_conditions")).get(key))
+            for key in ("datasets", "prompts", "temperature", "top_p", "top_k", "draft_rule", "target_weights_digest")}
+    return {"mean_accept_length": {"a": ma, "b": mb}, "by_k": rows,
+            "conditions_differ": sorted(k for k, (x, y) in same.items() if x != y)}

@@ -96,3 +96,22 @@ def test_a_second_measured_k_is_predicted_from_a_line_that_did_not_see_it():
     # K=1 from the plain and K=3 points: 10 + 2.5/3 ms = 10.833 ms, speedup 1.6·10/10.833 = 1.477 vs 1.4545
     assert by_k[1]["predicted_speedup"] == pytest.approx(1.6 * 10 / (10 + 2.5 / 3), abs=1e-3)
     assert by_k[1]["relative_error"] == pytest.approx((1.477 - 1.6 / 1.1) / (1.6 / 1.1), abs=1e-3)
+
+
+def test_runs_compare_reads_two_profiles_and_refuses_an_unknown_schema(tmp_path):
+    from cli_runner import dfo
+
+    results, samples = _results()
+    (ours,) = write_profiles(tmp_path, results, samples)
+    other = tmp_path / "other.json"  # another tool's card: marginals only, no accept_length_by_k
+    other.write_text(json.dumps({"schema_version": "1.0", "marginal_accept_rates": [0.5, 0.25, 0.1],
+                                 "mean_accept_length": 1.85}))
+    proc = dfo("runs", "compare", str(other), str(ours), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["by_k"]
+    assert [(r["k"], r["accept_length_a"], r["accept_length_b"]) for r in rows] == [
+        (1, 1.5, 1.6), (2, 1.75, 2.0), (3, pytest.approx(1.85), 2.2)]
+    other.write_text(json.dumps({"schema_version": "0.3", "marginal_accept_rates": [], "mean_accept_length": 1}))
+    bad = dfo("runs", "compare", str(other), str(ours))
+    assert bad.returncode == 2 and "schema_version '0.3' is not one dfo reads" in bad.stderr
+    assert "Traceback" not in bad.stderr
