@@ -13,7 +13,7 @@ from orchestrator.evaluation.profile import accept_length_at, build_profile, loa
 
 
 def _results(engine: dict | None = None) -> tuple[dict, list[dict]]:
-    by_k = {"1": {"mean_accept_length": 1.6}, "2": {"mean_accept_length": 2.0}, "3": {"mean_accept_length": 2.2}}
+    by_k = {"1": {"mean_accept_length": 1.6}, "2": {"mean_accept_length": 2.0}, "3": {"mean_accept_length": 3.0}}
     drafter = {"spec": {"block_size": 4}, "source": {"path": "/m/d", "digest": "ab" * 32},
                "metrics": {"block_size": 4, "tau_macro": 2.0, "tau_micro": 2.1,
                            "accept_length_by_k": {"by_k": by_k}}}
@@ -38,7 +38,7 @@ def test_profile_rates_positions_means_and_validation():
     assert p["acceptance_length_histogram"] == {"1": 1, "2": 1, "3": 1, "4": 3}
     assert p["validation"]["passed"] and p["validation"]["marginals_non_increasing"]
     assert set(p["per_category"]) == {"gsm8k", "mbpp"} and p["per_category"]["mbpp"]["mean_accept_length"] == 4
-    assert p["accept_length_by_k"] == {"1": 1.6, "2": 2.0, "3": 2.2}
+    assert p["accept_length_by_k"] == {"1": 1.6, "2": 2.0, "3": 3.0}
     mc = p["measurement_conditions"]
     assert mc["temperature"] == 0.0 and mc["drafter_digest"] == "ab" * 32 and mc["dfo_version"] == "0.9"
 
@@ -58,19 +58,19 @@ def test_written_profiles_load_and_foreign_schemas_are_refused(tmp_path):
 
 
 def test_cost_model_fits_the_plain_and_dflash_points_and_picks_k_per_concurrency():
-    # c=1: plain 100 tok/s (10 ms/step); DFlash at K=3 with τ 2.2 at 176 tok/s -> 12.5 ms/step
-    # c=8: plain 400 tok/s (20 ms/step); DFlash at K=3 τ 2.2 at 352 tok/s -> 50 ms/step
-    rows = [{"concurrency": 1, "plain_tokens_per_s": 100.0, "dflash_tokens_per_s": 176.0,
-             "mean_acceptance_length": 2.2, "speedup": 1.76},
-            {"concurrency": 8, "plain_tokens_per_s": 400.0, "dflash_tokens_per_s": 352.0,
-             "mean_acceptance_length": 2.2, "speedup": 0.88}]
+    # c=1: plain 100 tok/s (10 ms/step); DFlash at K=3 with τ 3.0 at 240 tok/s -> 12.5 ms/step
+    # c=8: plain 400 tok/s (20 ms/step); DFlash at K=3 with τ 3.0 at 300 tok/s -> 80 ms/step
+    rows = [{"concurrency": 1, "plain_tokens_per_s": 100.0, "dflash_tokens_per_s": 240.0,
+             "mean_acceptance_length": 3.0, "speedup": 2.4},
+            {"concurrency": 8, "plain_tokens_per_s": 400.0, "dflash_tokens_per_s": 300.0,
+             "mean_acceptance_length": 3.0, "speedup": 0.75}]
     results, samples = _results({"num_speculative_tokens": 3, "concurrency": rows})
     plan = k_plans(results, samples)["d"]
     low, high = plan["predicted"]
     assert low["verify_ms_at_k0"] == pytest.approx(10.0) and low["ms_per_extra_k"] == pytest.approx(2.5 / 3, abs=1e-3)
     assert low["best_k"] == 3 and high["best_k"] == 1  # under load every extra draft costs more than it gains
     assert plan["num_speculative_tokens_per_batch_size"] == [[1, 7, 3], [8, 8, 1]]
-    # one K measured: it is the calibration point, and the profile's τ(3) = 2.2 is the engine's: no error
+    # one K measured: it is the calibration point, and the profile's τ(3) = 3.0 is the engine's: no error
     assert [(c["relative_error"], c["held_out"]) for c in plan["check"]] == [(0.0, False), (0.0, False)]
     table = "\n".join(k_plan_markdown({"d": plan}, md_text))
     assert "| d | 8 | 1 |" in table and "[[1, 7, 3], [8, 8, 1]]" in table
@@ -84,9 +84,9 @@ def test_line_fit_and_schedule_merge_equal_neighbours():
 
 
 def test_a_second_measured_k_is_predicted_from_a_line_that_did_not_see_it():
-    # c=1: plain 10 ms/step; K=3 at 12.5 ms/step (τ 2.2 -> 176 tok/s); K=1 measured at 11 ms/step with τ 1.6
-    row = {"concurrency": 1, "plain_tokens_per_s": 100.0, "dflash_tokens_per_s": 176.0,
-           "mean_acceptance_length": 2.2, "speedup": 1.76,
+    # c=1: plain 10 ms/step; K=3 at 12.5 ms/step (τ 3.0 -> 240 tok/s); K=1 measured at 11 ms/step with τ 1.6
+    row = {"concurrency": 1, "plain_tokens_per_s": 100.0, "dflash_tokens_per_s": 240.0,
+           "mean_acceptance_length": 3.0, "speedup": 2.4,
            "per_k": {"1": {"tokens_per_s": 1.6 / 0.011, "mean_acceptance_length": 1.6, "speedup": 1.6 / 1.1}}}
     results, samples = _results({"num_speculative_tokens": 3, "concurrency": [row]})
     plan = k_plans(results, samples)["d"]
@@ -110,7 +110,7 @@ def test_runs_compare_reads_two_profiles_and_refuses_an_unknown_schema(tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["by_k"]
     assert [(r["k"], r["accept_length_a"], r["accept_length_b"]) for r in rows] == [
-        (1, 1.5, 1.6), (2, 1.75, 2.0), (3, pytest.approx(1.85), 2.2)]
+        (1, 1.5, 1.6), (2, 1.75, 2.0), (3, pytest.approx(1.85), 3.0)]
     other.write_text(json.dumps({"schema_version": "0.3", "marginal_accept_rates": [], "mean_accept_length": 1}))
     bad = dfo("runs", "compare", str(other), str(ours))
     assert bad.returncode == 2 and "schema_version '0.3' is not one dfo reads" in bad.stderr
