@@ -217,4 +217,5 @@ def compare_profiles(a: dict, b: dict) -> dict:
     same = {key: (_obj(a.get("measurement_conditions")).get(key), _obj(b.get("measurement_conditions")).get(key))
             for key in ("datasets", "prompts", "temperature", "top_p", "top_k", "draft_rule", "target_weights_digest")}
     return {"mean_accept_length": {"a": ma, "b": mb}, "by_k": rows,
-            "conditions_differ": sorted(k for k, (x, y) in same.items() if x != y)}
+            "conditions_differ": sorted(k for k, (x, y) in same.items() if x is not None and y is not None
+                                        and x != y)}
