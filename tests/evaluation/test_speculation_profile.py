@@ -115,3 +115,23 @@ def test_runs_compare_reads_two_profiles_and_refuses_an_unknown_schema(tmp_path)
     bad = dfo("runs", "compare", str(other), str(ours))
     assert bad.returncode == 2 and "schema_version '0.3' is not one dfo reads" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_two_engine_runs_paired_by_prompt_name_the_side_that_lost_acceptance():
+    from orchestrator.evaluation.compare import dataset_lines, engine_pairing
+
+    def run(version: str, taus: list[float]) -> tuple[dict, list[dict]]:
+        results = {"engine": {"name": "vllm", "version": version},
+                   "drafters": {"d": {"engine": {"num_speculative_tokens": 7}}}}
+        return results, [{"id": f"p{i}", "drafters": {"d": {"engine": {"tau": t}}}} for i, t in enumerate(taus)]
+
+    ra, sa = run("0.31.0", [3.0, 3.2, 2.9, 3.1, 3.0, 3.3, 2.8, 3.1])
+    rb, sb = run("0.32.0", [2.6, 2.9, 2.5, 2.8, 2.7, 2.9, 2.4, 2.8])
+    e = engine_pairing(ra, rb, sa, sb, "d")
+    assert e is not None and e["paired_samples"] == 8 and e["ci"][1] < 0
+    assert e["verdict"] == "B (vllm 0.32.0) lost acceptance" and e["a"]["k"] == e["b"]["k"] == 7
+    line = dataset_lines({"drafters": [{"drafter": "d", "engine": e}]})[0]
+    assert "A: vllm 0.31.0, K 7" in line and "B (vllm 0.32.0) lost acceptance" in line
+    same = engine_pairing(ra, ra, sa, sa, "d")
+    assert same is not None and same["verdict"] == "no clear difference (CI includes 0)"
+    assert engine_pairing(ra, {}, sa, [{"id": "p0", "drafters": {}}], "d") is None
