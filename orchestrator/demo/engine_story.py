@@ -25,9 +25,9 @@ FIXTURES = {None: {"ct129": "target,zlab-drafter,random-drafter", "kpro6": "trai
 ENGINES = tuple(n for n in NAMES if n in FIXTURES)
 # Requests in flight per level of the demo's engine sweep: one at a time, and all 6 prompts at once.
 CONCURRENCY = "1,6"
-# One more DFlash server offering a single draft per step: the K plan's cost model then predicts each
-# measured K from a line that did not see it (one extra engine start).
-ENGINE_K = "1"
+# Two more DFlash servers, offering 1 and 3 drafts per step: with three drafted K timed, the K plan predicts
+# each from a line that did not see it (two extra engine starts).
+ENGINE_K = "1,3"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """Which K to run at which load: a cost model per engine host, the profile's accept lengths, the schedule.
 
 Cost model. At concurrency c one engine step advances every request in flight by one verify; plain decoding
-is the K = 0 step. The step time is modelled linear in K, ``step_s(K, c) = a(c) + b(c)·K``, calibrated from
-the engine sweep's own timings: the plain server gives the K = 0 point (``c / plain tokens/s``), each DFlash
-server at K gives ``c · τ_engine / DFlash tokens/s``; with points at two or more K (the plain one included)
-a and b are the least-squares line through them. Combined with the profile's measured accept length τ(K):
+is the K = 0 step. For K >= 1 the step time is modelled linear in K, ``step_s(K, c) = a(c) + b(c)·K``,
+calibrated from the engine sweep's own timings: the plain server gives the K = 0 point (``c / plain
+tokens/s``), each DFlash server at K gives ``c · τ_engine / DFlash tokens/s``. With two or more K timed the
+line goes through the DFlash points alone: a(c) above the plain step is the drafter's own cost per step, which
+a block drafter pays at any K (measured on vLLM-CPU: K = 1 cost nearly what K = 7 did, twice the plain
+step). With one K timed, the line goes through the plain point and it. With the profile's accept length τ(K):
 predicted speedup = τ(K) · step_s(0, c) / step_s(K, c), predicted tokens/s = c · τ(K) / step_s(K, c).
 The best K per c becomes vLLM's batch-size → K schedule (``num_speculative_tokens_per_batch_size``:
 ``[[lo, hi, K], …]``, inclusive batch-size ranges). Pure.
@@ -14,9 +16,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-CALIBRATION = ("step time linear in K through the engine's own timings at each concurrency: plain decoding is "
-               "K = 0 (c / plain tok/s), each DFlash measurement at K gives c · engine τ / DFlash tok/s; "
-               "least-squares line through the points")
+CALIBRATION = ("step time per concurrency from the engine's own timings: plain decoding is K = 0 (c / plain tok/s), "
+               "each DFlash measurement at K gives c · engine τ / DFlash tok/s; for K >= 1 a least-squares line "
+               "through the DFlash points (its intercept above the plain step is the drafter's own cost), through "
+               "the plain point and the one DFlash point when only one K was timed")
 
 
 def _num(x) -> bool:
@@ -48,6 +51,16 @@ def step_points(concurrency_rows: list[dict], k_run: int) -> dict[int, list[tupl
     return out
 
 
+def fit_steps(points: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """(plain step, a, b): step_s(K) = a + b·K for K >= 1. With two or more drafted points the line goes through
+    those alone, so a - plain is the drafter's own cost per step (a block drafter drafts its whole block at any
+    K); with one, through the plain point and it (that cost then grows with K like the verify's)."""
+    plain = next(s for k, s in points if k == 0)
+    drafted = [p for p in points if p[0] > 0]
+    a, b = fit_line(drafted if len({k for k, _ in drafted}) >= 2 else points)
+    return plain, a, b
+
+
 def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     """(a, b) of the least-squares line step_s = a + b·K."""
     n = len(points)
@@ -63,8 +76,7 @@ def predict(points: dict[int, list[tuple[int, float]]], tau_at: Callable[[int], 
     """Per concurrency: the fitted costs and, per K = 1..max_k, predicted tokens/s and speedup; the best K."""
     rows = []
     for c, pts in sorted(points.items()):
-        a, b = fit_line(pts)
-        plain_step = a  # the line's K = 0 value
+        plain_step, a, b = fit_steps(pts)
         per_k = []
         for k in range(1, max_k + 1):
             tau, step = tau_at(k), a + b * k
@@ -74,7 +86,8 @@ def predict(points: dict[int, list[tuple[int, float]]], tau_at: Callable[[int], 
                           "tokens_per_s": round(c * tau / step, 2), "speedup": round(tau * plain_step / step, 3)})
         best = max(per_k, key=lambda r: r["speedup"]) if per_k else None
         rows.append({"concurrency": c, "calibration_points": [[k, round(s * 1000, 3)] for k, s in pts],
-                     "verify_ms_at_k0": round(a * 1000, 3), "ms_per_extra_k": round(b * 1000, 4),
+                     "plain_step_ms": round(plain_step * 1000, 3), "step_ms_intercept": round(a * 1000, 3),
+                     "ms_per_extra_k": round(b * 1000, 4),
                      "per_k": per_k, "best_k": best["k"] if best else None,
                      "best_speedup": best["speedup"] if best else None})
     return rows
@@ -112,11 +125,11 @@ def check(points: dict[int, list[tuple[int, float]]], tau_at: Callable[[int], fl
             speedup, engine_tau = at_k.get("speedup"), at_k.get("mean_acceptance_length")
             tau = tau_at(k)
             others = [p for p in pts if p[0] != k]
-            held_out = len(others) >= 2
-            a, b = fit_line(others if held_out else pts)
+            held_out = sum(1 for q, _ in others if q > 0) >= 2  # a drafted line without this K's point
+            plain, a, b = fit_steps(others if held_out else pts)
             if tau is None or not isinstance(speedup, (int, float)) or speedup <= 0 or a + b * k <= 0:
                 continue
-            pred = round(tau * a / (a + b * k), 3)
+            pred = round(tau * plain / (a + b * k), 3)
             out.append({"concurrency": c, "k": k, "predicted_speedup": pred, "measured_speedup": speedup,
                         "relative_error": round((pred - speedup) / speedup, 4), "held_out": held_out,
                         "profile_tau": round(tau, 4), "engine_tau": engine_tau})

@@ -112,7 +112,7 @@ def test_side_by_side_ends_with_the_speedup_vs_concurrency_table():
 def test_the_engine_story_ends_with_predicted_vs_measured_speedup_and_the_schedule():
     from orchestrator.demo.engine_story import ENGINE_K, prediction_table
 
-    assert demo_plan("/m", "/c", "vllm").engine_k == ENGINE_K == "1" and demo_plan("/m", "/c").engine_k is None
+    assert demo_plan("/m", "/c", "vllm").engine_k == ENGINE_K == "1,3" and demo_plan("/m", "/c").engine_k is None
     plan = {"predicted": [{"concurrency": 1, "best_k": 7, "best_speedup": 2.1},
                           {"concurrency": 6, "best_k": 1, "best_speedup": 1.1}],
             "check": [{"concurrency": 1, "k": 7, "predicted_speedup": 2.0, "measured_speedup": 2.2,

@@ -67,7 +67,8 @@ def test_cost_model_fits_the_plain_and_dflash_points_and_picks_k_per_concurrency
     results, samples = _results({"num_speculative_tokens": 3, "concurrency": rows})
     plan = k_plans(results, samples)["d"]
     low, high = plan["predicted"]
-    assert low["verify_ms_at_k0"] == pytest.approx(10.0) and low["ms_per_extra_k"] == pytest.approx(2.5 / 3, abs=1e-3)
+    assert low["plain_step_ms"] == low["step_ms_intercept"] == pytest.approx(10.0)  # one K: through plain
+    assert low["ms_per_extra_k"] == pytest.approx(2.5 / 3, abs=1e-3)
     assert low["best_k"] == 3 and high["best_k"] == 1  # under load every extra draft costs more than it gains
     assert plan["num_speculative_tokens_per_batch_size"] == [[1, 7, 3], [8, 8, 1]]
     # one K measured: it is the calibration point, and the profile's τ(3) = 3.0 is the engine's: no error
@@ -83,19 +84,27 @@ def test_line_fit_and_schedule_merge_equal_neighbours():
     assert plan_for_drafter({"num_speculative_tokens": 3, "concurrency": []}, lambda k: 2.0, 3) is None
 
 
-def test_a_second_measured_k_is_predicted_from_a_line_that_did_not_see_it():
-    # c=1: plain 10 ms/step; K=3 at 12.5 ms/step (τ 3.0 -> 240 tok/s); K=1 measured at 11 ms/step with τ 1.6
-    row = {"concurrency": 1, "plain_tokens_per_s": 100.0, "dflash_tokens_per_s": 240.0,
-           "mean_acceptance_length": 3.0, "speedup": 2.4,
-           "per_k": {"1": {"tokens_per_s": 1.6 / 0.011, "mean_acceptance_length": 1.6, "speedup": 1.6 / 1.1}}}
+def test_each_measured_k_is_predicted_from_a_drafted_line_that_did_not_see_it():
+    # c=1: plain 10 ms/step; the DFlash steps cost 16, 17.5 and 18 ms at K = 1, 2, 3 (the drafter's own cost
+    # makes even K = 1 far dearer than plain); the profile's τ: 1.6, 2.0, 3.0
+    def at(k, tau, step_ms):
+        return {"tokens_per_s": tau / (step_ms / 1000), "mean_acceptance_length": tau, "speedup": tau * 10 / step_ms}
+
+    row = {"concurrency": 1, "plain_tokens_per_s": 100.0, **{f"{key}": v for key, v in (
+        ("dflash_tokens_per_s", 3.0 / 0.018), ("mean_acceptance_length", 3.0), ("speedup", 3.0 * 10 / 18))},
+        "per_k": {"1": at(1, 1.6, 16.0), "2": at(2, 2.0, 17.5)}}
     results, samples = _results({"num_speculative_tokens": 3, "concurrency": [row]})
     plan = k_plans(results, samples)["d"]
-    assert plan["k_measured"] == [1, 3]
+    assert plan["k_measured"] == [1, 2, 3]
+    (pred,) = plan["predicted"]
+    assert pred["step_ms_intercept"] == pytest.approx(15.0 + 1 / 6, abs=1e-3)  # the line over K = 1..3 only
     by_k = {c["k"]: c for c in plan["check"]}
-    assert by_k[1]["held_out"] and by_k[3]["held_out"]
-    # K=1 from the plain and K=3 points: 10 + 2.5/3 ms = 10.833 ms, speedup 1.6·10/10.833 = 1.477 vs 1.4545
-    assert by_k[1]["predicted_speedup"] == pytest.approx(1.6 * 10 / (10 + 2.5 / 3), abs=1e-3)
-    assert by_k[1]["relative_error"] == pytest.approx((1.477 - 1.6 / 1.1) / (1.6 / 1.1), abs=1e-3)
+    assert all(c["held_out"] for c in by_k.values())
+    # K = 2 from the line through K = 1 and 3: 17 ms, speedup 2.0·10/17 beside the measured 2.0·10/17.5
+    assert by_k[2]["predicted_speedup"] == pytest.approx(20 / 17, abs=1e-3)
+    assert by_k[2]["relative_error"] == pytest.approx((20 / 17 - 20 / 17.5) / (20 / 17.5), abs=1e-3)
+    # K = 1 from the line through K = 2 and 3: 17 ms, speedup 1.6·10/17 beside the measured 1.0
+    assert by_k[1]["predicted_speedup"] == pytest.approx(16 / 17, abs=1e-3)
 
 
 def test_runs_compare_reads_two_profiles_and_refuses_an_unknown_schema(tmp_path):
