@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -15,6 +17,13 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import fmt_number
 from orchestrator.evaluation.compare import compare_runs, dataset_lines
 from orchestrator.evaluation.operation import Detached, reattach_hint, wait_and_collect
+from orchestrator.evaluation.profile import (
+    PROFILE_SUFFIX,
+    build_profile,
+    compare_profiles,
+    load_profile,
+    write_profiles,
+)
 from orchestrator.evaluation.report import drafter_rows
 from orchestrator.evaluation.runs import find_run, runs_root, scan_runs
 
@@ -101,6 +110,50 @@ def pull_cmd(ctx: typer.Context, run: str = RUN_ARG, runs_dir: Optional[str] = R
     render_run(app_ctx, found, json_out)
 
 
+@runs_app.command("profile")
+def profile_cmd(ctx: typer.Context, run: str = RUN_ARG, runs_dir: Optional[str] = RunsDir,
+                drafter: Optional[str] = typer.Option(None, "--drafter", metavar="NAME",
+                                                      help="Only this drafter (default: every drafter of the run)."),
+                out: Optional[Path] = typer.Option(None, "--out", metavar="FILE",
+                                                   help="Write the profile here (needs one drafter: --drafter or a "
+                                                        "run with one)."),
+                json_out: bool = typer.Option(False, "--json", help="Print the profile(s) as JSON on stdout.")) -> None:
+    """Export each drafter's speculation_profile.json (schema 1.0): acceptance rates, accept length per K,
+    per dataset, and the conditions they were measured under. Written to runs/<run>/profiles/ as well."""
+    app_ctx: AppContext = ctx.obj
+    found = find_run(runs_root(runs_dir), run)
+    if not found.has_results():
+        raise InputError(f"run {found.name} has no results.json (status {found.status})",
+                         hint="wait for it with `dfo runs pull`, or pick a finished run")
+    results, samples = found.results(), found.samples()
+    names = list(results.get("drafters") or {})
+    if drafter is not None and drafter not in names:
+        raise InputError(f"run {found.name} has no drafter {drafter!r}", hint=f"its drafters: {', '.join(names)}")
+    chosen = [drafter] if drafter else names
+    if out is not None and len(chosen) != 1:
+        raise InputError(f"--out writes one profile; run {found.name} has {len(chosen)} drafters",
+                         hint="name one with --drafter")
+    write_profiles(found.path, results, samples)
+    profiles = {name: build_profile(results, samples, name) for name in chosen}
+    if out is not None:
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps(profiles[chosen[0]], indent=2) + "\n", encoding="utf-8")
+        tmp.replace(out)
+    if json_out:
+        app_ctx.print_json(profiles[chosen[0]] if out is not None or len(chosen) == 1 else profiles)
+        return
+    for name, p in profiles.items():
+        v = p["validation"]
+        path = out if out is not None else found.path / "profiles" / f"{name}{PROFILE_SUFFIX}"
+        app_ctx.out.print(Text(f"{name}: mean accept length {p['mean_accept_length']} (per request "
+                               f"{p['mean_accept_length_per_request']}), validation "
+                               f"{'passed' if v['passed'] else 'FAILED'} → {path}"))
+        by_k = p.get("accept_length_by_k") or {}
+        if by_k:
+            app_ctx.out.print(Text("  accept length by K: " + "  ".join(f"{k}:{fmt_number(t)}"
+                                                                       for k, t in by_k.items())))
+
+
 @runs_app.command("compare")
 def compare_cmd(ctx: typer.Context,
                 run_a: str = typer.Argument(..., metavar="RUN_A", help="The earlier run (name, prefix, folder or 'last')."),
@@ -112,8 +165,12 @@ def compare_cmd(ctx: typer.Context,
                 json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout.")) -> None:
     """Compare two runs drafter by drafter: Δτ (B − A) with a paired bootstrap CI over their common prompts.
 
-    For example the checkpoints of step 20k and step 25k of one training run, evaluated on the same prompts."""
+    For example the checkpoints of step 20k and step 25k of one training run, evaluated on the same prompts.
+    Two speculation_profile.json files (dfo's or another tool's, schema 1.0) compare their accept length per K."""
     app_ctx: AppContext = ctx.obj
+    if run_a.endswith(".json") and run_b.endswith(".json"):
+        _compare_profile_files(app_ctx, Path(run_a), Path(run_b), json_out)
+        return
     root = runs_root(runs_dir)
     a, b = find_run(root, run_a), find_run(root, run_b)
     report = compare_runs(a, b, across_rules=across_rules)
@@ -140,6 +197,22 @@ def compare_cmd(ctx: typer.Context,
     app_ctx.out.print(table)
     for line in dataset_lines(report) + report.get("notes", []):
         app_ctx.out.print(Text(f"  {line}"))
+
+
+def _compare_profile_files(app_ctx: AppContext, a: Path, b: Path, json_out: bool) -> None:
+    report = compare_profiles(load_profile(a), load_profile(b))
+    if json_out:
+        app_ctx.print_json(report)
+        return
+    table = Table(title=Text(f"{a.name} → {b.name}  (mean accept length per step at K drafts)"), title_justify="left")
+    for col in ("K", "A", "B", "Δ (B−A)"):
+        table.add_column(col, justify="right")
+    for row in report["by_k"]:
+        table.add_row(str(row["k"]), _f(row["accept_length_a"]), _f(row["accept_length_b"]),
+                      _f(row["delta"], sign=True))
+    app_ctx.out.print(table)
+    if report["conditions_differ"]:
+        app_ctx.out.print(Text("  measured under different conditions: " + ", ".join(report["conditions_differ"])))
 
 
 def _f(x, sign: bool = False) -> str:

@@ -25,6 +25,9 @@ FIXTURES = {None: {"ct129": "target,zlab-drafter,random-drafter", "kpro6": "trai
 ENGINES = tuple(n for n in NAMES if n in FIXTURES)
 # Requests in flight per level of the demo's engine sweep: one at a time, and all 6 prompts at once.
 CONCURRENCY = "1,6"
+# Two more DFlash servers, offering 1 and 3 drafts per step: with three drafted K timed, the K plan predicts
+# each from a line that did not see it (two extra engine starts).
+ENGINE_K = "1,3"
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class DemoPlan:
     target: str                            # on ct129
     drafters: list[DrafterRef]
     engine_concurrency: str | None = None  # --engine-concurrency of the demo's eval
+    engine_k: str | None = None  # --engine-k of the demo's eval
 
 
 def demo_plan(models: str, ckpts: str, engine: str | None = None) -> DemoPlan:
@@ -48,7 +52,7 @@ def demo_plan(models: str, ckpts: str, engine: str | None = None) -> DemoPlan:
             DrafterRef("random", None, posixpath.join(models, "random-drafter"))])
     return DemoPlan(engine, fixtures, posixpath.join(models, "engine-target"), [
         DrafterRef("ours", "kpro6", posixpath.join(ckpts, "engine-trained-drafter", "checkpoint.pt"))],
-        engine_concurrency=CONCURRENCY)
+        engine_concurrency=CONCURRENCY, engine_k=ENGINE_K)
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -97,7 +101,33 @@ def side_by_side(results: dict) -> list[str]:
     starts = eng.get("start_seconds") or {}
     if starts:
         details.append("engine starts: " + ", ".join(f"{k} {_num(v, '.0f')} s" for k, v in starts.items()))
-    return lines + ["  " + x for x in _table(table)] + ["  " + x for x in details] + concurrency_table(rows)
+    return (lines + ["  " + x for x in _table(table)] + ["  " + x for x in details] + concurrency_table(rows)
+            + prediction_table(results))
+
+
+def prediction_table(results: dict) -> list[str]:
+    """The K plan: predicted vs measured speedup at each concurrency and measured K, with the error, and
+    the best K per concurrency as vLLM's schedule ([] without an engine sweep)."""
+    plans = results.get("k_plans")
+    if not isinstance(plans, dict) or not plans:
+        return []
+    table = [["drafter", "in flight", "K", "predicted", "measured", "error", "best K (predicted speedup)"]]
+    schedules = []
+    for name, plan in plans.items():
+        best = {r["concurrency"]: r for r in plan.get("predicted") or []}
+        for c in plan.get("check") or []:
+            b = best.get(c["concurrency"]) or {}
+            table.append([str(name), str(c["concurrency"]), str(c["k"]) + ("" if c.get("held_out") else "*"),
+                          f"x{c['predicted_speedup']:.2f}", f"x{c['measured_speedup']:.2f}",
+                          f"{c['relative_error'] * 100:+.1f}%",
+                          f"{b.get('best_k')} (x{_num(b.get('best_speedup'), '.2f')})"])
+        schedules.append(f"{name}: num_speculative_tokens_per_batch_size = "
+                         f"{plan.get('num_speculative_tokens_per_batch_size')}")
+    if len(table) == 1:
+        return []
+    return (["predicted vs measured speedup (cost model: step time linear in K, fitted on the engine's plain and "
+             "per-K timings without the K predicted; * = calibration point):"]
+            + ["  " + x for x in _table(table)] + ["  " + x for x in schedules])
 
 
 def concurrency_table(rows: list[dict]) -> list[str]:

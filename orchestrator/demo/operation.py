@@ -110,12 +110,13 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
                 samples=None if datasets else samples, max_new_tokens=max_new_tokens, dtype="float32",
                 threads=1,  # tiny models gain nothing from threads; on 2 busy cores they lose a lot
                 engine=engine,  # the eval finds the engine venv where provision put it (Host.engine_venv)
-                engine_concurrency=plan.engine_concurrency)
+                engine_concurrency=plan.engine_concurrency, engine_k=plan.engine_k)
             events.step(tag="demo", text="dfo eval --host ct129 --target …/" + plan.target.rsplit("/", 1)[-1] + " "
                         + " ".join(f"--drafter {d.name}={d.host + ':' if d.host else ''}…/"
                                    + "/".join(d.path.split("/")[-2:]) for d in plan.drafters)
                         + "".join(f" --dataset {d}" for d in datasets)
-                        + (f" --engine {engine} --engine-concurrency {plan.engine_concurrency}" if engine else ""))
+                        + (f" --engine {engine} --engine-concurrency {plan.engine_concurrency}"
+                           f" --engine-k {plan.engine_k}" if engine else ""))
             if engine:
                 events.info("  offline drafters first, then vLLM on ct129's loopback: one plain server (tokens/s "
                             "baseline), one per drafter with it as DFlash speculative config (~1-2 min per start)")

@@ -97,6 +97,15 @@ def dataset_lines(report: dict) -> list[str]:
                          f"Δ {_num(d.get('delta'), '+.2f')}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
                          + f" over {d.get('paired_samples')} pairs ({d.get('verdict')}); zlab Δ "
                          f"{_num(zlab.get('delta'), '+.2f')}")
+        e = row.get("engine")
+        if isinstance(e, dict):
+            ci = e.get("ci")
+            side = "{engine} {version}, K {k}, runner {model_runner}"
+            lines.append(f"{row['drafter']} in the engine (A: {side.format(**e['a'])}; B: {side.format(**e['b'])}): "
+                         f"per-request acceptance Δ {_num(e.get('delta'), '+.3f')}"
+                         + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "")
+                         + f" over {e.get('paired_samples')} pairs: {e.get('verdict')}")
+            lines += [f"{row['drafter']}: {n}" for n in e.get("notes") or []]
     return lines
 
 
@@ -146,6 +155,43 @@ def _dataset_notes(sa: dict, sb: dict) -> list[str]:
         if a.get("selection") != b.get("selection") or a.get("split") != b.get("split"):
             notes.append(f"dataset {name}: split or selection differs: only the common samples are paired")
     return notes
+
+
+def _engine_tau(samples: list[dict], name: str) -> dict[str, float]:
+    """Per prompt id: the engine's own acceptance for that request (1 + accepted / rounds)."""
+    out = {}
+    for s in samples:
+        e = _obj(_obj(_obj(s.get("drafters")).get(name)).get("engine"))
+        tau = _real(e.get("tau"))
+        if tau is not None and s.get("id") is not None:
+            out[str(s["id"])] = tau
+    return out
+
+
+def _engine_side(results: dict, name: str) -> dict:
+    run, block = _obj(results.get("engine")), _obj(_drafters(results).get(name, {}).get("engine"))
+    return {"engine": run.get("name") or block.get("engine"), "version": run.get("version"),
+            "k": block.get("num_speculative_tokens"), "model_runner": run.get("model_runner")}
+
+
+def engine_pairing(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str) -> dict | None:
+    """The engines' per-request acceptance paired by prompt (B − A), with its CI, a verdict naming the side
+    that lost acceptance, and what each side ran (engine, version, K, model runner); None without engines."""
+    ea, eb = _engine_tau(sa, name), _engine_tau(sb, name)
+    if not ea or not eb:
+        return None
+    paired = _paired(ea, eb)
+    ci, side_a, side_b = paired["ci"], _engine_side(ra, name), _engine_side(rb, name)
+    if ci is not None and ci[1] < 0:
+        lost = f"B ({side_b['engine']} {side_b['version']}) lost acceptance"
+    elif ci is not None and ci[0] > 0:
+        lost = f"A ({side_a['engine']} {side_a['version']}) lost acceptance"
+    else:
+        lost = paired["verdict"]
+    notes = [] if side_a["k"] == side_b["k"] else [f"K differs ({side_a['k']} in A, {side_b['k']} in B): "
+                                                    "acceptance per step is not comparable across K"]
+    return {**paired, "a": side_a, "b": side_b, "verdict": lost, "notes": notes,
+            "figure": "per request: 1 + accepted drafts / steps, as the engine reported it"}
 
 
 def run_rule(results: dict) -> str:
@@ -201,6 +247,9 @@ def compare_runs(a: Run, b: Run, across_rules: bool = False) -> dict:
         by_dataset = _by_dataset(sa, sb, name)
         if by_dataset:
             row["by_dataset"] = by_dataset
+        engine = engine_pairing(ra, rb, sa, sb, name)
+        if engine is not None:
+            row["engine"] = engine
         rows.append(row)
     return {"a": a.name, "b": b.name, "convention": HEADLINE, "drafters": rows, "notes": notes,
             "draft_rule": {"a": rule_a, "b": rule_b},

@@ -26,8 +26,10 @@ from orchestrator.core.host_text import decode_json
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
 from orchestrator.evaluation.engine_merge import merge_engine
+from orchestrator.evaluation.k_schedule import k_plans
 from orchestrator.evaluation.merge import merge_host_results
 from orchestrator.evaluation.plan import EvalPlan
+from orchestrator.evaluation.profile import write_profiles
 from orchestrator.evaluation.report import drafter_rows, write_report
 from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
 from orchestrator.jobs.operation import (
@@ -418,7 +420,9 @@ def finish_run(run: Run, parts: dict[str, Path], part_jobs: dict[str, dict], job
     tmp.replace(run.path / "samples.jsonl")
     results["run"] = {"name": run.name, "hosts": list(jobs), "request": run.record.get("request"),
                       "relays": run.record.get("relays"), "jobs": jobs}
+    results["k_plans"] = k_plans(results, samples)
     write_report(run.path, results, samples)
+    write_profiles(run.path, results, samples)
     write_json_atomic(run.results_path, results)  # last: its presence means the run is complete
     run.set(status="succeeded", error=None)
     events.success(result_line(results, run.path))

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from orchestrator.core import plotting
 from orchestrator.core.host_text import clean, fmt_number, md_fence, md_text
+from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
 
 FIRST_POSITIONS = 4
 HEADLINE = "committed"  # the convention of the headline τ (metrics.tau_macro / tau_micro)
@@ -365,6 +366,7 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     out += benchmarks_markdown(results)
     engine = engine_lines(results, markdown=True)
     out += ["", *engine] if engine else []
+    out += k_plan_markdown(k_plans(results, samples), md_text)
     comparison = comparison_lines(results)
     if comparison:
         out += ["", "## Comparison", ""] + [f"- {md_text(line)}" for line in comparison]

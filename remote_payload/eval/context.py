@@ -62,6 +62,7 @@ class DrafterRun:
     trees: list  # per sample: metrics.tree.TreeRounds
     online: list | None = None  # per sample: the online check's outcome, with --online-check
     conventions: list | None = None  # per sample: {"zlab": record, "vllm": record} (metrics.conventions.record)
+    by_k: list | None = None  # per sample: {K: [rounds, accepted]} (metrics.by_k.sample_record)
     diagnostics: Any = None  # diagnose.report.DrafterDiagnostics, with --diagnose
     expected_p1: tuple = (None, None)  # (position-1 acceptance it should reach, where that figure comes from)
     sampled_rule: list | None = None  # per sample at T > 0 under --draft-rule sampled: eval.sampled_rule entries

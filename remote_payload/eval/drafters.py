@@ -14,6 +14,7 @@ from remote_payload.eval.offline import draft_sample, replay
 from remote_payload.eval.online import online_generate
 from remote_payload.eval.sampled_rule import sample_entry
 from remote_payload.metrics import conventions as conv
+from remote_payload.metrics.by_k import sample_record, summarize_by_k
 from remote_payload.metrics.chain import sample_tau, summarize
 from remote_payload.metrics.sampled_rule import DESCRIPTIONS, GREEDY_WALKS, rule_summary
 from remote_payload.metrics.tree import sample_tree_rounds, tree_summary
@@ -87,6 +88,7 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
     ld = ctx.drafters[name]
     dd = DrafterDiagnostics(name, ld.spec, metadata=ld.source.get("training_metadata")) if s.diagnose else None
     rounds_all: list = []
+    by_k: list = []
     trees: list = []
     as_run: dict = {}
     draft_s, tree_s, anchors = 0.0, 0.0, 0
@@ -100,6 +102,7 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
         drafts = draft_sample(source, feats, ref.tokens, len(ref.prompt_ids), topk=s.draft_topk,
                               end=ends is not None and ref.stop_reason == "max_new_tokens")
         rounds_all.append(replay(drafts))
+        by_k.append(sample_record(drafts.tokens, drafts.prompt_len, drafts.top1, runtime.block_size))
         if by_rule is not None:  # τ under the sampled rule, exact given this continuation (eval/sampled_rule.py)
             t0 = time.perf_counter()
             by_rule.append(sample_entry(ctx.target, source, feats, ref.tokens, len(ref.prompt_ids), s.sampling,
@@ -129,6 +132,7 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
         [v for _, v in ends] if ends is not None else None, runtime.block_size,
         exact=all(len(ref.tail or []) >= runtime.block_size - 1 for ref in refs),
         unavailable=unavailable)
+    metrics["accept_length_by_k"] = summarize_by_k(by_k, runtime.block_size)
     metrics["tree"] = tree_summary([t.topk for t in trees], [t.budgeted for t in trees], block_size=runtime.block_size,
                                    k=s.tree_k, budget=s.tree_budget, K=s.tree_K)
     summary = {"spec": ld.spec.to_json(), "source": ld.source, "metrics": metrics, "online_check": None,
@@ -136,7 +140,7 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
                            "anchors": anchors, **({"sampled_rule_s": round(rule_s, 3)} if by_rule is not None else {})}}
     records = [{"zlab": conv.record(z), "vllm": conv.record(v)} for z, v in ends] if ends is not None else None
     return DrafterRun(summary=summary, rounds=rounds_all, trees=trees, diagnostics=dd, conventions=records,
-                      sampled_rule=by_rule), as_run
+                      sampled_rule=by_rule, by_k=by_k), as_run
 
 
 def _convention_rounds(ctx: EvalContext, ref, drafts, block_size: int) -> tuple[list, list]:

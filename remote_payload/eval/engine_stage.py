@@ -39,6 +39,7 @@ sampler's expand kernel drops the per-draft temperatures: ``metrics.sampled.CPU_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -277,8 +278,31 @@ def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str) -> dict:
     block = (sampled_drafter_block(ctx, eng, name, run, greedy) if ctx.settings.sampled
              else drafter_block(ctx, eng, name, run))
     block.update(folder=str(folder), exported=exported, server=eng.servers[name])
+    per_k_timings(ctx, eng, name, block, server_config(ctx, eng, str(folder), env))
     _warn(ctx, name, block)
     return block
+
+
+def per_k_timings(ctx: EvalContext, eng: EngineRun, name: str, block: dict, cfg: ServerConfig) -> None:
+    """``--engine-k``: the same sweep with the engine offering only K drafts per step, one server per K; each
+    concurrency row of the block gets ``per_k[K]`` = tokens/s, mean acceptance length and speedup at K."""
+    full = ctx.drafters[name].spec.block_size - 1
+    rows = {r["concurrency"]: r for r in block.get("concurrency") or []}
+    for k in ctx.settings.engine_k:
+        if k >= full:
+            if k > full:
+                ctx.warn(f"--engine-k {k}: drafter '{name}' drafts {full} tokens per block; K {k} skipped")
+            continue
+        key = f"{name}-k{k}"
+        with _serve(ctx, eng, key, dataclasses.replace(cfg, num_speculative_tokens=k)) as server:
+            run = _timed_run(ctx, server, key)
+        for lv in speedup_table((eng.plain or {}).get("levels", []), run["levels"]):
+            row = rows.get(lv["concurrency"])
+            if row is not None:
+                row.setdefault("per_k", {})[str(k)] = {
+                    "tokens_per_s": lv["dflash_tokens_per_s"], "mean_acceptance_length": lv["mean_acceptance_length"],
+                    "speedup": lv["speedup"], "tpot_ms": (lv.get("tpot_ms") or {}).get("dflash")}
+        block.setdefault("servers_per_k", {})[str(k)] = eng.servers[key]
 
 
 # ------------------------------------------------------------------------------------------- the drafter folder

@@ -118,6 +118,20 @@ def parse_datasets(values: list[str] | None) -> list[str]:
     return list(values or [])
 
 
+def parse_engine_k(value: str | None) -> tuple[int, ...]:
+    """``--engine-k 1,3`` -> (1, 3): draft counts >= 1, each once, lowest first; empty: none."""
+    text = "" if value is None else str(value).strip()
+    if not text:
+        return ()
+    try:
+        ks = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise PayloadError(f"--engine-k {text!r}: expected whole numbers >= 1 separated by commas, e.g. 1,3") from None
+    if min(ks) < 1 or len(set(ks)) != len(ks):
+        raise PayloadError(f"--engine-k {text!r}: each K must be at least 1 and given once")
+    return tuple(sorted(ks))
+
+
 def parse_concurrency(value: str | None) -> tuple[int, ...]:
     """``--engine-concurrency 1,4,16`` -> (1, 4, 16): whole numbers >= 1, each once, lowest first."""
     text = "1" if value is None else str(value)
@@ -282,6 +296,12 @@ OPTIONS: tuple[Option, ...] = (
            "reference at every level.", default="1", metavar="N[,N...]", parse=parse_concurrency, commands=(EVAL,),
            dfo_help="With --engine: requests in flight, one level per value (e.g. 1,4,16); the report shows tokens/s "
            "plain vs dflash, the speedup, mean acceptance length and time per output token at each level."),
+    Option("--engine-k", "engine_k", "Also time each drafter in the engine offering only K drafts per step, one "
+           "server per value (comma-separated, each below the block size): the per-K timings that calibrate and "
+           "check the K plan's cost model at every --engine-concurrency level.", default="", metavar="K[,K...]",
+           parse=parse_engine_k, commands=(EVAL,),
+           dfo_help="With --engine: also time each drafter at these draft counts K (one server each); the report "
+           "puts the predicted speedup beside the measured one at each K and concurrency."),
     Option("--engine-python", "engine_python", "Python of the engine's own venv (`dfo provision --engine NAME` "
            "makes it).", metavar="PATH", planned=True),
     Option("--engine-arg", "engine_args", "Extra argument for the engine server, passed unchanged after dfo's own, "

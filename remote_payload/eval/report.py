@@ -59,6 +59,8 @@ def sample_lines(ctx: EvalContext) -> list[dict]:
                 entry["conventions"] = run.conventions[i]
             if run.online is not None:
                 entry["online"] = run.online[i]
+            if run.by_k is not None:
+                entry["by_k"] = run.by_k[i]
             line["drafters"][name] = entry
         lines.append(line)
     return lines

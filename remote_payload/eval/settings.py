@@ -83,6 +83,7 @@ class EvalSettings:
     engine_python: str | None = None  # the engine venv's interpreter (vLLM has its own venv)
     engine_args: list = field(default_factory=list)  # extra engine server arguments, verbatim
     engine_concurrency: tuple = (1,)  # requests in flight per level of the engine sweep, lowest first
+    engine_k: tuple = ()  # extra draft counts K timed per drafter in the engine (one server each)
     engine_start_timeout: float = 900.0
 
     @property

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from remote_payload.errors import PayloadError
 from remote_payload.metrics import conventions as conv
+from remote_payload.metrics.by_k import summarize_by_k
 from remote_payload.metrics.chain import summarize
 from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
 from remote_payload.metrics.sample_rounds import rounds_from_entry
@@ -276,6 +277,9 @@ def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict])
         metrics.update(rule_summary([e for e in rule_entries if isinstance(e, dict)], B), greedy_rule=greedy)
     if tree:
         metrics["tree"] = tree_summary(topk, budgeted, block_size=B, **tree)
+    if "accept_length_by_k" in metrics0:  # every sample line carries its per-K record (metrics.by_k)
+        records = [((line.get("drafters") or {}).get(name) or {}).get("by_k") for line in samples]
+        metrics["accept_length_by_k"] = summarize_by_k(records, B)
     if "conventions" in metrics0:
         metrics["conventions"] = _merge_conventions(name, results_list, samples, chain, B)
     out = {k: v for k, v in d0.items() if k not in ("metrics", "online_check", "timings", "source")}

@@ -107,3 +107,21 @@ def test_side_by_side_ends_with_the_speedup_vs_concurrency_table():
     assert rows == ["ours 1 40.0 90.0 x2.25 4.50 25.0/11.1 all", "ours 6 160.0 170.0 x1.06 4.50 30.0/20.0 1 dflash, 0 "
                     "plain differ"]
     assert concurrency_table([{"drafter": "ours", "concurrency": []}]) == []  # results from before the sweep
+
+
+def test_the_engine_story_ends_with_predicted_vs_measured_speedup_and_the_schedule():
+    from orchestrator.demo.engine_story import ENGINE_K, prediction_table
+
+    assert demo_plan("/m", "/c", "vllm").engine_k == ENGINE_K == "1,3" and demo_plan("/m", "/c").engine_k is None
+    plan = {"predicted": [{"concurrency": 1, "best_k": 7, "best_speedup": 2.1},
+                          {"concurrency": 6, "best_k": 1, "best_speedup": 1.1}],
+            "check": [{"concurrency": 1, "k": 7, "predicted_speedup": 2.0, "measured_speedup": 2.2,
+                       "relative_error": -0.0909, "held_out": True},
+                      {"concurrency": 6, "k": 7, "predicted_speedup": 0.9, "measured_speedup": 0.9,
+                       "relative_error": 0.0, "held_out": False}],
+            "num_speculative_tokens_per_batch_size": [[1, 5, 7], [6, 6, 1]]}
+    lines = prediction_table({"k_plans": {"ours": plan}})
+    rows = [" ".join(line.split()) for line in lines[2:4]]
+    assert rows == ["ours 1 7 x2.00 x2.20 -9.1% 7 (x2.10)", "ours 6 7* x0.90 x0.90 +0.0% 1 (x1.10)"]
+    assert lines[-1].strip() == "ours: num_speculative_tokens_per_batch_size = [[1, 5, 7], [6, 6, 1]]"
+    assert prediction_table({"drafters": {}}) == []

@@ -70,7 +70,7 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     proc = dfo("eval", "--host", "ct129", "--target", str(engine_fixtures / "target"),
                "--drafter", f"ours={checkpoint}", "--samples", str(SAMPLES), "--max-new-tokens", str(MAX_NEW_TOKENS),
                "--dtype", "float32", "--threads", "1", "--engine", "vllm", "--reference", "vllm",
-               "--engine-concurrency", LEVELS, "--json",
+               "--engine-concurrency", LEVELS, "--engine-k", "1", "--json",
                inventory=inventory, runs=runs, timeout=2400)
     TIMINGS["eval --engine vllm --reference vllm"] = f"{time.monotonic() - started:.1f} s"
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -83,7 +83,8 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert "--per-request-spec-decode-metrics" in run["servers"]["ours"]["command"]
     assert not any(run["servers"][k].get("command") and "VLLM_API_KEY" in " ".join(run["servers"][k]["command"])
                    for k in run["servers"])
-    assert set(run["start_seconds"]) == {"plain", "ours"}  # one plain server for the eval, one per drafter
+    # one plain server for the eval, one per drafter, one more offering K = 1 draft (--engine-k 1)
+    assert set(run["start_seconds"]) == {"plain", "ours", "ours-k1"}
     TIMINGS.update({f"e2e start {k}": f"{v} s" for k, v in run["start_seconds"].items()})
     for name in ("vllm-plain.log", "vllm-ours.log"):
         assert name in run["logs"]
@@ -136,6 +137,24 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert "Speedup vs concurrency" in report and "| ours | 4 |" in report
     assert "adds up to the server's counters exactly" in report and "per-step acceptance" in report
     assert (run_dir / "engine_speedup.png").is_file() and "![engine_speedup](engine_speedup.png)" in report
+
+    # --engine-k 1: per-K timings at every level. Two drafted K timed: both are calibration points of the
+    # drafted line, so the error at each is the profile's τ against the engine's alone
+    B = results["drafters"]["ours"]["metrics"]["block_size"]
+    assert all(set(row["per_k"]) == {"1"} and row["per_k"]["1"]["tokens_per_s"] > 0 for row in table)
+    plan = results["k_plans"]["ours"]
+    assert plan["k_measured"] == [1, B - 1]
+    assert {(c["concurrency"], c["k"]) for c in plan["check"]} == {(c, k) for c in (1, 4) for k in (1, B - 1)}
+    assert not any(c["held_out"] for c in plan["check"])
+    for c in plan["check"]:
+        assert c["relative_error"] == pytest.approx(c["profile_tau"] / c["engine_tau"] - 1, abs=2e-3), c
+    assert all(lo <= hi and 1 <= k <= B - 1 for lo, hi, k in plan["num_speculative_tokens_per_batch_size"])
+    TIMINGS["e2e K plan check [c, K, predicted, measured, error, profile τ, engine τ]"] = json.dumps([
+        [c["concurrency"], c["k"], c["predicted_speedup"], c["measured_speedup"], c["relative_error"],
+         c["profile_tau"], c["engine_tau"]] for c in plan["check"]])
+    assert "## K per concurrency (predicted)" in report and "num_speculative_tokens_per_batch_size" in report
+    profile = json.loads((run_dir / "profiles" / "ours.speculation_profile.json").read_text())
+    assert profile["validation"]["passed"] and profile["measurement_conditions"]["engine"]["version"] == "0.32.0"
 
 
 def ag_steps(eng: dict) -> dict:

@@ -73,6 +73,22 @@ def test_eval_relays_evaluates_and_writes_a_readable_run_folder(sandbox, eval_ho
     assert run["status"] == "succeeded" and run["jobs"]["ct129"]["state"] == "succeeded"
     assert summary["drafters"]["ours"]["tau_macro"] == ours["tau_macro"]
 
+    # One speculation profile per drafter; the schema's validation passes and K = B-1 is the full replay.
+    for name in ("ours", "random"):
+        profile = json.loads((run_dir / "profiles" / f"{name}.speculation_profile.json").read_text())
+        assert profile["schema_version"] == "1.0" and profile["validation"]["passed"], profile["validation"]
+        B = results["drafters"][name]["metrics"]["block_size"]
+        by_k = profile["accept_length_by_k"]
+        assert list(by_k) == [str(k) for k in range(1, B)]
+        assert by_k[str(B - 1)] == pytest.approx(profile["mean_accept_length"], abs=1e-5)
+        assert by_k == {k: v["mean_accept_length"] for k, v in
+                        results["drafters"][name]["metrics"]["accept_length_by_k"]["by_k"].items()}
+    exported = dfo(sandbox, "runs", "profile", run_dir.name, "--drafter", "ours", "--out",
+                   str(tmp_path / "ours.json"), runs=runs)
+    assert exported.returncode == 0 and "validation passed" in exported.stdout, exported.stderr[-2000:]
+    ours_profile = json.loads((run_dir / "profiles" / "ours.speculation_profile.json").read_text())
+    assert json.loads((tmp_path / "ours.json").read_text()) == ours_profile
+
     listed = dfo(sandbox, "runs", "list", "--json", runs=runs)
     assert json.loads(listed.stdout)["runs"][0]["run"] == run_dir.name
     shown = dfo(sandbox, "runs", "show", run_dir.name[:15], runs=runs)

@@ -226,6 +226,8 @@ def _non_default(o: declared.Option):
         return ["ours=0.5"]
     if o.field == "engine_concurrency":
         return "1,4"
+    if o.field == "engine_k":
+        return "1,3"
     return ["--x"] if o.repeatable else "x"
 
 

@@ -1,0 +1,221 @@
+"""speculation_profile.json: the portable acceptance card of one drafter (schema "1.0"), built from a run.
+
+The card is read by other tools (simulators, an engine's synthetic acceptance sampler), so its field names
+and units follow the schema exactly. Position i of the rate lists is the (i+1)-th draft: its acceptance
+makes an accept length of i + 2 (the bonus token counts one). The accept length per step is 1 + accepted
+drafts, so ``mean_accept_length`` = 1 + Σ ``marginal_accept_rates`` exactly; ``validation`` records that
+check and the monotonicity of the marginals. ``accept_length_by_k`` is measured per K from the payload's
+offline replay with the block's drafts truncated to K (a block drafter re-plans: no extrapolation).
+dfo-specific figures (CIs at T > 0, the committed τ) live under ``x_dfo``, which readers of the schema ignore.
+Pure: dicts in, dicts out; ``write_profiles`` is the only function that touches files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.core.errors import InputError
+
+SCHEMA_VERSION = "1.0"
+TOLERANCE = 0.02
+PROFILE_SUFFIX = ".speculation_profile.json"
+REQUIRED = ("schema_version", "marginal_accept_rates", "mean_accept_length")
+
+
+def _obj(x) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _ints(x) -> list[int]:
+    return [v for v in x if isinstance(v, int) and not isinstance(v, bool)] if isinstance(x, list) else []
+
+
+def rates_from_rounds(accepted: list[int], drafts: int) -> dict:
+    """Marginal and conditional rates, mean accept length and histogram from per-round accepted counts."""
+    n = len(accepted)
+    marginal = [sum(1 for a in accepted if a >= i) / n if n else 0.0 for i in range(1, drafts + 1)]
+    conditional, prev = [], 1.0
+    for m in marginal:
+        conditional.append(m / prev if prev > 0 else 0.0)
+        prev = m
+    hist = {str(length): 0 for length in range(1, drafts + 2)}
+    for a in accepted:
+        hist[str(min(a, drafts) + 1)] += 1
+    return {"marginal": [round(m, 6) for m in marginal], "conditional": [round(c, 6) for c in conditional],
+            "mean": round(1 + sum(accepted) / n, 6) if n else None, "histogram": hist, "rounds": n}
+
+
+def validation(marginals: list[float], mean: float | None) -> dict:
+    """The schema's own checks: mean = 1 + Σ marginals (within 0.02) and marginals non-increasing."""
+    total = 1 + sum(marginals)
+    diff = abs(total - mean) if mean is not None else None
+    non_increasing = all(b <= a + 1e-9 for a, b in zip(marginals, marginals[1:], strict=False))
+    ok_mean = diff is not None and diff <= TOLERANCE
+    return {"mean_matches_marginals": ok_mean, "mean_minus_one_plus_sum": round(total - mean, 6) if mean else None,
+            "tolerance": TOLERANCE, "marginals_non_increasing": non_increasing, "passed": ok_mean and non_increasing}
+
+
+def _sample_accepted(samples: list[dict], name: str) -> list[tuple[dict, list[int]]]:
+    out = []
+    for s in samples:
+        entry = _obj(_obj(s.get("drafters")).get(name))
+        out.append((s, _ints(entry.get("accepted"))))
+    return out
+
+
+def _conditions(results: dict, name: str, drafter: dict) -> dict:
+    settings, target = _obj(results.get("settings")), _obj(results.get("target"))
+    versions = _obj(results.get("versions"))
+    sampling = settings.get("sampling")
+    engine = _obj(results.get("engine"))
+    datasets = [{k: d.get(k) for k in ("name", "split", "selection", "rows", "turns") if k in d} | (
+        {"sha256": _obj(d.get("source")).get("sha256")} if _obj(d.get("source")).get("sha256") else {})
+        for d in (settings.get("datasets") or []) if isinstance(d, dict)]
+    prompts = _obj(settings.get("prompts"))
+    return {
+        "datasets": datasets or None,
+        "prompts": {k: prompts.get(k) for k in ("name", "sha256", "count") if k in prompts} or None,
+        "selection": settings.get("selection"),
+        "samples": settings.get("samples"),
+        "temperature": _obj(sampling).get("temperature", 0.0) if sampling else 0.0,
+        "top_p": _obj(sampling).get("top_p", 1.0) if sampling else 1.0,
+        "top_k": _obj(sampling).get("top_k", 0) if sampling else 0,
+        "draft_rule": settings.get("draft_rule") or "greedy top-1 drafts, longest accepted prefix",
+        "max_new_tokens": settings.get("max_new_tokens"),
+        "enable_thinking": settings.get("enable_thinking"),
+        "chat_template_sha256": settings.get("chat_template_sha256"),
+        "dtype": settings.get("dtype"),
+        "convention": "accept length per step = 1 + accepted drafts (engine counting); rounds replayed offline "
+                      "over the target's own continuation (teacher forcing)",
+        "dfo_version": versions.get("payload"),
+        "target_weights_digest": target.get("weights_digest"),
+        "drafter_digest": _obj(drafter.get("source")).get("digest"),
+        "engine": ({"name": engine.get("name"), "version": engine.get("version"),
+                    "num_speculative_tokens": _obj(drafter.get("engine")).get("num_speculative_tokens"),
+                    "model_runner": engine.get("model_runner")} if engine else None),
+    }
+
+
+def build_profile(results: dict, samples: list[dict], name: str) -> dict:
+    """The schema-1.0 card of drafter NAME of a run (results.json and samples.jsonl)."""
+    drafter = _obj(_obj(results.get("drafters")).get(name))
+    metrics = _obj(drafter.get("metrics"))
+    B = metrics.get("block_size") or _obj(drafter.get("spec")).get("block_size")
+    if not isinstance(B, int) or B < 2:
+        raise InputError(f"drafter '{name}': results.json records no block size (metrics.block_size)")
+    per_sample = _sample_accepted(samples, name)
+    all_accepted = [a for _, acc in per_sample for a in acc]
+    rates = rates_from_rounds(all_accepted, B - 1)
+    per_request = [1 + sum(acc) / len(acc) for _, acc in per_sample if acc]
+    by_k_block = _obj(_obj(metrics.get("accept_length_by_k")).get("by_k"))
+    by_k = {k: _obj(v).get("mean_accept_length") for k, v in by_k_block.items()}
+    categories: dict[str, list[int]] = {}
+    for s, acc in per_sample:
+        key = s.get("dataset") or s.get("category") or "all"
+        categories.setdefault(str(key), []).extend(acc)
+    per_category = {}
+    for cat, acc in categories.items():
+        r = rates_from_rounds(acc, B - 1)
+        per_category[cat] = {"marginal_accept_rates": r["marginal"], "conditional_accept_rates": r["conditional"],
+                             "mean_accept_length": r["mean"], "num_steps": r["rounds"]}
+    profile = {
+        "schema_version": SCHEMA_VERSION,
+        "measured": results.get("created_utc"),
+        "method": "dflash",
+        "draft_checkpoint": _obj(drafter.get("source")).get("path") or name,
+        "target_model": _obj(results.get("target")).get("name") or _obj(results.get("target")).get("path"),
+        "num_speculative_tokens": B - 1,
+        "block_size": B,
+        "max_supported_k": B - 1,
+        "verification_method": "longest_prefix",
+        "conditional_accept_rates": rates["conditional"],
+        "marginal_accept_rates": rates["marginal"],
+        "mean_accept_length": rates["mean"],
+        "mean_accept_length_per_request": round(sum(per_request) / len(per_request), 6) if per_request else None,
+        "accept_length_model": "measured_per_k",
+        "accept_length_by_k": by_k or None,
+        "acceptance_length_histogram": rates["histogram"],
+        "per_category": per_category,
+        "measurement_conditions": _conditions(results, name, drafter),
+        "validation": validation(rates["marginal"], rates["mean"]),
+        "x_dfo": {"drafter": name, "num_steps": rates["rounds"], "tau_macro_committed": metrics.get("tau_macro"),
+                  "tau_micro_committed": metrics.get("tau_micro"),
+                  "position_offset": "rate position i <-> accept length i + 2"},
+    }
+    sampled = metrics.get("sampled")
+    if isinstance(sampled, dict):  # T > 0: the rates are expectations over draws; their CIs for dfo's readers
+        profile["x_dfo"]["sampled_ci"] = {
+            "tau_micro": sampled.get("tau_micro"), "tau_macro": sampled.get("tau_macro"),
+            "per_position": sampled.get("per_position"), "draws": sampled.get("draws")}
+    return profile
+
+
+def write_profiles(run_dir: Path, results: dict, samples: list[dict]) -> list[Path]:
+    """runs/<run>/profiles/<drafter>.speculation_profile.json for every drafter (temp name, then renamed)."""
+    out_dir = run_dir / "profiles"
+    paths = []
+    for name in _obj(results.get("drafters")):
+        if not _safe_name(name):
+            continue  # a host-supplied name that is no plain file name is never made a path
+        out_dir.mkdir(exist_ok=True)
+        path = out_dir / f"{name}{PROFILE_SUFFIX}"
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(build_profile(results, samples, name), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+def _safe_name(name: object) -> bool:
+    return (isinstance(name, str) and 0 < len(name) <= 100 and name not in (".", "..")
+            and all(c.isalnum() or c in "-_.@+" for c in name))
+
+
+def load_profile(path: Path) -> dict:
+    """A profile from dfo or another tool; a clear error for an unknown schema or a missing field."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read the profile ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a speculation profile is a JSON object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise InputError(f"{path}: speculation profile schema_version {version!r} is not one dfo reads "
+                         f"(it reads {SCHEMA_VERSION!r})", hint="export the profile with schema 1.0")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise InputError(f"{path}: speculation profile lacks {', '.join(missing)}")
+    marg = data["marginal_accept_rates"]
+    if not isinstance(marg, list) or not all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in marg):
+        raise InputError(f"{path}: marginal_accept_rates must be a list of numbers")
+    return data
+
+
+def accept_length_at(profile: dict, k: int) -> float | None:
+    """Mean accept length at K: measured (accept_length_by_k), else from the marginals' first K rates."""
+    by_k = _obj(profile.get("accept_length_by_k"))
+    v = by_k.get(str(k), by_k.get(k))
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    marg = profile.get("marginal_accept_rates") or []
+    return 1 + sum(marg[:k]) if k <= len(marg) else None
+
+
+def compare_profiles(a: dict, b: dict) -> dict:
+    """Two cards side by side: accept length per K (measured, else from the marginals) and per position."""
+    ks = range(1, max(len(a.get("marginal_accept_rates") or []), len(b.get("marginal_accept_rates") or [])) + 1)
+    rows = []
+    for k in ks:
+        ta, tb = accept_length_at(a, k), accept_length_at(b, k)
+        rows.append({"k": k, "accept_length_a": ta, "accept_length_b": tb,
+                     "delta": round(tb - ta, 6) if ta is not None and tb is not None else None})
+    ma, mb = a.get("mean_accept_length"), b.get("mean_accept_length")
+    same = {key: (_obj(a.get("measurement_conditions")).get(key), _obj(b.get("measurement_conditions")).get(key))
+            for key in ("datasets", "prompts", "temperature", "top_p", "top_k", "draft_rule", "target_weights_digest")}
+    return {"mean_accept_length": {"a": ma, "b": mb}, "by_k": rows,
+            "conditions_differ": sorted(k for k, (x, y) in same.items() if x is not None and y is not None
+                                        and x != y)}
