@@ -24,6 +24,8 @@ STILL_SENDING = {
     "demo/operation.py": "a port probe inside a sandbox host's network namespace: a local process, not sent over SSH",
     "cluster/operation.py": "Slurm's own commands (sbatch, squeue, scontrol, scancel) and the task-record reader run "
                             "as quoted lines on the login node: to move into a cluster host_script.py through hostcall",
+    "cluster/plan.py": "the batch script sbatch runs on a compute node is a shell script by Slurm's design (every "
+                       "value in it quoted; it is sent on sbatch's stdin, never on a command line)",
     "cluster/probe.py": "`check --connect`'s Slurm probe (sbatch --version, sinfo, a test job, cat of its token) runs "
                         "as argv on the login node: to move into the same cluster host_script.py",
 }
