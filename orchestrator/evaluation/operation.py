@@ -422,7 +422,10 @@ def finish_run(run: Run, parts: dict[str, Path], part_jobs: dict[str, dict], job
                       "relays": run.record.get("relays"), "jobs": jobs}
     results["k_plans"] = k_plans(results, samples)
     write_report(run.path, results, samples)
-    write_profiles(run.path, results, samples)
+    no_profile: list[str] = []
+    write_profiles(run.path, results, samples, no_profile)
+    for reason in no_profile:
+        events.warn(f"no speculation profile: {reason}")
     write_json_atomic(run.results_path, results)  # last: its presence means the run is complete
     run.set(status="succeeded", error=None)
     events.success(result_line(results, run.path))

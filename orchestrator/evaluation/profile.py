@@ -151,17 +151,26 @@ def build_profile(results: dict, samples: list[dict], name: str) -> dict:
     return profile
 
 
-def write_profiles(run_dir: Path, results: dict, samples: list[dict]) -> list[Path]:
-    """runs/<run>/profiles/<drafter>.speculation_profile.json for every drafter (temp name, then renamed)."""
+def write_profiles(run_dir: Path, results: dict, samples: list[dict], skipped: list[str] | None = None) -> list[Path]:
+    """runs/<run>/profiles/<drafter>.speculation_profile.json for every drafter (temp name, then renamed). With
+    ``skipped``, a drafter whose results cannot make a profile is left out and its reason appended there (a pull
+    keeps the run); without it, that is an error."""
     out_dir = run_dir / "profiles"
     paths = []
     for name in _obj(results.get("drafters")):
         if not _safe_name(name):
             continue  # a host-supplied name that is no plain file name is never made a path
+        try:
+            profile = build_profile(results, samples, name)
+        except InputError as exc:
+            if skipped is None:
+                raise
+            skipped.append(exc.message)
+            continue
         out_dir.mkdir(exist_ok=True)
         path = out_dir / f"{name}{PROFILE_SUFFIX}"
         tmp = out_dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(build_profile(results, samples, name), indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
         tmp.replace(path)
         paths.append(path)
     return paths
