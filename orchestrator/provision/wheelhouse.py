@@ -13,6 +13,7 @@ folder, nothing but the lock's own wheels can leave the controller from it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -245,6 +246,24 @@ def build_wheelhouse(lock: Lock, target: Target, *, root: Path | None = None, ho
         return Wheelhouse(final, files, built=True)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two names atomically (Linux renameat2 with RENAME_EXCHANGE); False where the system cannot."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 def publish_dir(new: Path, final: Path, keep_old_s: float = 600.0) -> None:
     """Make ``final`` show ``new`` in one step: ``final`` is a symlink to a uniquely named sibling, switched
     with rename(2), so a reader sees the old complete folder or the new one, never a half-deleted one.
@@ -254,9 +273,15 @@ def publish_dir(new: Path, final: Path, keep_old_s: float = 600.0) -> None:
     os.rename(new, real)
     link = final.with_name(f".{final.name}.link-{uuid.uuid4().hex[:8]}")
     os.symlink(real.name, link)
-    if final.exists() and not final.is_symlink():  # a folder from an older dfo: set aside first
-        os.rename(final, final.with_name(f".{final.name}.v-{uuid.uuid4().hex[:12]}"))
-    os.replace(link, final)
+    if final.exists() and not final.is_symlink():  # a folder from an older dfo: rename(2) cannot replace it
+        aside = final.with_name(f".{final.name}.v-{uuid.uuid4().hex[:12]}")
+        if _exchange(link, final):  # one step: FINAL is the link, LINK's name holds the old folder
+            os.rename(link, aside)
+        else:  # no renameat2 here: a short moment without FINAL
+            os.rename(final, aside)
+            os.replace(link, final)
+    else:
+        os.replace(link, final)
     now = time.time()
     for old in final.parent.glob(f".{final.name}.v-*"):
         if old.name != real.name and now - old.stat().st_mtime > keep_old_s:
