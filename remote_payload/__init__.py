@@ -5,4 +5,4 @@ imported by ``--help`` / ``info``) free of heavy imports: torch and transformers
 """
 
 __version__ = "0.1.0"
-RESULTS_SCHEMA = "dfo.results/1"
+RESULTS_SCHEMA = "dfo.results/2"  # /2: conventions named by whose rule they are (metrics/migrate.py)

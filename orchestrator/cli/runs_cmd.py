@@ -180,10 +180,10 @@ def compare_cmd(ctx: typer.Context,
     conv = report.get("convention", "committed")
     rules = report.get("draft_rule") or {}
     rule = rules.get("a") if rules.get("a") == rules.get("b") else f"{rules.get('a')} → {rules.get('b')}"
-    table = Table(title=Text(f"{a.name} → {b.name}  (τ macro, {conv} convention, draft rule {rule}; zlab: τ macro, "
-                             "vllm: τ micro)"),
+    table = Table(title=Text(f"{a.name} → {b.name}  (τ macro, {conv} convention, draft rule {rule}; zlab = committed; "
+                             "zlab-2604: τ macro, vllm: τ micro)"),
                   title_justify="left")
-    for col in ("drafter", f"{conv} τ A", "τ B", "Δτ (B−A)", "95% CI", "pairs", "zlab A→B", "vllm A→B", "note"):
+    for col in ("drafter", f"{conv} τ A", "τ B", "Δτ (B−A)", "95% CI", "pairs", "zlab-2604 A→B", "vllm A→B", "note"):
         table.add_column(col, justify="left" if col in ("drafter", "note") else "right",
                          min_width=len(conv) if col.startswith(conv) else None)
     for row in report["drafters"]:
@@ -192,7 +192,7 @@ def compare_cmd(ctx: typer.Context,
         cells = [row["drafter"], _f(row.get("tau_a")), _f(row.get("tau_b")), _f(row.get("delta"), sign=True),
                  f"[{_f(ci[0])}, {_f(ci[1])}]" if ci else "–", str(row.get("paired_samples", 0)),
                  *[f"{_f((other.get(c) or {}).get('a'))}→{_f((other.get(c) or {}).get('b'))}"
-                   for c in ("zlab", "vllm")], row.get("note", "")]
+                   for c in ("zlab-2604", "vllm")], row.get("note", "")]
         table.add_row(*(Text(str(cell)) for cell in cells))  # drafter names are the hosts': never markup
     app_ctx.out.print(table)
     for line in dataset_lines(report) + report.get("notes", []):

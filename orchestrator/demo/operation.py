@@ -137,16 +137,17 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
 
 
 def temperature_table(greedy: dict, sampled: dict) -> list[str]:
-    """Per drafter: τ macro (committed and zlab) at T = 0 and at T > 0 with its 95% CI over prompts, as lines."""
+    """Per drafter: τ macro (committed, = zlab, and zlab-2604) at T = 0 and at T > 0 with its 95% CI over prompts,
+    as lines."""
     law = law_label(sampling_of(sampled))
-    zlab_law = law.replace("sampled rule", "greedy rule")  # the zlab count walks the greedy rule's drafts
-    rows = [["drafter", "T=0 τ", f"{law} τ [CI]", "T=0 zlab τ", f"{zlab_law} zlab τ [CI]", "draws"]]
+    april_law = law.replace("sampled rule", "greedy rule")  # the zlab-2604 count walks the greedy rule's drafts
+    rows = [["drafter", "T=0 τ", f"{law} τ [CI]", "T=0 zlab-2604 τ", f"{april_law} zlab-2604 τ [CI]", "draws"]]
     for r in drafter_rows(greedy):
         name = r["drafter"]
         metrics = json_object(json_object(json_object(sampled.get("drafters")).get(name)).get("metrics"))
         block = json_object(metrics.get("sampled"))
         rows.append([name, fmt_number(r["tau_macro"], ".2f"), fmt_with_ci(sampled_figure(sampled, name)),
-                     fmt_convention(r["zlab"]), fmt_with_ci(sampled_figure(sampled, name, "zlab_tau_macro")),
+                     fmt_convention(r["zlab-2604"]), fmt_with_ci(sampled_figure(sampled, name, "zlab_2604_tau_macro")),
                      fmt_number(block.get("draws"), "d")])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"τ at T=0 and at {law} ({SAMPLED_DRAWS} seeded draws per prompt; [CI]: 95% over prompts):"]

@@ -1,8 +1,11 @@
 """`dfo runs compare A B`: the same drafters across two runs, paired by prompt id (pure).
 
-The paired Δτ is in the committed convention (the headline τ); the zlab τ (macro, paired the same way) and
-the vllm τ (micro) of both runs ride along where the runs have them. Runs on benchmark datasets are also
-paired per dataset (``by_dataset``): a drafter's Δτ on gsm8k is never mixed with its Δτ on mt-bench.
+The paired Δτ is in the committed convention (the headline τ, = zlab: z-lab's loop since August 2026); the
+zlab-2604 τ (z-lab's April 2026 loop; macro, paired the same way) and the vllm τ (micro) of both runs ride along
+where the runs have them. A run written before results schema ``dfo.results/2`` reads its old ``zlab`` figures
+as ``zlab-2604`` (``Run.results``/``Run.samples``), so an old run and a new one compare like with like. Runs on
+benchmark datasets are also paired per dataset (``by_dataset``): a drafter's Δτ on gsm8k is never mixed with its
+Δτ on mt-bench.
 
 At T > 0 a run's lines are draws (several per prompt, each with its seed): they are paired by prompt, each side's
 τ being the mean over that prompt's draws, so the bootstrap over prompts carries the draws' noise; where both runs
@@ -75,14 +78,15 @@ def _datasets(samples: list[dict]) -> list[str]:
 
 
 def _by_dataset(sa: list[dict], sb: list[dict], name: str) -> dict:
-    """Per dataset both runs hold: the committed and zlab Δτ macro, paired by sample id inside the dataset."""
+    """Per dataset both runs hold: the committed and zlab-2604 Δτ macro, paired by sample id inside the dataset."""
     in_b = _datasets(sb)
     out = {}
     for dataset in [d for d in _datasets(sa) if d in in_b]:
         da, db = _of_dataset(sa, dataset), _of_dataset(sb, dataset)
         ta, tb = _per_sample_tau(da, name), _per_sample_tau(db, name)
         out[dataset] = {"tau_a": mean(list(ta.values())), "tau_b": mean(list(tb.values())), **_paired(ta, tb),
-                        "zlab": _paired(_per_sample_tau(da, name, "zlab"), _per_sample_tau(db, name, "zlab"))}
+                        "zlab-2604": _paired(_per_sample_tau(da, name, "zlab-2604"),
+                                             _per_sample_tau(db, name, "zlab-2604"))}
     return out
 
 
@@ -92,11 +96,11 @@ def dataset_lines(report: dict) -> list[str]:
     for row in report.get("drafters") or []:
         for dataset, d in (row.get("by_dataset") or {}).items():
             ci = d.get("ci")
-            zlab = d.get("zlab") or {}
+            april = d.get("zlab-2604") or {}
             lines.append(f"{row['drafter']} on {dataset}: τ {_num(d.get('tau_a'))} → {_num(d.get('tau_b'))}, "
                          f"Δ {_num(d.get('delta'), '+.2f')}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
-                         + f" over {d.get('paired_samples')} pairs ({d.get('verdict')}); zlab Δ "
-                         f"{_num(zlab.get('delta'), '+.2f')}")
+                         + f" over {d.get('paired_samples')} pairs ({d.get('verdict')}); zlab-2604 Δ "
+                         f"{_num(april.get('delta'), '+.2f')}")
         e = row.get("engine")
         if isinstance(e, dict):
             ci = e.get("ci")
@@ -131,7 +135,7 @@ def _paired(per_a: dict[str, float], per_b: dict[str, float]) -> dict:
 
 
 def _conventions(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str) -> dict:
-    """zlab and vllm figures of both runs ({"a", "b"}, each None when missing) and zlab's paired Δ."""
+    """zlab-2604 and vllm figures of both runs ({"a", "b"}, each None when missing) and zlab-2604's paired Δ."""
     out = {}
     for conv, key in SHOWN.items():
         fa = convention_figure(_metrics(ra, name), conv)
@@ -254,4 +258,5 @@ def compare_runs(a: Run, b: Run, across_rules: bool = False) -> dict:
     return {"a": a.name, "b": b.name, "convention": HEADLINE, "drafters": rows, "notes": notes,
             "draft_rule": {"a": rule_a, "b": rule_b},
             "definition": f"Δτ = mean over prompts present in both runs of (τ_B − τ_A) per prompt (macro τ, {HEADLINE} "
-                          "convention; zlab's Δ likewise); 95% percentile bootstrap over prompts, 2000 resamples"}
+                          "convention, = zlab; zlab-2604's Δ likewise); 95% percentile bootstrap over prompts, "
+                          "2000 resamples"}

@@ -17,20 +17,22 @@ from rich.text import Text
 from orchestrator.core import plotting
 from orchestrator.core.host_text import clean, fmt_number, md_fence, md_text
 from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
+from remote_payload.metrics.conventions import resolve
 
 FIRST_POSITIONS = 4
 HEADLINE = "committed"  # the convention of the headline τ (metrics.tau_macro / tau_micro)
 # The figure shown per other convention: z-lab reports a mean over samples, vLLM's counters give 1 + accepted/drafts.
-SHOWN = {"zlab": "tau_macro", "vllm": "tau_micro"}
+SHOWN = {"zlab-2604": "tau_macro", "vllm": "tau_micro"}
 DATASETS_NOTE = ("NAME τ [CI]: τ macro in the committed convention over that dataset's samples (each turn of a "
-                 "multi-turn row one sample), 95% bootstrap CI; report.md's Benchmarks has zlab τ and categories.")
+                 "multi-turn row one sample), 95% bootstrap CI; report.md's Benchmarks has zlab-2604 τ and categories.")
 SAMPLED_NOTE = ("{law}: every figure is an expectation over continuations drawn from the target ({k} per prompt, "
                 "seeded): the teacher-forced replay on a drawn output is exactly the loop's acceptance on it; "
                 "[CI] = 95% cluster bootstrap over prompts (a prompt's draws resampled together).")
-CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens), which is also "
-                    "what z-lab's current benchmark loop counts; zlab = z-lab's April 2026 loop, the one its "
-                    "published τ of that time uses (drafts accepted past the end counted); vllm = vLLM's spec-decode "
-                    "counters (1 + accepted/drafts). Read a card beside the convention of the code that measured it.")
+CONVENTIONS_NOTE = ("τ conventions: committed = dfo's (the last round counts only the kept tokens); zlab = committed, "
+                    "z-lab's loop since August 2026; zlab-2604 = z-lab's April 2026 loop, the one its published τ of "
+                    "that time uses (drafts accepted past the end counted; named zlab in results before schema "
+                    "dfo.results/2); vllm = vLLM's spec-decode counters (1 + accepted/drafts). Read a card beside the "
+                    "convention of the code that measured it.")
 
 
 def digest_value(digest) -> str | None:
@@ -73,8 +75,7 @@ def _by_position(items) -> dict[int, object]:
 def convention_figure(metrics: dict, name: str, key: str | None = None) -> dict:
     """One convention's figure: {"value", "exact", "reason"} (value None with a reason when unavailable,
     or with neither in results from before the conventions)."""
-    block = _obj(metrics).get("conventions")
-    block = _obj(block).get(name)
+    block = resolve(_obj(_obj(metrics).get("conventions")), name)  # an alias (zlab) reads as what it names
     if not isinstance(block, dict):
         return {"value": None, "exact": None, "reason": None}
     if block.get("available") is False:
@@ -95,7 +96,8 @@ def has_conventions(results: dict) -> bool:
 
 def drafter_rows(results: dict) -> list[dict]:
     """One flat row per drafter with the headline numbers (missing ones are None); τ macro/micro are the
-    committed convention's, ``zlab``/``vllm`` the other conventions' figures (``convention_figure``)."""
+    committed convention's (= zlab), ``zlab-2604``/``vllm`` the other conventions' figures
+    (``convention_figure``)."""
     rows = []
     for name, d in _obj(results.get("drafters")).items():
         d = _obj(d)
@@ -110,7 +112,7 @@ def drafter_rows(results: dict) -> list[dict]:
             "convention": HEADLINE,
             "tau_macro": m.get("tau_macro"),
             "tau_micro": m.get("tau_micro"),
-            "zlab": convention_figure(m, "zlab"),
+            "zlab-2604": convention_figure(m, "zlab-2604"),
             "vllm": convention_figure(m, "vllm"),
             "ddtree_k": _small_int(topk.get("k")),
             "ddtree": topk.get("tau_macro"),
@@ -164,7 +166,7 @@ def sampled_lines(results: dict) -> list[str]:
         var = _obj(block.get("variance"))
         parts = [f"τ macro {fmt_with_ci(sampled_figure(results, name))}",
                  f"τ micro {fmt_with_ci(sampled_figure(results, name, 'tau_micro'))}",
-                 f"zlab {fmt_with_ci(sampled_figure(results, name, 'zlab_tau_macro'))}",
+                 f"zlab-2604 {fmt_with_ci(sampled_figure(results, name, 'zlab_2604_tau_macro'))}",
                  f"DDTree {fmt_with_ci(sampled_figure(results, name, 'ddtree'))}"]
         line = (f"{name} at {law_label(sampling)} over {_count(block.get('prompts'))} prompts × "
                 f"{fmt_number(block.get('draws_per_prompt'), 'g')} draws: " + "; ".join(parts))
@@ -245,7 +247,7 @@ def comparison_lines(results: dict) -> list[str]:
 
 
 def convention_notes(results: dict) -> list[str]:
-    """Why a drafter's zlab/vllm figures are missing or a lower bound (one line each)."""
+    """Why a drafter's zlab-2604/vllm figures are missing or a lower bound (one line each)."""
     out = []
     for r in drafter_rows(results):
         reasons = {name: r[name]["reason"] for name in SHOWN if r[name]["reason"]}
@@ -277,7 +279,7 @@ def summary_table(results: dict, title: str | None = None) -> Table:
                   caption_justify="left")
     datasets = datasets_of(results)
     columns = ["drafter", f"{HEADLINE} τ macro", *([f"{law_label(sampling)} τ [CI]"] if sampling else []), "τ micro",
-               *(["zlab τ macro", "vllm τ micro"] if conv else []),
+               *(["zlab-2604 τ macro", "vllm τ micro"] if conv else []),
                f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s",
                *[f"{d} τ [CI]" for d in datasets]]
     for col in columns:  # the headline's convention must stay readable in its header; a τ with its CI on one line
@@ -286,7 +288,7 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     for r in rows:
         cells = [r["drafter"], _fmt(r["tau_macro"]),
                  *([fmt_with_ci(sampled_figure(results, r["drafter"]))] if sampling else []), _fmt(r["tau_micro"]),
-                 *([fmt_convention(r["zlab"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),
+                 *([fmt_convention(r["zlab-2604"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),
                  *[_fmt(p) for p in r["positions"]], _count(r["samples"]), _count(r["rounds"]), _fmt(r["eval_s"], 1),
                  *[fmt_with_ci(dataset_figure(results, r["drafter"], d)) for d in datasets]]
         table.add_row(*map(Text, cells))
@@ -348,13 +350,13 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     conv = has_conventions(results)
     out += ["", "## Acceptance", "",
             f"| drafter | format | τ macro ({HEADLINE}) | τ micro ({HEADLINE}) | "
-            + ("zlab τ macro | vllm τ micro | " if conv else "") + f"DDTree-{k} | budgeted DDTree | "
+            + ("zlab-2604 τ macro | vllm τ micro | " if conv else "") + f"DDTree-{k} | budgeted DDTree | "
             + " | ".join(f"p{i}" for i in range(1, FIRST_POSITIONS + 1)) + " | samples | rounds | eval s |",
             "|---|---|---|---|" + ("---|---|" if conv else "") + "---|---|" + "---|" * FIRST_POSITIONS + "---|---|---|"]
     for r in rows:
         out.append(f"| {md_text(r['drafter'])} | {md_text(r['format'] or '')} | {_fmt(r['tau_macro'])} | "
                    f"{_fmt(r['tau_micro'])} | "
-                   + (f"{fmt_convention(r['zlab'])} | {fmt_convention(r['vllm'])} | " if conv else "")
+                   + (f"{fmt_convention(r['zlab-2604'])} | {fmt_convention(r['vllm'])} | " if conv else "")
                    + f"{_fmt(r['ddtree'])} | {_fmt(r['budgeted'])}"
                    + (f" (budget {r['budget']})" if r["budget"] else "") + " | "
                    + " | ".join(_fmt(p) for p in r["positions"])
@@ -403,7 +405,8 @@ def sampled_markdown(results: dict) -> list[str]:
     sampling = sampling_of(results)
     if sampling is None:
         return []
-    figures = [("tau_macro", f"τ macro ({HEADLINE})"), ("tau_micro", "τ micro"), ("zlab_tau_macro", "zlab τ macro"),
+    figures = [("tau_macro", f"τ macro ({HEADLINE})"), ("tau_micro", "τ micro"),
+               ("zlab_2604_tau_macro", "zlab-2604 τ macro"),
                ("vllm_tau_micro", "vllm τ micro"), ("ddtree", "DDTree"), ("budgeted", "budgeted DDTree")]
     out = ["", f"## Sampling ({md_text(law_label(sampling))})", "",
            "| drafter | " + " | ".join(label for _, label in figures) + " | "
@@ -432,8 +435,8 @@ def sampled_markdown(results: dict) -> list[str]:
 
 def benchmarks_markdown(results: dict) -> list[str]:
     """``## Benchmarks``: z-lab's table shape (datasets as columns, drafters as rows, τ macro with its CI) in the
-    committed and zlab conventions, the engine's τ per dataset with --engine, each set's categories, and where
-    each set's prompts came from (file digest, selection)."""
+    committed (= zlab) and zlab-2604 conventions, the engine's τ per dataset with --engine, each set's categories,
+    and where each set's prompts came from (file digest, selection)."""
     datasets = datasets_of(results)
     if not datasets:
         return []
@@ -442,7 +445,8 @@ def benchmarks_markdown(results: dict) -> list[str]:
     rule = "|---|" + "---|" * len(datasets)
     out = ["", "## Benchmarks", ""]
     tables = [("tau_macro", f"τ macro, {HEADLINE} convention (95% bootstrap CI over the dataset's samples)"),
-              ("zlab_tau_macro", "τ macro, zlab convention (z-lab's April 2026 loop, that of its paper-era tables)"),
+              ("zlab_2604_tau_macro", "τ macro, zlab-2604 convention (z-lab's April 2026 loop, that of its paper-era "
+                                      "tables)"),
               ("engine_tau", "engine τ (1 + accepted / rounds of the engine's requests, vllm convention)")]
     for key, title in tables:
         rows = [[fmt_with_ci(dataset_figure(results, n, d, key)) for d in datasets] for n in names]
@@ -458,12 +462,13 @@ def benchmarks_markdown(results: dict) -> list[str]:
         cats = dataset_categories(results, d)
         if not cats:
             continue
-        out += [f"{md_text(d)} by category ({HEADLINE} τ macro [CI]; zlab τ macro):", "",
+        out += [f"{md_text(d)} by category ({HEADLINE} τ macro [CI]; zlab-2604 τ macro):", "",
                 "| drafter | " + " | ".join(md_text(c) for c in cats) + " |", "|---|" + "---|" * len(cats)]
         for n in names:
             out.append(f"| {md_text(n)} | " + " | ".join(
                 f"{fmt_with_ci(dataset_figure(results, n, d, category=c))}; "
-                f"{_fmt(dataset_figure(results, n, d, 'zlab_tau_macro', category=c)['value'])}" for c in cats) + " |")
+                f"{_fmt(dataset_figure(results, n, d, 'zlab_2604_tau_macro', category=c)['value'])}" for c in cats)
+                + " |")
         out += [""]
     for rec in _objs(_obj(results.get("settings")).get("datasets")):
         source, selection = _obj(rec.get("source")), _obj(rec.get("selection"))
@@ -489,6 +494,10 @@ def conventions_markdown(results: dict) -> list[str]:
     for name, d in _obj(results.get("drafters")).items():
         for conv, block in _obj(_obj(_obj(d).get("metrics")).get("conventions")).items():
             block = _obj(block)
+            if isinstance(block.get("alias_of"), str):  # the same figures as the convention it names
+                out.append(f"| {md_text(name)} | {md_text(conv)} | = {md_text(block['alias_of'])} | | | "
+                           + " | " * FIRST_POSITIONS + "|")
+                continue
             if block.get("available") is False:
                 out.append(f"| {md_text(name)} | {md_text(conv)} | n/a | n/a | | " + " | " * FIRST_POSITIONS + "|")
                 continue

@@ -2,7 +2,9 @@
 
 A run folder holds ``run.json`` (what was asked, which remote jobs, the state), then — once the jobs
 are pulled — ``results.json``, ``samples.jsonl``, ``logs/<host>.log``, ``report.md`` and the plots.
-``results.json`` appears last and only when complete, so its presence means the run is usable.
+``results.json`` appears last and only when complete, so its presence means the run is usable. Both are read
+in the current layout: a run of an older results schema is migrated on read, never rewritten
+(``remote_payload/metrics/migrate.py``: the τ convention ``zlab`` of ``dfo.results/1`` is ``zlab-2604`` now).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import decode_json
+from remote_payload.metrics import migrate
 
 RUN_RECORD = "run.json"
 STATES = ("planned", "running", "detached", "pulling", "succeeded", "failed")
@@ -79,7 +82,7 @@ class Run:
             got = "missing" if "drafters" not in results else type(results["drafters"]).__name__
             raise InputError(f"{self.results_path}: no 'drafters' object ({got}): not the results of a dfo eval, or "
                              "of another results schema", hint=f"pull the results again: dfo runs pull {self.name}")
-        return results
+        return migrate.results(results)
 
     def samples(self, required: bool = False) -> list[dict]:
         """The per-sample lines; REQUIRED: a missing file is an error (a comparison pairs them)."""
@@ -99,7 +102,7 @@ class Run:
                 raise InputError(f"{path}:{number}: not valid JSON: {exc}") from None
             if not isinstance(sample, dict):
                 raise InputError(f"{path}:{number}: not a JSON object (got {type(sample).__name__})")
-            samples.append(sample)
+            samples.append(migrate.sample_line(sample))
         return samples
 
     def save(self) -> None:

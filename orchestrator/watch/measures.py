@@ -92,10 +92,12 @@ def _measure(results: dict, samples: list[dict], drafter: str) -> dict:
     by_dataset = dataset_measures(samples, drafter)
     conventions = {name: _number(c.get("tau_macro"), f"τ macro ({name})", drafter)
                    for name, c in (m.get("conventions") or {}).items()
-                   if name != "committed" and isinstance(c, dict) and c.get("available", True)}
+                   if name != "committed" and isinstance(c, dict) and c.get("available", True)
+                   and "alias_of" not in c}  # zlab = committed: its value is tau_macro
     return {
         **({"by_dataset": by_dataset} if by_dataset else {}),
-        **({"conventions": conventions} if conventions else {}),  # point values: τ macro in zlab's, vLLM's way
+        # point values: τ macro the way of z-lab's April loop (zlab-2604), vLLM's
+        **({"conventions": conventions} if conventions else {}),
         "samples": m.get("samples"), "rounds": m.get("rounds"),
         "tau_macro": value(m.get("tau_macro"), "tau_macro"),
         "tau_micro": value(m.get("tau_micro"), "tau_micro"),

@@ -1,11 +1,13 @@
 """The series: one folder per watched training run, ``runs/series/<name>/``, holding the watcher's state.
 
-The state is ``series.json`` (schema ``dfo.series/1``, a snapshot) plus ``series.journal`` (one JSON line per
+The state is ``series.json`` (schema ``dfo.series/2``, a snapshot) plus ``series.journal`` (one JSON line per
 change since that snapshot: a checkpoint's whole entry, or the baselines). A change appends one line, so an
 update costs the same at the 1,000th checkpoint as at the first; every ``COMPACT_EVERY`` lines the journal is
 folded into a new snapshot (temp name, fsync, rename; then the journal is emptied: replaying it on the new
 snapshot changes nothing, each line being a whole entry). ``load_series`` reads both; a series.json of an
-older dfo (no journal) reads as before. A last line cut short by a crash is ignored; any other bad line is
+older dfo (no journal) reads as before. A ``dfo.series/1`` series (and its journal) is read in the current layout:
+its points' τ convention ``zlab`` (z-lab's April 2026 loop) is ``zlab-2604`` (``remote_payload/metrics/migrate.py``);
+the next snapshot is written as ``dfo.series/2``. A last line cut short by a crash is ignored; any other bad line is
 an error naming the file and the line. Per checkpoint name, one entry moves through
 
     relaying → evaluating → done | failed
@@ -30,8 +32,10 @@ from orchestrator.core.host_text import decode_json
 from orchestrator.evaluation.runs import write_json_atomic
 from orchestrator.watch.discovery import Checkpoint
 from orchestrator.watch.measures import VERDICTS
+from remote_payload.metrics import migrate
 
-SCHEMA = "dfo.series/1"
+SCHEMA = "dfo.series/2"  # /2: the τ conventions named by whose rule they are (zlab-2604 for the April count)
+OLD_SCHEMAS = ("dfo.series/1",)  # read and migrated (``_migrate``)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 STATUSES = ("relaying", "evaluating", "done", "failed")
 JOURNAL = "series.journal"
@@ -68,17 +72,31 @@ def load_series(folder: Path) -> dict | None:
         doc = decode_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{path}: not readable JSON ({exc})", hint=_DAMAGED_HINT) from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") not in (SCHEMA, *OLD_SCHEMAS):
         raise InputError(f"{path}: schema {doc.get('schema') if isinstance(doc, dict) else None!r}, "
                          f"expected {SCHEMA!r}", hint=_DAMAGED_HINT)
     if isinstance(doc.get("checkpoints"), dict):
         doc["journal_lines"] = _replay(folder / JOURNAL, doc)
+    if doc["schema"] in OLD_SCHEMAS:
+        _migrate(doc)
     problem = series_problem(doc)
     if problem:
         where = f"{path} (with {folder / JOURNAL})" if doc.get("journal_lines") else str(path)
         raise InputError(f"{where}: {problem}", hint=_DAMAGED_HINT)
     doc["steps"] = points(doc)
     return doc
+
+
+def _migrate(doc: dict) -> None:
+    """An old series (snapshot and journal replayed) in the current layout. Idempotent: a journal line appended by
+    this dfo to a snapshot still marked /1 holds no ``zlab`` convention, so it is left as it is."""
+    for e in (doc.get("checkpoints") or {}).values():
+        if isinstance(e, dict):
+            migrate.series_measures(e.get("measures"))
+    baselines = doc.get("baselines")
+    for measures in ((baselines.get("drafters") or {}) if isinstance(baselines, dict) else {}).values():
+        migrate.series_measures(measures)
+    doc["migrated_from"], doc["schema"] = doc["schema"], SCHEMA
 
 
 def public(series: dict) -> dict:

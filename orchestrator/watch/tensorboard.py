@@ -11,7 +11,7 @@ own would stop TensorBoard reading them). Checkpoints evaluated before the optio
 once, in one file, when a watcher starts with it.
 
 Scalars (``scalars``): ``dflash/tau_macro`` (committed convention), ``dflash/tau_micro``,
-``dflash/tau_zlab`` and ``dflash/tau_vllm`` (the other conventions, when the run had them),
+``dflash/tau_zlab-2604`` and ``dflash/tau_vllm`` (the other conventions, when the run had them),
 ``dflash/ddtree_<k>``, ``dflash/p1``..``p4``, ``dflash_dataset/<dataset>`` (τ macro per benchmark dataset)
 and ``dflash_baseline/<name>`` (each baseline's τ macro, a flat line at every step).
 """

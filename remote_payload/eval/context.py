@@ -61,7 +61,7 @@ class DrafterRun:
     rounds: list  # per sample: [metrics.chain.Round]
     trees: list  # per sample: metrics.tree.TreeRounds
     online: list | None = None  # per sample: the online check's outcome, with --online-check
-    conventions: list | None = None  # per sample: {"zlab": record, "vllm": record} (metrics.conventions.record)
+    conventions: list | None = None  # per sample: {"zlab-2604": record, "vllm": record} (metrics.conventions.record)
     by_k: list | None = None  # per sample: {K: [rounds, accepted]} (metrics.by_k.sample_record)
     diagnostics: Any = None  # diagnose.report.DrafterDiagnostics, with --diagnose
     expected_p1: tuple = (None, None)  # (position-1 acceptance it should reach, where that figure comes from)

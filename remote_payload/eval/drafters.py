@@ -63,11 +63,11 @@ def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
         run.summary["timings"]["diagnose_s"] = round(time.perf_counter() - t0, 3)
     run.summary["timings"]["eval_s"] = round(progress.stage_done(stage), 3)
     metrics = run.summary["metrics"]
-    zlab = metrics["conventions"]["zlab"].get("tau_macro")
+    april = metrics["conventions"]["zlab-2604"].get("tau_macro")
     rule = f", {metrics['draft_rule']} rule" if ctx.settings.sampled else ""
-    zlab_rule = " (greedy rule)" if rule == ", sampled rule" else ""  # the zlab count walks the greedy drafts
-    headline = (f"{name}: tau_macro (committed{rule}) {metrics['tau_macro']:.3f}"
-                + (f", zlab{zlab_rule} {zlab:.3f}" if zlab is not None else "")
+    april_rule = " (greedy rule)" if rule == ", sampled rule" else ""  # the zlab-2604 count walks the greedy drafts
+    headline = (f"{name}: tau_macro (committed = zlab{rule}) {metrics['tau_macro']:.3f}"
+                + (f", zlab-2604{april_rule} {april:.3f}" if april is not None else "")
                 + f", DDTree-{ctx.settings.tree_k} {metrics['tree']['topk']['tau_macro']:.3f}"
                 ) if metrics["tau_macro"] is not None else f"{name}: no rounds"
     progress.emit("stage", stage=stage, status="metrics", message=headline)
@@ -138,17 +138,17 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
     summary = {"spec": ld.spec.to_json(), "source": ld.source, "metrics": metrics, "online_check": None,
                "timings": {"eval_s": None, "draft_s": round(draft_s, 3), "tree_s": round(tree_s, 3),
                            "anchors": anchors, **({"sampled_rule_s": round(rule_s, 3)} if by_rule is not None else {})}}
-    records = [{"zlab": conv.record(z), "vllm": conv.record(v)} for z, v in ends] if ends is not None else None
+    records = [{"zlab-2604": conv.record(z), "vllm": conv.record(v)} for z, v in ends] if ends is not None else None
     return DrafterRun(summary=summary, rounds=rounds_all, trees=trees, diagnostics=dd, conventions=records,
                       sampled_rule=by_rule, by_k=by_k), as_run
 
 
 def _convention_rounds(ctx: EvalContext, ref, drafts, block_size: int) -> tuple[list, list]:
-    """This sample's rounds in the zlab and vllm conventions (the committed ones are the chain replay's)."""
+    """This sample's rounds in the zlab-2604 and vllm conventions (the committed ones are the chain replay's)."""
     end = conv.SampleEnd(tokens=ref.tokens + list(ref.tail), prompt_len=len(ref.prompt_ids), kept=len(ref.tokens),
                          max_new=ctx.settings.max_new_tokens, stop_ids=frozenset(ctx.target.stop_ids),
                          drafts_at=drafts.top1)
-    return conv.zlab_rounds(end, block_size), conv.vllm_rounds(end, block_size)
+    return conv.zlab_2604_rounds(end, block_size), conv.vllm_rounds(end, block_size)
 
 
 def expected_p1(ctx: EvalContext, name: str) -> tuple[float | None, str | None]:

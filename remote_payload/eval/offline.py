@@ -5,7 +5,7 @@ batched drafter pass per sample and makes any replay rule computable from the sa
 τ here, and tree / top-k acceptance walks (which visit other anchors) without another drafter pass.
 Per-anchor, per-depth top-k ids and log-probs are kept for that. With ``end=True`` the last token is drafted
 from too (``SampleDrafts.end_drafts``, kept apart from the per-anchor tensors the tree metrics check): the
-``zlab`` convention's extra round at a max-tokens stop is anchored there.
+``zlab-2604`` convention's extra round at a max-tokens stop is anchored there.
 """
 
 from __future__ import annotations

@@ -27,10 +27,11 @@ attention layers use ``crop``.
 Two loop rules (``rule``), the same draft -> verify -> accept step:
 - ``committed`` (dfo's, the default): stop once an end token or max_new tokens are committed; the last round
   is cut there, and counts only what it kept.
-- ``zlab`` (z-lab's ``dflash_generate`` benchmark loop): rounds ``while anchor < prompt + max_new``; each
-  round counts every accepted draft, past an end token too; stop after a round that committed an end token
-  (the first token included). The output is the committed tokens cut at max_new and after the first end
-  token. Its rounds are what the offline ``zlab`` convention (``metrics/conventions.py``) must reproduce.
+- ``zlab-2604`` (z-lab's ``dflash_generate`` benchmark loop of April 2026): rounds ``while anchor < prompt +
+  max_new``; each round counts every accepted draft, past an end token too; stop after a round that committed an end
+  token (the first token included). The output is the committed tokens cut at max_new and after the first end
+  token. Its rounds are what the offline ``zlab-2604`` convention (``metrics/conventions.py``) must reproduce.
+  (z-lab's loop since August 2026 counts as ``committed`` does.)
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from remote_payload.metrics.chain import Round
 from remote_payload.models.target import Target
 
 ROLLBACKS = ("auto", "snapshot", "crop")
-RULES = ("committed", "zlab")
+RULES = ("committed", "zlab-2604")
 DRAFT_RULES = ("greedy", "sampled")
 
 
@@ -205,7 +206,7 @@ def online_generate(target: Target, source, prompt_ids: list[int], max_new_token
         session.close()
     cont = _cut(committed[P:], stop, max_new_tokens)
     last = P + len(cont) - 1
-    # remaining: tokens after the anchor in the kept output (zlab rounds may reach past it: at least their own)
+    # remaining: tokens after the anchor in the kept output (zlab-2604 rounds may reach past it: at least their own)
     rounds = [Round(r.anchor, r.accepted, r.produced, max(last - r.anchor, r.produced)) for r in rounds]
     reason = "eos" if cont and cont[-1] in stop else "max_new_tokens"
     return OnlineResult(P, cont, rounds, reason, time.perf_counter() - start, session.forwards)
@@ -236,12 +237,12 @@ def _cut(tokens: list[int], stop: set, limit: int) -> list[int]:
 
 
 def _another_round(rule: str, committed: list[int], P: int, max_new: int, stop: set) -> bool:
-    if rule == "zlab":  # z-lab: while anchor < prompt + max_new; the end-token check comes after a round
+    if rule == "zlab-2604":  # z-lab in April 2026: while anchor < prompt + max_new; the end-token check after a round
         return len(committed) - 1 < P + max_new
     return committed[-1] not in stop and len(committed) - P < max_new
 
 
 def _finished(rule: str, committed: list[int], P: int, max_new: int, stop: set) -> bool:
-    if rule == "zlab":
+    if rule == "zlab-2604":
         return any(t in stop for t in committed[P:]) or len(committed) - 1 >= P + max_new
     return committed[-1] in stop or len(committed) - P >= max_new

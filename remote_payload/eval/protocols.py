@@ -17,7 +17,8 @@ from remote_payload.errors import PayloadError
 PROTOCOLS: dict[str, dict[str, Any]] = {
     "zlab-card-gsm8k-t1": {
         "source": "z-lab's Qwen3.8-27B-DFlash2 card (GSM8K, 128 prompts, concurrency 1, T = 1, top-p 0.95, top-k 20, "
-                  "thinking on, up to 4,096 new tokens; τ 5.46 on the card), measured by its server benchmark path",
+                  "thinking on, up to 4,096 new tokens; τ 5.46 on the card), measured by its server benchmark path; "
+                  "its τ counts as zlab = committed (z-lab's loop since August 2026)",
         "values": {"datasets": ["gsm8k@128"], "selection": "zlab-server", "selection_concurrency": 1,
                    "temperature": 1.0, "top_p": 0.95, "top_k": 20, "enable_thinking": True,
                    "max_new_tokens": 4096, "draft_rule": "sampled"},

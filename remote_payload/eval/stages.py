@@ -150,7 +150,7 @@ def turn_waves(prompts: list) -> list[list[int]]:
 
 
 def tail_length(ctx: EvalContext) -> int:
-    """Tokens past the stop the zlab/vllm conventions need: a block of the largest drafter, less its anchor."""
+    """Tokens past the stop the zlab-2604/vllm conventions need: a block of the largest drafter, less its anchor."""
     return max((ld.spec.block_size for ld in ctx.drafters.values()), default=1) - 1
 
 
@@ -197,13 +197,13 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
                                 seconds=time.perf_counter() - started)
     if s.sampled:  # the tokens past the stop would have to be drawn at T too: the tail requests are greedy
         ctx.references.tail_unavailable = SAMPLED_SERVER_TAILS
-        ctx.warn(f"zlab and vllm τ conventions unavailable: {SAMPLED_SERVER_TAILS}")
+        ctx.warn(f"zlab-2604 and vllm τ conventions unavailable: {SAMPLED_SERVER_TAILS}")
         ctx.timings["reference_s"] = progress.stage_done("reference")
         return
     tails = fetch_tails(endpoint, batch, tail_length(ctx), ctx.cache_dir)
     if tails.tails is None:
         ctx.references.tail_unavailable = tails.reason
-        ctx.warn(f"zlab and vllm τ conventions unavailable: {tails.reason}")
+        ctx.warn(f"zlab-2604 and vllm τ conventions unavailable: {tails.reason}")
     else:
         for ref, tail in zip(refs, tails.tails, strict=True):
             ref.tail = tail

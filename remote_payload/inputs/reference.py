@@ -5,7 +5,7 @@ when one is produced. Cached per (target, prompt tokens, max_new_tokens) with th
 produced it (dtype, device, kernel path, versions).
 
 The *tail*: the target's greedy tokens a block past the kept continuation (end tokens not stopped on), which
-only the ``zlab``/``vllm`` τ conventions read (their last round counts drafts accepted past the stop;
+only the ``zlab-2604``/``vllm`` τ conventions read (their last round counts drafts accepted past the stop;
 ``metrics/conventions.py``). It is kept out of the continuation and of every other metric, and cached in the
 same file under ``tail`` (an addition: a file without it is still reused, and gains it).
 """

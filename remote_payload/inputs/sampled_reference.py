@@ -2,7 +2,7 @@
 
 Token-by-token decoding with the model's cache like the greedy references (``reference.py``), each token drawn
 by ``sampling.sample`` from a generator seeded with the draw's seed; the continuation includes the end token
-when one is drawn. The *tail* (the tokens past the stop that the zlab/vllm τ conventions read) is sampled too,
+when one is drawn. The *tail* (the tokens past the stop that the zlab-2604/vllm τ conventions read) is sampled too,
 from a fresh prefill of the kept tokens with its own seed (``draw_seed(..., purpose="tail")``), end tokens not
 stopped on: at T > 0 the loop's verify samples the target's tokens past the end the same way.
 

@@ -20,7 +20,7 @@ Resumable: each finished sample is written to its own cache file (atomic rename)
 prompt digest, settings); the endpoint URL is not in the key, so a server restarted on another port still
 hits the cache. Stdlib only; the tokenizer is passed in.
 
-The tokens past each reference's stop (for the ``zlab``/``vllm`` τ conventions): ``server_tails.py``.
+The tokens past each reference's stop (for the ``zlab-2604``/``vllm`` τ conventions): ``server_tails.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The target's greedy tokens past each server reference's stop ("tails"), from the same server.
 
-The ``zlab``/``vllm`` τ conventions need the target's greedy tokens a block past each reference's stop. A
+The ``zlab-2604``/``vllm`` τ conventions need the target's greedy tokens a block past each reference's stop. A
 second request per sample sends prompt + continuation as token ids with ``max_tokens`` = B-1, no stop ids and
 ``ignore_eos: true`` (vLLM and SGLang both accept it). A server that cannot answer it (refuses the field or id
 prompts, returns no token ids, dies) does not fail the run: the tails are then unavailable, with the reason,
@@ -84,7 +84,7 @@ def parse_tail(obj: Any, tokens: Sequence[int], n: int) -> tuple[list[int], str 
     note = None
     if len(ids) < n:
         note = (f"the server gave {len(ids)} of {n} tokens past the stop (finish_reason {raw['finish_reason']}; "
-                "does it honour ignore_eos?): the last round's zlab/vllm counts are a lower bound")
+                "does it honour ignore_eos?): the last round's zlab-2604/vllm counts are a lower bound")
     return ids, note
 
 

@@ -6,8 +6,9 @@ samples.jsonl lines). Parts must come from the same evaluation: same target weig
 (``SHARD_KEYS``); anything else is refused with a message naming the part and the field. Every metric is
 recomputed from the per-sample records (averaging per-host averages would weight hosts, not samples):
 chain metrics via ``chain.summarize``, tree metrics via ``tree.tree_summary``, the τ conventions via
-``conventions.summaries`` (from each sample's zlab/vllm records and ``tail_tokens``), the online-check summary
-and the drafter comparison. Per-shard provenance (shard, sample ids, timings, versions, kernel path,
+``conventions.summaries`` (from each sample's zlab-2604/vllm records and ``tail_tokens``), the online-check
+summary and the drafter comparison. Parts of results schema ``dfo.results/1`` are read as the current layout
+(``migrate.py``). Per-shard provenance (shard, sample ids, timings, versions, kernel path,
 device, target path, drafter sources and timings) is kept under ``results["shards"]``.
 """
 
@@ -18,6 +19,7 @@ from typing import Sequence
 
 from remote_payload.errors import PayloadError
 from remote_payload.metrics import conventions as conv
+from remote_payload.metrics import migrate
 from remote_payload.metrics.by_k import summarize_by_k
 from remote_payload.metrics.chain import summarize
 from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
@@ -38,9 +40,10 @@ def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[d
     """(results, samples) of every part -> one (results, samples) over all their samples, in prompt order."""
     if not parts:
         raise PayloadError("merge: no parts to merge")
+    _check_compatible([r for r, _ in parts])  # one schema in all parts, then read as the current layout
+    parts = [(migrate.results(r), [migrate.sample_line(line) for line in s]) for r, s in parts]
     results_list = [r for r, _ in parts]
     first = results_list[0]
-    _check_compatible(results_list)
     samples = _merge_samples(parts)
     names = list(first.get("drafters") or {})
     shard_count = (first.get("settings") or {}).get("shard", {}).get("count")
@@ -293,30 +296,30 @@ def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict])
 
 
 def _merge_conventions(name: str, results_list: Sequence[dict], samples: list[dict], chain: list, B: int) -> dict:
-    """The conventions block over all samples; zlab/vllm unavailable if they were in any part (its reason)."""
+    """The conventions block over all samples; zlab-2604/vllm unavailable if they were in any part (its reason)."""
     for i, r in enumerate(results_list):
         block = (r["drafters"][name].get("metrics") or {}).get("conventions")
         if not isinstance(block, dict):
             return conv.summaries(chain, None, None, B, unavailable=f"{_part(i, r)} has no τ conventions (an "
                                                                      "older payload)")
-        zlab = block.get("zlab") or {}
-        if zlab.get("available") is False:
-            return conv.summaries(chain, None, None, B, unavailable=f"{_part(i, r)}: {zlab.get('reason')}")
-    zlab, vllm, exact = [], [], True
+        april = block.get("zlab-2604") or {}
+        if april.get("available") is False:
+            return conv.summaries(chain, None, None, B, unavailable=f"{_part(i, r)}: {april.get('reason')}")
+    zlab_2604, vllm, exact = [], [], True
     for line, committed in zip(samples, chain, strict=True):
         where = f"merge: sample {line.get('id', line.get('index'))}, drafter '{name}'"
         records = (line.get("drafters") or {}).get(name, {}).get("conventions")
         tail = line.get("tail_tokens")
         if not isinstance(records, dict) or not isinstance(tail, int) or isinstance(tail, bool):
-            raise PayloadError(f"{where}: the results hold zlab/vllm τ but this sample has no 'conventions' record "
-                               "or no integer 'tail_tokens'")
-        zlab.append(conv.rounds_from_record(records.get("zlab"), B, where + ", conventions.zlab"))
+            raise PayloadError(f"{where}: the results hold zlab-2604/vllm τ but this sample has no 'conventions' "
+                               "record or no integer 'tail_tokens'")
+        zlab_2604.append(conv.rounds_from_record(records.get("zlab-2604"), B, where + ", conventions.zlab-2604"))
         vllm.append(conv.rounds_from_record(records.get("vllm"), B, where + ", conventions.vllm"))
         if len(vllm[-1]) != len(committed):
             raise PayloadError(f"{where}: conventions.vllm has {len(vllm[-1])} rounds, the committed record "
                                f"{len(committed)} (vllm counts the committed rounds in full)")
         exact = exact and tail >= B - 1
-    return conv.summaries(chain, zlab, vllm, B, exact=exact)
+    return conv.summaries(chain, zlab_2604, vllm, B, exact=exact)
 
 
 def _merge_online(per_sample: list) -> dict:
@@ -336,14 +339,15 @@ def _merge_sampled_online(samples: list[dict], name: str, chain: list, conventio
     """The T > 0 online check over all parts' draws, recomputed from each line's offline and online τ."""
     entries = [(line.get("drafters") or {}).get(name) or {} for line in samples]
     online = [o if isinstance(o, dict) else {} for o in (e.get("online") for e in entries)]
-    zlab = [_mean_produced(((e.get("conventions") or {}).get("zlab") or {}).get("produced")) for e in entries]
+    zlab_2604 = [_mean_produced(((e.get("conventions") or {}).get("zlab-2604") or {}).get("produced"))
+                 for e in entries]
     seconds = sum(o.get("seconds") or 0.0 for o in online if _real(o.get("seconds")))
     if all(isinstance(e.get("sampled_rule"), dict) for e in entries):  # the sampled rule's loop and estimate
         offline = [e["sampled_rule"].get("tau") for e in entries]
         return online_summary(offline, [None] * len(entries), online, clusters_of(samples), seconds, rule="sampled",
                               offline_var=[e["sampled_rule"].get("tau_var") for e in entries])
     offline = [sum(r.produced for r in rs) / len(rs) if rs else None for rs in chain]
-    return online_summary(offline, zlab, online, clusters_of(samples), seconds)
+    return online_summary(offline, zlab_2604, online, clusters_of(samples), seconds)
 
 
 def _compare(first: dict, samples: list[dict], names: list[str], drafters: dict) -> dict:
@@ -461,14 +465,14 @@ def _shard_record(r: dict, lines: list[dict]) -> dict:
 # ------------------------------------------------------------------------------------------- per dataset
 
 BY_DATASET_NOTE = ("per benchmark dataset (columns of z-lab's tables): τ macro = mean over the dataset's samples "
-                   "(each turn of a multi-turn row one sample), committed and zlab conventions, 95% percentile "
-                   "bootstrap CI over samples; by_category: the dataset's categories (mt-bench's eight, "
+                   "(each turn of a multi-turn row one sample), committed (= zlab) and zlab-2604 conventions, 95% "
+                   "percentile bootstrap CI over samples; by_category: the dataset's categories (mt-bench's eight, "
                    "MATH-500's subjects)")
 
 
 def dataset_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> dict | None:
     """``metrics.by_dataset`` of drafter ``name`` from the sample lines (None when no line names a dataset):
-    per dataset, and per category inside it, the committed and zlab τ macro with CIs, the committed τ micro
+    per dataset, and per category inside it, the committed and zlab-2604 τ macro with CIs, the committed τ micro
     and, with ``--engine``, the engine's τ (1 + accepted / rounds over the dataset's requests)."""
     groups: dict[str, list[dict]] = {}
     for line in lines:
@@ -497,15 +501,15 @@ def _group_figures(lines: Sequence[dict], name: str, seed: int) -> dict:
     committed = [t for e in entries if _real(t := e.get("tau"))]
     committed_clusters = [c for e, c in zip(entries, clusters, strict=True) if _real(e.get("tau"))]
     produced = [p for e in entries for p in (e.get("produced") or []) if _real(p)]
-    zlab = [_mean_produced(((e.get("conventions") or {}).get("zlab") or {}).get("produced")) for e in entries]
+    april = [_mean_produced(((e.get("conventions") or {}).get("zlab-2604") or {}).get("produced")) for e in entries]
     engine = [e["engine"] for e in entries if isinstance(e.get("engine"), dict)]
     rounds = sum(x.get("rounds") or 0 for x in engine if _real(x.get("rounds")))
     accepted = sum(x.get("drafts_accepted") or 0 for x in engine if _real(x.get("drafts_accepted")))
     out = {"samples": len(lines),
            "tau_macro": _macro(committed, seed, committed_clusters),
            "tau_micro": sum(produced) / len(produced) if produced else None,
-           "zlab_tau_macro": _macro([z for z in zlab if z is not None], seed, clusters)
-           if zlab and None not in zlab else None}
+           "zlab_2604_tau_macro": _macro([z for z in april if z is not None], seed, clusters)
+           if april and None not in april else None}
     if engine:
         out["engine_tau"] = 1 + accepted / rounds if rounds else None
         out["engine_samples"] = len(engine)

@@ -15,7 +15,8 @@ DEFINITIONS = {
     "tau_round": "tokens committed by one draft+verify round: accepted drafts + 1 bonus token (capped by the "
                  "tokens left at the end of the continuation)",
     "tau_macro": "mean over samples of each sample's mean τ_round (samples without rounds excluded), in the "
-                 "committed convention (not z-lab's: see conventions.zlab)",
+                 "committed convention (= zlab, z-lab's loop since August 2026; not its April loop: see "
+                 "conventions.zlab_2604_rounds)",
     "tau_micro": "Σ τ_round / number of rounds over all samples (tokens per verify step)",
     "p_k": "P(round accepts >= k drafts), over rounds where at least k tokens remained to verify",
     "tau_histogram": "number of rounds with each τ_round value 1..B",

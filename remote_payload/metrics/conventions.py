@@ -1,4 +1,5 @@
-"""Three counting conventions for τ at the end of an output: committed, zlab, vllm (docs/metrics.md).
+"""Counting conventions for τ at the end of an output, each named by whose rule it is (docs/metrics.md):
+committed, zlab-2604, vllm, and the name zlab, an alias of committed.
 
 They differ only in a sample's last round(s). The drafter's drafts and the target's tokens are the same;
 what each convention counts is:
@@ -6,8 +7,11 @@ what each convention counts is:
 - ``committed`` (dfo's original figure, ``metrics.chain``): rounds until every kept token is committed; the
   last round is capped at the tokens actually kept (drafts past the end token or past max_new are not
   counted, τ_round <= tokens left).
-- ``zlab`` (z-lab's ``dflash_generate`` benchmark loop as of April 2026; its current loop records what a round
-  produced, cut after the end token and at max_new, which is ``committed``): ``while anchor < prompt +
+- ``zlab`` = ``committed``: z-lab's ``dflash_generate`` loop since August 2026 records what a round produced,
+  cut after the end token and at max_new, which is exactly the committed count. It is an alias (``ALIASES``):
+  results carry ``{"alias_of": "committed"}`` under that name, never a second computation.
+- ``zlab-2604`` (z-lab's ``dflash_generate`` benchmark loop as of April 2026, the name ``zlab`` had until
+  results schema ``dfo.results/2``; ``migrate.py`` renames it in older files): ``while anchor < prompt +
   max_new``: one round, τ_round = accepted + 1 with every accepted draft counted, including drafts past the
   end token; stop after the round that committed an end token. At a max-tokens stop, when the rounds land
   exactly on the last kept token, it therefore runs one more round than the kept tokens need (anchored there),
@@ -30,12 +34,15 @@ from remote_payload.errors import PayloadError
 
 from .chain import Round, accepted_prefix, chain_rounds
 
-NAMES = ("committed", "zlab", "vllm")
+NAMES = ("committed", "zlab-2604", "vllm")  # the conventions computed, in the order tables show them
+ALIASES = {"zlab": "committed"}  # another rule's name for a computed convention: the same figures, not recomputed
 DEFINITIONS = {
     "committed": "rounds until the kept tokens are committed; the last round capped at the tokens kept",
-    "zlab": "z-lab's April 2026 dflash_generate loop (its current loop counts as committed): rounds while "
-            "anchor < prompt+max_new, stop after a round that "
-            "committed an end token; every accepted draft counts, past the end token too",
+    "zlab": "zlab = committed, z-lab's loop since August 2026 (a round records what it produced, cut after the "
+            "end token and at max_new)",
+    "zlab-2604": "z-lab's dflash_generate loop of April 2026 (named zlab before results schema dfo.results/2): "
+                 "rounds while anchor < prompt+max_new, stop after a round that "
+                 "committed an end token; every accepted draft counts, past the end token too",
     "vllm": "vLLM's counters: the committed rounds, each counted in full (accepted drafts past the end "
             "token or max_tokens included); tau = 1 + accepted/drafts",
 }
@@ -72,7 +79,7 @@ def vllm_rounds(s: SampleEnd, B: int) -> list[Round]:
     return [_full_round(s, r.anchor, B) for r in committed_rounds(s)]
 
 
-def zlab_rounds(s: SampleEnd, B: int) -> list[Round]:
+def zlab_2604_rounds(s: SampleEnd, B: int) -> list[Round]:
     rounds: list[Round] = []
     a, limit = s.prompt_len, s.prompt_len + s.max_new
     eos = next((i for i in range(s.prompt_len, len(s.tokens)) if s.tokens[i] in s.stop_ids), None)
@@ -103,42 +110,54 @@ def _summary(per_sample: Sequence[Sequence[Round]], B: int, capped: bool) -> dic
 def conventions(samples: Sequence[SampleEnd], block_size: int) -> dict:
     """``metrics.conventions``: {name: {tau_macro, tau_micro, rounds, drafts_accepted, per_position}}."""
     B = block_size
-    return summaries([committed_rounds(s) for s in samples], [zlab_rounds(s, B) for s in samples],
+    return summaries([committed_rounds(s) for s in samples], [zlab_2604_rounds(s, B) for s in samples],
                      [vllm_rounds(s, B) for s in samples], B)
 
 
-def summaries(committed: Sequence[Sequence[Round]], zlab: Sequence[Sequence[Round]] | None,
+def summaries(committed: Sequence[Sequence[Round]], zlab_2604: Sequence[Sequence[Round]] | None,
               vllm: Sequence[Sequence[Round]] | None, block_size: int, exact: bool = True,
               unavailable: str | None = None) -> dict:
     """The ``metrics.conventions`` block from each convention's rounds per sample (the eval and the shard merge
     both build it here, so a merged result is the same function of the same rounds).
 
-    ``zlab``/``vllm`` None (with ``unavailable`` saying why): the target's tokens past the stop were not to
-    be had, so those two are ``{"available": false, "reason": ...}``. ``exact`` False: some sample had
-    fewer than B-1 tokens past the stop, so its last round's count is a lower bound.
+    ``zlab_2604``/``vllm`` None (with ``unavailable`` saying why): the target's tokens past the stop were not
+    to be had, so those two are ``{"available": false, "reason": ...}``. ``exact`` False: some sample had
+    fewer than B-1 tokens past the stop, so its last round's count is a lower bound. Each alias is
+    ``{"alias_of": NAME, "definition": ...}``: its figures are NAME's (``resolve``).
     """
     B = block_size
     out = {"committed": {**_summary(committed, B, capped=True), "exact": True}}
-    for name, rounds in (("zlab", zlab), ("vllm", vllm)):
+    for name, rounds in (("zlab-2604", zlab_2604), ("vllm", vllm)):
         if rounds is None:
             out[name] = {"available": False, "reason": unavailable or "the target's tokens past the stop are unknown"}
         else:
             out[name] = {**_summary(rounds, B, capped=False), "exact": exact}
     for name in NAMES:
         out[name]["definition"] = DEFINITIONS[name]
+    for alias, name in ALIASES.items():
+        out[alias] = {"alias_of": name, "definition": DEFINITIONS[alias]}
     return out
+
+
+def resolve(block: dict, name: str) -> dict | None:
+    """Convention NAME's figures in a ``metrics.conventions`` block, an alias read as the convention it names."""
+    entry = block.get(name) if isinstance(block, dict) else None
+    if isinstance(entry, dict) and isinstance(entry.get("alias_of"), str):
+        entry = block.get(entry["alias_of"])
+    return entry if isinstance(entry, dict) else None
 
 
 # --------------------------------------------------------------------- per-sample records (samples.jsonl)
 
 
 def record(rounds: Sequence[Round]) -> dict:
-    """One convention's rounds of one sample as stored in samples.jsonl (``committed`` is the chain record)."""
+    """One convention's rounds of one sample as stored in samples.jsonl (``committed`` is the chain record;
+    an alias has no record of its own)."""
     return {"accepted": [r.accepted for r in rounds], "produced": [r.produced for r in rounds]}
 
 
 def rounds_from_record(entry, block_size: int, where: str) -> list[Round]:
-    """A stored zlab/vllm record back into Rounds; every round counted in full (produced = accepted + 1)."""
+    """A stored zlab-2604/vllm record back into Rounds; every round counted in full (produced = accepted + 1)."""
     try:
         accepted, produced = list(entry["accepted"]), list(entry["produced"])
     except (KeyError, TypeError):

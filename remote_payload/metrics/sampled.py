@@ -51,8 +51,8 @@ SAMPLED_RULE_ESTIMATOR = (
     "continuations y drawn from the target at T of E[produced / rounds | y], the round boundaries integrated out given "
     "y by a forward/backward pass over y (eval/sampled_rule.py; the total probability of the segmentations checked "
     "against p(y) per draw), estimated by the mean over K seeded draws per prompt: unbiased for the per-response "
-    "figures (τ macro), ratio estimates for the pooled ones (τ micro, p_k); the zlab/vllm counts and DDTree walk the "
-    "greedy rule's drafts")
+    "figures (τ macro), ratio estimates for the pooled ones (τ micro, p_k); the zlab-2604/vllm counts and DDTree walk "
+    "the greedy rule's drafts")
 CI_METHOD = (f"{CONFIDENCE:.0%} percentile cluster bootstrap over prompts: a resample draws prompts with replacement "
              "and keeps each one's draws together (they share the prompt); {resamples} resamples, seed {seed}")
 
@@ -85,7 +85,7 @@ def _mean_tau(rounds) -> float | None:
 
 
 def _line_row(line: dict, name: str, P: int, block_size: int) -> list[float]:
-    """One line's additive figures: [Στ, n(τ), produced, rounds, hits_1..P, eligible_1..P, Σ zlab τ, n(zlab),
+    """One line's additive figures: [Στ, n(τ), produced, rounds, hits_1..P, eligible_1..P, Σ zlab-2604 τ, n(zlab-2604),
     vllm accepted, vllm rounds, Σ DDTree τ, n(DDTree), Σ budgeted τ, n(budgeted)]."""
     sid = line.get("id", line.get("index"))
     entry = (line.get("drafters") or {}).get(name)
@@ -108,8 +108,8 @@ def _line_row(line: dict, name: str, P: int, block_size: int) -> list[float]:
         row += [float(sum(1 for r in rounds if r.accepted >= k)) for k in range(1, P + 1)]
         row += [float(sum(1 for r in rounds if min(P, r.remaining) >= k)) for k in range(1, P + 1)]
     conv = entry.get("conventions")
-    if isinstance(conv, dict) and isinstance(conv.get("zlab"), dict) and isinstance(conv.get("vllm"), dict):
-        z = _mean_tau(rounds_from_record(conv["zlab"], block_size, where + ", conventions.zlab"))
+    if isinstance(conv, dict) and isinstance(conv.get("zlab-2604"), dict) and isinstance(conv.get("vllm"), dict):
+        z = _mean_tau(rounds_from_record(conv["zlab-2604"], block_size, where + ", conventions.zlab-2604"))
         v = rounds_from_record(conv["vllm"], block_size, where + ", conventions.vllm")
         row += [z or 0.0, 1.0 if z is not None else 0.0, float(sum(r.accepted for r in v)), float(len(v))]
     else:
@@ -130,7 +130,7 @@ def _ratio(num: float, den: float) -> float | None:
 def _figures(tot: Sequence[float], P: int) -> dict:
     z = 4 + 2 * P
     out = {"tau_macro": _ratio(tot[0], tot[1]), "tau_micro": _ratio(tot[2], tot[3]),
-           "zlab_tau_macro": _ratio(tot[z], tot[z + 1]),
+           "zlab_2604_tau_macro": _ratio(tot[z], tot[z + 1]),
            "vllm_tau_micro": 1 + tot[z + 2] / tot[z + 3] if tot[z + 3] else None,
            "ddtree": _ratio(tot[z + 4], tot[z + 5]), "budgeted": _ratio(tot[z + 6], tot[z + 7])}
     for k in range(P):
@@ -190,7 +190,7 @@ def sampled_figures(lines: Sequence[dict], name: str, block_size: int, *, sampli
     tau_clusters = [c for row, c in zip(rows, clusters, strict=True) if row[1]]
     return {**sampling, "prompts": len(sums), "draws": len(lines),
             "draws_per_prompt": round(len(lines) / len(sums), 3) if sums else None,
-            **{key: fig(key) for key in ("tau_macro", "tau_micro", "zlab_tau_macro", "vllm_tau_micro", "ddtree",
+            **{key: fig(key) for key in ("tau_macro", "tau_micro", "zlab_2604_tau_macro", "vllm_tau_micro", "ddtree",
                                          "budgeted")},
             "per_position": [{"k": k, **fig(f"p{k}")} for k in range(1, P + 1)],
             "variance": {"figure": "per-draw τ (committed)", **variance_parts(taus, tau_clusters)},
@@ -257,21 +257,22 @@ def expectation_agreement(a: Sequence[float | None], b: Sequence[float | None], 
 
 
 ONLINE_RULES = {
-    "greedy": "zlab (target tokens drawn at every block slot, greedy drafts, accept while equal); one online run per "
-              "offline draw, with its own seed",
+    "greedy": "zlab-2604 (target tokens drawn at every block slot, greedy drafts, accept while equal); one online run "
+              "per offline draw, with its own seed",
     "sampled": "sampled (drafts drawn from the drafter's law, accept while u·q(d) < p(d), residual max(0, p − q), "
                "committed count); one online run per offline draw, with its own seed, against the exact sampled-rule "
                "estimate",
 }
 
 
-def online_summary(offline_committed: list, offline_zlab: list, online: list[dict], clusters: list[int],
+def online_summary(offline_committed: list, offline_april: list, online: list[dict], clusters: list[int],
                    seconds: float, rule: str = "greedy", offline_var: list | None = None) -> dict:
     """``drafters[NAME].online_check`` at T > 0 (also what a shard merge recomputes from the sample lines)."""
     agreement = {"committed": expectation_agreement(offline_committed, [o.get("tau") for o in online], clusters,
                                                     a_conditional_var=offline_var)}
-    if any(z is not None for z in offline_zlab):
-        agreement["zlab"] = expectation_agreement(offline_zlab, [o.get("zlab_tau") for o in online], clusters)
+    if any(z is not None for z in offline_april):  # the April loop's count (zlab-2604), when the run has it
+        agreement["zlab-2604"] = expectation_agreement(offline_april, [o.get("zlab_2604_tau") for o in online],
+                                                       clusters)
     return {"samples": len(online), "sampled": True, "rule": ONLINE_RULES[rule], "draft_rule": rule,
             "agreement": agreement,
             "all_agree": all(v.get("agree") is not False for v in agreement.values()),

@@ -25,8 +25,8 @@ DESCRIPTIONS = {
               "equals the token the target draws",
     NOT_APPLICABLE: "T = 0: greedy drafts and greedy verification (the rule does not apply)",
 }
-GREEDY_WALKS = ("the zlab/vllm convention counts and the DDTree figures walk the greedy rule's drafts (they have no "
-                "sampled-rule form yet)")
+GREEDY_WALKS = ("the zlab-2604/vllm convention counts and the DDTree figures walk the greedy rule's drafts (they have "
+                "no sampled-rule form yet)")
 
 
 def rule_of(temperature: float, draft_rule: str) -> str:

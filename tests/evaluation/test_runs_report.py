@@ -15,29 +15,35 @@ from orchestrator.evaluation.compare import compare_runs
 from orchestrator.evaluation.report import drafter_rows, write_report
 from orchestrator.evaluation.runs import find_run, list_runs, new_run, write_json_atomic
 
-ZLAB_GAIN = 0.5  # zlab τ per sample = committed + this, in these synthetic runs
+ZLAB_GAIN = 0.5  # zlab-2604 τ (z-lab's April loop) per sample = committed + this, in these synthetic runs
+APRIL = "zlab-2604"
 
 
-def conventions(taus: list[float], unavailable: str | None = None, exact: bool = True) -> dict:
+def conventions(taus: list[float], unavailable: str | None = None, exact: bool = True, old: bool = False) -> dict:
+    """The conventions block as the payload writes it; OLD: as dfo.results/1 wrote it (the April count under
+    ``zlab``, no alias)."""
     def block(tau):
         return {"tau_macro": tau, "tau_micro": tau + 0.25, "rounds": 10 * len(taus), "drafts_accepted": 5,
                 "per_position": [{"k": 1, "accepted_ge_k": 5, "eligible": 10, "p": 0.5}], "exact": exact,
                 "definition": "def"}
     tau = sum(taus) / len(taus)
-    out = {"committed": {**block(tau), "exact": True}, "zlab": block(tau + ZLAB_GAIN), "vllm": block(tau)}
+    april = "zlab" if old else APRIL
+    out = {"committed": {**block(tau), "exact": True}, april: block(tau + ZLAB_GAIN), "vllm": block(tau)}
     if unavailable:
-        out["zlab"] = out["vllm"] = {"available": False, "reason": unavailable, "definition": "def"}
+        out[april] = out["vllm"] = {"available": False, "reason": unavailable, "definition": "def"}
+    if not old:
+        out["zlab"] = {"alias_of": "committed", "definition": "zlab = committed"}
     return out
 
 
-def metrics(taus: list[float], **conv) -> dict:
+def metrics(taus: list[float], old: bool = False, **conv) -> dict:
     return {"tau_macro": sum(taus) / len(taus), "tau_micro": sum(taus) / len(taus), "rounds": 10 * len(taus),
             "samples": len(taus), "block_size": 4,
             "per_position": [{"k": 1, "p": 0.5}, {"k": 2, "p": 0.25}, {"k": 3, "p": 0.1}],
             "tau_histogram": {"1": 5, "2": 3, "3": 1, "4": 1},
             "tree": {"topk": {"k": 8, "tau_macro": 3.0, "definition": "top-k"},
                      "budgeted": {"budget": 8, "tau_macro": 2.5, "definition": "budgeted"}},
-            "conventions": conventions(taus, **conv)}
+            "conventions": conventions(taus, old=old, **conv)}
 
 
 def zlab_record(tau: float) -> dict:
@@ -46,16 +52,21 @@ def zlab_record(tau: float) -> dict:
     return {"accepted": [p - 1 for p in produced], "produced": produced}
 
 
-def make_run(root: Path, taus: dict[str, list[float]], settings: dict | None = None, conv: dict | None = None):
+def make_run(root: Path, taus: dict[str, list[float]], settings: dict | None = None, conv: dict | None = None,
+             old: bool = False):
+    """A run folder; OLD: results.json and samples.jsonl as dfo wrote them before results schema dfo.results/2
+    (z-lab's April count under the name ``zlab``)."""
     run = new_run(root, ["ct129"], {"request": {}})
     ids = [f"p{i}" for i in range(len(next(iter(taus.values()))))]
-    results = {"schema": "dfo.results/1", "status": "ok", "settings": settings or {"max_new_tokens": 64},
+    april = "zlab" if old else APRIL
+    results = {"schema": "dfo.results/1" if old else "dfo.results/2", "status": "ok",
+               "settings": settings or {"max_new_tokens": 64},
                "target": {"weights_digest": {"algorithm": "sha256", "value": "aa"}},
                "extraction": {"kernel_path": "torch"},
-               "drafters": {n: {"metrics": metrics(t, **(conv or {}).get(n, {})), "spec": {"format": "zlab"}}
+               "drafters": {n: {"metrics": metrics(t, old=old, **(conv or {}).get(n, {})), "spec": {"format": "zlab"}}
                             for n, t in taus.items()}}
     samples = [{"id": i, "continuation_tokens": 10, "tail_tokens": 3,
-                "drafters": {n: {"tau": t[k], "conventions": {"zlab": zlab_record(t[k]), "vllm": zlab_record(t[k])}}
+                "drafters": {n: {"tau": t[k], "conventions": {april: zlab_record(t[k]), "vllm": zlab_record(t[k])}}
                              for n, t in taus.items()}}
                for k, i in enumerate(ids)]
     (run.path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -68,10 +79,11 @@ def make_run(root: Path, taus: dict[str, list[float]], settings: dict | None = N
 def test_report_and_plots_are_written(tmp_path):
     run = make_run(tmp_path, {"ours": [2.0, 3.0, 4.0], "zlab": [5.0, 6.0, 7.0]})
     report = (run.path / "report.md").read_text()
-    assert "| τ macro (committed) | τ micro (committed) | zlab τ macro | vllm τ micro |" in report
+    assert "| τ macro (committed) | τ micro (committed) | zlab-2604 τ macro | vllm τ micro |" in report
     assert "| ours | zlab | 3.00 | 3.00 | 3.50 | 3.25 |" in report and "| zlab | zlab | 6.00 |" in report
-    assert "## τ conventions" in report and "| ours | zlab | 3.50 | 3.75 | 30 | 0.50 |" in report
-    assert "z-lab's current benchmark loop counts" in report and "τ ours (committed)" in report
+    assert "## τ conventions" in report and "| ours | zlab-2604 | 3.50 | 3.75 | 30 | 0.50 |" in report
+    assert "| ours | zlab | = committed |" in report  # the alias: the committed row's figures, not a second count
+    assert "zlab = committed, z-lab's loop since August 2026" in report and "τ ours (committed)" in report
     assert "DDTree-8" in report and "budgeted DDTree" in report and "(budget 8)" in report
     assert "![acceptance](acceptance.png)" in report
     for png in ("acceptance.png", "tau_histogram.png"):
@@ -113,13 +125,14 @@ def test_runs_cli_show_and_compare(tmp_path):
                                        capture_output=True, text=True, timeout=60)
     shown = run("runs", "show", a.name)
     assert shown.returncode == 0 and "ours" in shown.stdout and "2.50" in shown.stdout
-    assert "committed τ macro" in shown.stdout and "zlab τ macro" in shown.stdout and "3.00" in shown.stdout
+    assert "committed τ macro" in shown.stdout and "zlab-2604 τ macro" in shown.stdout and "3.00" in shown.stdout
     compared = run("runs", "compare", a.name, b.name, "--json")
     assert compared.returncode == 0
     assert json.loads(compared.stdout)["drafters"][0]["delta"] == pytest.approx(1.0)
     table = run("runs", "compare", a.name, b.name)
     assert table.returncode == 0 and "committed convention" in table.stdout
-    assert "3.00→4.00" in table.stdout and "zlab A→B" in table.stdout
+    assert "3.00→4.00" in table.stdout and "zlab-2604 A→B" in table.stdout
+    assert "zlab = committed" in " ".join(table.stdout.split())  # the title may wrap
     missing = run("runs", "show", "nope")
     assert missing.returncode == 2 and "no run matches" in missing.stderr
 
@@ -130,10 +143,10 @@ def test_report_names_unavailable_and_lower_bound_conventions(tmp_path):
     report = (run.path / "report.md").read_text()
     assert "| srv | zlab | 2.50 | 2.50 | n/a | n/a |" in report and "| short | zlab | 2.00 | 2.00 | ≥2.50 | ≥2.25 |" \
         in report
-    assert "srv: zlab and vllm τ unavailable: the server refused ignore_eos" in report
-    assert "short: zlab and vllm τ a lower bound" in report
+    assert "srv: zlab-2604 and vllm τ unavailable: the server refused ignore_eos" in report
+    assert "short: zlab-2604 and vllm τ a lower bound" in report
     rows = drafter_rows(run.results())
-    assert rows[0]["zlab"] == {"value": None, "exact": None, "reason": "the server refused ignore_eos"}
+    assert rows[0][APRIL] == {"value": None, "exact": None, "reason": "the server refused ignore_eos"}
     assert rows[0]["convention"] == "committed" and rows[1]["vllm"]["exact"] is False
 
 
@@ -143,13 +156,34 @@ def test_compare_carries_the_other_conventions(tmp_path):
     c = make_run(tmp_path, {"ours": [3.0, 4.0, 5.0, 5.0]})
     report = compare_runs(a, c)
     assert report["convention"] == "committed"
-    zlab = report["drafters"][0]["conventions"]["zlab"]
-    assert (zlab["a"], zlab["b"]) == (3.5, 4.75) and zlab["paired_samples"] == 4
-    assert zlab["delta"] == pytest.approx(1.25)  # paired over the per-sample zlab records
+    april = report["drafters"][0]["conventions"][APRIL]
+    assert (april["a"], april["b"]) == (3.5, 4.75) and april["paired_samples"] == 4
+    assert april["delta"] == pytest.approx(1.25)  # paired over the per-sample zlab-2604 records
     vllm = report["drafters"][0]["conventions"]["vllm"]
     assert (vllm["figure"], vllm["a"], vllm["b"]) == ("tau_micro", 3.25, 4.5) and "delta" not in vllm
-    missing = compare_runs(a, b)["drafters"][0]["conventions"]["zlab"]
+    missing = compare_runs(a, b)["drafters"][0]["conventions"][APRIL]
     assert missing["b"] is None and missing["unavailable"] == [None, "no tail"] and "delta" not in missing
+
+
+def test_a_run_of_results_schema_1_reads_its_zlab_figures_as_zlab_2604(tmp_path):
+    """Before dfo.results/2 the name zlab meant z-lab's April loop: an old run reads that figure (results and
+    samples) under zlab-2604, with zlab the alias of committed, and compares like with like with a new run."""
+    old = make_run(tmp_path, {"ours": [2.0, 3.0, 4.0, 3.0]}, old=True)
+    raw = json.loads(old.results_path.read_text())["drafters"]["ours"]["metrics"]["conventions"]
+    assert raw["zlab"]["tau_macro"] == 3.0 + ZLAB_GAIN and APRIL not in raw  # as the old payload wrote it
+    block = old.results()["drafters"]["ours"]["metrics"]["conventions"]
+    assert block[APRIL]["tau_macro"] == 3.0 + ZLAB_GAIN and block["zlab"]["alias_of"] == "committed"
+    assert old.results()["schema"] == "dfo.results/2" and old.results()["migrated_from"] == "dfo.results/1"
+    assert all(set(s["drafters"]["ours"]["conventions"]) == {APRIL, "vllm"} for s in old.samples())
+    assert drafter_rows(old.results())[0][APRIL]["value"] == 3.0 + ZLAB_GAIN
+    new = make_run(tmp_path, {"ours": [3.0, 4.0, 5.0, 5.0]})
+    april = compare_runs(old, new)["drafters"][0]["conventions"][APRIL]
+    assert (april["a"], april["b"]) == (3.5, 4.75) and april["paired_samples"] == 4  # April beside April
+    assert april["delta"] == pytest.approx(1.25)
+    env = {**os.environ, "DFO_RUNS_DIR": str(tmp_path), "COLUMNS": "200"}
+    shown = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "compare", old.name, new.name],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "3.50→4.75" in shown.stdout, shown.stderr
 
 
 def test_compare_of_malformed_results_shows_what_it_can_without_a_traceback(tmp_path):

@@ -1,7 +1,7 @@
 """The z-lab suite's wall time and cache size on this GPU, projected from the ``cost`` step's rates. Pure.
 
 Per sample the eval (one drafter) costs, stage by stage (remote_payload/eval/stages.py):
-- reference: the prompt's prefill, ``max_new`` greedy tokens, then the tail the zlab/vllm conventions read: a
+- reference: the prompt's prefill, ``max_new`` greedy tokens, then the tail the zlab-2604/vllm conventions read: a
   fresh prefill of prompt + continuation and ``block_size - 1`` more greedy tokens;
 - extraction: one forward over prompt + continuation;
 - drafter eval: the draft pass at every continuation position with the tree replays (the eval's own pass).
