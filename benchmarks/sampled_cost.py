@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/sampled_cost.py [--temperature 1] [--draws 8] [--max-new-tokens 96] [--out FILE.json]
 
 For the built-in prompts: one greedy reference each (today's T = 0 path) and ``--draws`` sampled ones each, every
-stage timed per draw (sampling the continuation, its tail for the zlab/vllm conventions, the one-pass feature
+stage timed per draw (sampling the continuation, its tail for the zlab-2604/vllm conventions, the one-pass feature
 extraction, drafting + replay). Then, for K = 1, 2, 4, … ``--draws``, the run that takes the first K draws of every
 prompt: its τ macro, the 95% cluster-bootstrap CI (metrics.sampled) and its width, against the cost (K × the
 per-draw cost). The variance parts (between prompts / within a prompt) say how the standard error falls with K:

@@ -41,7 +41,7 @@ def _entry(step: int, tau: float) -> dict:
             "drafter": f"step_{step}", "finished_utc": "2026-01-01T00:01:00Z", "strip_key": "0123456789abcdef",
             "measures": {"samples": 64, "rounds": 9000, "tau_macro": stat(tau), "tau_micro": stat(tau - 0.1),
                          "ddtree": {"k": 8, **stat(tau + 2.1)}, "p": [{"k": k, **stat(0.9 / k)} for k in range(1, 5)],
-                         "conventions": {"zlab": tau + 0.04, "vllm": tau + 0.08},
+                         "conventions": {"zlab-2604": tau + 0.04, "vllm": tau + 0.08},
                          "by_dataset": {d: {"samples": 16, "tau_macro": stat(tau + i / 10)}
                                         for i, d in enumerate(("gsm8k", "math500", "humaneval", "mbpp"))}},
             "verdict": {"verdict": "flat", "against": f"step_{step - 100}.pt", "delta": 0.01, "ci": [-0.05, 0.07],

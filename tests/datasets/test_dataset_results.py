@@ -17,7 +17,7 @@ from remote_payload.metrics.aggregate import dataset_breakdown
 
 def _line(i, dataset, tau, category=None, zlab=None, engine=None):
     produced = [int(tau)] * 2
-    entry = {"tau": tau, "produced": produced, "conventions": {"zlab": {"produced": [zlab or tau] * 2}}}
+    entry = {"tau": tau, "produced": produced, "conventions": {"zlab-2604": {"produced": [zlab or tau] * 2}}}
     if engine is not None:
         entry["engine"] = engine
     return {"index": i, "id": f"{dataset}/{i}", "dataset": dataset, "category": category,
@@ -36,7 +36,7 @@ def test_the_breakdown_averages_each_dataset_and_category_over_its_own_samples()
     lo, hi = out["gsm8k"]["tau_macro"]["ci"]
     assert 3.0 <= lo <= 4.0 <= hi <= 5.0
     mt = out["mt-bench"]
-    assert mt["tau_macro"]["value"] == 4.0 and mt["zlab_tau_macro"]["value"] == (2.5 + 4.0 + 6.0) / 3
+    assert mt["tau_macro"]["value"] == 4.0 and mt["zlab_2604_tau_macro"]["value"] == (2.5 + 4.0 + 6.0) / 3
     assert mt["by_category"]["math"]["tau_macro"]["value"] == 5.0 and mt["by_category"]["writing"]["samples"] == 1
     assert mt["by_category"]["writing"]["tau_macro"]["ci"] is None  # one sample: no interval
     assert mt["engine_tau"] == 1 + 40 / 20 and mt["engine_samples"] == 2 and "engine_tau" not in out["gsm8k"]

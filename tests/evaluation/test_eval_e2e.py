@@ -48,7 +48,7 @@ def test_eval_relays_evaluates_and_writes_a_readable_run_folder(sandbox, eval_ho
     summary = json.loads(proc.stdout)
     run_dir = Path(summary["path"])
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["schema"] == "dfo.results/1" and results["status"] == "ok"
+    assert results["schema"] == "dfo.results/2" and results["status"] == "ok"
     assert set(results["drafters"]) == {"ours", "random"}
     ours, rnd = (results["drafters"][n]["metrics"] for n in ("ours", "random"))
     assert ours["tau_macro"] > rnd["tau_macro"], (ours["tau_macro"], rnd["tau_macro"])

@@ -78,7 +78,7 @@ def _sampled_run(root: Path, taus: dict[str, list[list[float]]], seed: int = 0, 
                 **({"draft_rule": draft_rule} if draft_rule else {})}
     settings = {"max_new_tokens": 64, "sampling": sampling, **({"draft_rule": draft_rule} if draft_rule else {}),
                 **({"protocol": protocols.record("zlab-card-gsm8k-t1")} if protocol else {})}
-    results = {"schema": "dfo.results/1", "status": "ok", "settings": settings,
+    results = {"schema": "dfo.results/2", "status": "ok", "settings": settings,
                "target": {"weights_digest": "aa"}, "extraction": {"kernel_path": "torch"},
                "drafters": {n: {"spec": {"format": "zlab"}, "metrics": {
                    "tau_macro": mean[n], "tau_micro": mean[n], "samples": len(lines), "rounds": 99, "block_size": 8,

@@ -32,7 +32,7 @@ def test_help_and_info_work_without_torch():
         assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["dfo"] == "info" and info["torch"] is None and info["cuda_available"] is False
-    assert info["linear_attention_kernel"] == "torch" and info["results_schema"] == "dfo.results/1"
+    assert info["linear_attention_kernel"] == "torch" and info["results_schema"] == "dfo.results/2"
 
 
 def test_info_reports_versions_and_kernel_path(run_payload):
@@ -60,7 +60,7 @@ def test_eval_end_to_end(fixture_dir, run_payload, tmp_path, eval_cache):
     assert records[-1]["dfo"] == "result" and records[-1]["results"] == str(out / "results.json")
 
     results, samples = read_results(out)
-    assert results["schema"] == "dfo.results/1" and results["status"] == "ok"
+    assert results["schema"] == "dfo.results/2" and results["status"] == "ok"
     assert set(results["drafters"]) == {"ours", "rand"}
     ours, rand = results["drafters"]["ours"], results["drafters"]["rand"]
     m = ours["metrics"]

@@ -112,7 +112,7 @@ def hostile_results(name: str) -> tuple[dict, list[dict]]:
                "tree": {"topk": {"k": 8, "tau_macro": 3.5, "definition": f"top-k {HTML}"}},
                "definitions": {f"tau{HTML}": f"mean {EVIL}"},
                "conventions": {"committed": block, "vllm": block,
-                               "zlab": {"available": False, "reason": f"no tail {EVIL}{MARKUP}{HTML}"}}}
+                               "zlab-2604": {"available": False, "reason": f"no tail {EVIL}{MARKUP}{HTML}"}}}
     results = {
         "settings": {"max_new_tokens": 64, "prompts": f"prompts {EVIL}{HTML}", "device": "cpu"},
         "target": {"path": f"/m/{EVIL}{HTML}"},
@@ -223,7 +223,7 @@ def test_malformed_figures_show_as_question_marks_not_tracebacks(tmp_path):
              per_position=[{"k": "1", "p": 0.5}, 5, {"k": 2, "p": "high"}, {"k": [3], "p": 0.1}],
              tau_histogram={"x": 1, "2": "y", "3": {}, "²": 4, "4": 2},
              tree={"topk": {"k": "<b>8</b>", "tau_macro": [3.5]}, "budgeted": {"budget": {"b": 1}, "tau_macro": 1}})
-    m["conventions"]["zlab"] = {"available": False, "reason": ["not", "text"]}
+    m["conventions"]["zlab-2604"] = {"available": False, "reason": ["not", "text"]}
     m["conventions"]["vllm"] = "not an object"
     results["drafters"]["d"]["timings"] = {"eval_s": 10**400}
     results["drafters"]["d"]["engine"] = "not an object"

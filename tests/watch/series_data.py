@@ -62,7 +62,7 @@ def entry(step: int, tau: float = 2.0, *, status: str = "done", verdict: str = "
         return {**e, "error": "eval: corrupt"}
     e["measures"] = {"samples": 8, "rounds": 40, "tau_macro": stat(tau), "tau_micro": stat(tau - 0.1),
                      "ddtree": {"k": 8, **stat(tau + 2)}, "p": [{"k": k, **stat(0.9 / k)} for k in range(1, 5)],
-                     "conventions": {"zlab": tau + 0.05, "vllm": tau + 0.1},
+                     "conventions": {"zlab-2604": tau + 0.05, "vllm": tau + 0.1},
                      "by_dataset": {"humaneval": {"samples": 4, "tau_macro": stat(tau + 0.3)}}}
     e["verdict"] = {"verdict": verdict, "against": None, "delta": 0.0, "ci": [-0.1, 0.1],
                     "regression": verdict == "down", "plateau": False, "paired_samples": 8}

@@ -73,6 +73,41 @@ def test_a_series_json_of_an_older_dfo_reads_as_before(tmp_path):
     assert [p["step"] for p in series_state.load_series(tmp_path)["steps"]] == [10, 20]
 
 
+def _old_measures(e: dict) -> dict:
+    """An entry's measures as dfo.series/1 wrote them: z-lab's April loop count under the name ``zlab``."""
+    conv = e["measures"]["conventions"]
+    e["measures"]["conventions"] = {"zlab": conv.pop("zlab-2604"), **conv}
+    return e
+
+
+def test_a_series_of_schema_1_reads_its_zlab_points_as_zlab_2604(tmp_path):
+    """Before dfo.series/2 a point's ``zlab`` was z-lab's April loop: an old snapshot, its journal and its
+    baselines read back with that figure under ``zlab-2604``; the next snapshot is written as dfo.series/2."""
+    s = series_state.new_series("old", source="kpro6:/ck", eval_host="ct129", settings={})
+    first = _old_measures(series_data.entry(10, 2.0))
+    baseline = _old_measures(series_data.entry(5, 3.0))["measures"]
+    s.update(schema="dfo.series/1", checkpoints={first["name"]: first},
+             baselines={"key": "k", "run": "rb", "drafters": {"zlab": baseline}})
+    (tmp_path / "series.json").write_text(json.dumps(s))
+    late = _old_measures(series_data.entry(20, 2.5))
+    (tmp_path / series_state.JOURNAL).write_text(json.dumps({"t": "x", "entry": late}) + "\n")
+    loaded = series_state.load_series(tmp_path)
+    points = {e["step"]: e["measures"]["conventions"] for e in loaded["checkpoints"].values()}
+    assert points == {10: {"zlab-2604": 2.05, "vllm": 2.1}, 20: {"zlab-2604": 2.55, "vllm": 2.6}}
+    assert loaded["baselines"]["drafters"]["zlab"]["conventions"] == {"zlab-2604": 3.05, "vllm": 3.1}
+    assert (loaded["schema"], loaded["migrated_from"]) == ("dfo.series/2", "dfo.series/1")
+    tags = dict(tensorboard.scalars(loaded["checkpoints"]["step_20.pt"]))
+    assert tags["dflash/tau_zlab-2604"] == 2.55 and "dflash/tau_zlab" not in tags
+    new = series_data.entry(30, 3.0)  # this dfo appends to the old snapshot's journal: read back unchanged
+    loaded["checkpoints"][new["name"]] = new
+    series_state.record(tmp_path, loaded, entry=new)
+    again = series_state.load_series(tmp_path)
+    assert again["checkpoints"]["step_30.pt"]["measures"]["conventions"] == {"zlab-2604": 3.05, "vllm": 3.1}
+    series_state.save(tmp_path, again)
+    assert json.loads((tmp_path / "series.json").read_text())["schema"] == "dfo.series/2"
+    assert series_state.load_series(tmp_path)["checkpoints"] == again["checkpoints"]
+
+
 def test_series_md_of_a_thousand_checkpoints_stays_readable(tmp_path):
     s = series_state.new_series("long", source="kpro6:/ck", eval_host="ct129", settings={})
     for i in range(1, 1001):
@@ -143,7 +178,7 @@ def test_tensorboard_events_read_back_with_tensorboards_reader(tmp_path):
     got = _read_scalars(tmp_path)
     assert got["dflash/tau_macro"] == [(100, 2.5), (200, 3.0)]
     assert got["dflash/tau_micro"] == [(100, 2.4), (200, 2.9)]
-    assert got["dflash/tau_zlab"] == [(100, 2.55), (200, 3.05)] and got["dflash/tau_vllm"][1] == (200, 3.1)
+    assert got["dflash/tau_zlab-2604"] == [(100, 2.55), (200, 3.05)] and got["dflash/tau_vllm"][1] == (200, 3.1)
     assert got["dflash/ddtree_8"] == [(100, 4.5), (200, 5.0)]
     assert [k for k in got if k.startswith("dflash/p")] == ["dflash/p1", "dflash/p2", "dflash/p3", "dflash/p4"]
     assert got["dflash/p2"] == [(100, 0.45), (200, 0.45)]

@@ -171,7 +171,7 @@ def test_eval_with_server_references_survives_a_dying_server(fixture_dir, served
     assert second.returncode == 0, second.stderr
     local = {p.id: ref for p, ref, _ in samples}
     assert restarted.answered[:2] == [local[chosen[2]].prompt_ids, local[chosen[3]].prompt_ids]
-    # then one tail request per sample (prompt + continuation): the tokens past the stop, for zlab/vllm τ
+    # then one tail request per sample (prompt + continuation): the tokens past the stop, for zlab-2604/vllm τ
     assert restarted.answered[2:] == [local[i].tokens for i in chosen]
     records = json_lines(second.stdout)
     order = [r["stage"] for r in records if r["dfo"] == "stage" and r["status"] == "start"]
@@ -189,15 +189,15 @@ def test_eval_with_server_references_survives_a_dying_server(fixture_dir, served
         assert line["stop_reason"] == want.stop_reason and line["teacher_forced_mismatches"] == 0
     assert results["drafters"]["ours"]["metrics"]["tau_macro"] > 2
     conventions = results["drafters"]["ours"]["metrics"]["conventions"]
-    assert conventions["zlab"]["exact"] is True and conventions["vllm"]["tau_micro"] >= conventions["committed"][
+    assert conventions["zlab-2604"]["exact"] is True and conventions["vllm"]["tau_micro"] >= conventions["committed"][
         "tau_micro"]
-    assert all(line["tail_tokens"] == 7 and set(line["drafters"]["ours"]["conventions"]) == {"zlab", "vllm"}
+    assert all(line["tail_tokens"] == 7 and set(line["drafters"]["ours"]["conventions"]) == {"zlab-2604", "vllm"}
                for line in lines)
     assert "warnings" not in results
 
 
 def test_eval_with_a_server_that_cannot_continue_past_the_stop(fixture_dir, served, tmp_path):
-    """A --reference server that refuses the tail request: the eval completes, zlab/vllm say why they are
+    """A --reference server that refuses the tail request: the eval completes, zlab-2604/vllm say why they are
     unavailable (a warning too), committed τ is as always."""
     server = OpenAIServer(*served, Faults(reject_ignore_eos=True)).start()
     try:
@@ -209,9 +209,9 @@ def test_eval_with_a_server_that_cannot_continue_past_the_stop(fixture_dir, serv
     finally:
         server.stop()
     conventions = results["drafters"]["ours"]["metrics"]["conventions"]
-    for name in ("zlab", "vllm"):
+    for name in ("zlab-2604", "vllm"):
         assert conventions[name]["available"] is False and "ignore_eos" in conventions[name]["reason"]
     assert conventions["committed"]["tau_macro"] == results["drafters"]["ours"]["metrics"]["tau_macro"] > 2
-    assert any(w.startswith("zlab and vllm τ conventions unavailable") for w in results["warnings"])
+    assert any(w.startswith("zlab-2604 and vllm τ conventions unavailable") for w in results["warnings"])
     _, lines = read_results(tmp_path / "run")
     assert all(line["tail_tokens"] is None and "conventions" not in line["drafters"]["ours"] for line in lines)

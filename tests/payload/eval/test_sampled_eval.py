@@ -58,7 +58,7 @@ def test_every_draw_is_a_sample_with_its_seed_and_the_figures_are_their_expectat
     assert sampled["tau_macro"]["value"] == pytest.approx(sum(taus) / len(taus)) == pytest.approx(m["tau_macro"])
     lo, hi = sampled["tau_macro"]["ci"]
     assert lo <= m["tau_macro"] <= hi
-    assert sampled["zlab_tau_macro"]["value"] == pytest.approx(m["conventions"]["zlab"]["tau_macro"])
+    assert sampled["zlab_2604_tau_macro"]["value"] == pytest.approx(m["conventions"]["zlab-2604"]["tau_macro"])
     assert sampled["ddtree"]["value"] == pytest.approx(m["tree"]["topk"]["tau_macro"])
     assert "exact in expectation" not in sampled["estimator"] and "unbiased" in sampled["estimator"]
     assert "cluster bootstrap over prompts" in sampled["ci"] and "sampled" in m["definitions"]
@@ -71,7 +71,7 @@ def test_every_draw_is_a_sample_with_its_seed_and_the_figures_are_their_expectat
 def test_the_online_check_at_t_compares_expectations(whole):
     results, lines = whole["results"], whole["lines"]
     check = results["drafters"]["z"]["online_check"]
-    # the default rule is the sampled one: its loop against its exact estimate (the zlab count is the greedy rule's)
+    # the default rule is the sampled one: its loop against its exact estimate (zlab-2604 counts the greedy rule)
     assert results["settings"]["draft_rule"] == results["settings"]["sampling"]["draft_rule"] == "sampled"
     assert results["drafters"]["z"]["metrics"]["draft_rule"] == "sampled" and check["draft_rule"] == "sampled"
     assert check["sampled"] and check["samples"] == 8 and set(check["agreement"]) == {"committed"}
@@ -84,7 +84,7 @@ def test_the_online_check_at_t_compares_expectations(whole):
 
 def test_the_greedy_rule_keeps_todays_figures_on_the_same_draws(whole, fixture_dir):
     """--draft-rule greedy: the same draws, the teacher-forced replay as the headline (what the sampled-rule run
-    keeps under greedy_rule), and the zlab-rule online loop with both conventions checked."""
+    keeps under greedy_rule), and the zlab-2604-rule online loop with both conventions checked."""
     tmp = whole["tmp"]
     results, lines, _ = _eval(whole["run_payload"], fixture_dir, tmp / "greedy", tmp / "cache",
                               "--samples-per-prompt", "2", "--online-check", "--draft-rule", "greedy")
@@ -98,7 +98,7 @@ def test_the_greedy_rule_keeps_todays_figures_on_the_same_draws(whole, fixture_d
     assert "integrated out" in sampled_run["sampled"]["estimator"]
     assert "integrated out" not in m["sampled"]["estimator"] and "replay" in m["sampled"]["estimator"]
     check = results["drafters"]["z"]["online_check"]
-    assert set(check["agreement"]) == {"committed", "zlab"} and check["all_agree"] is True
+    assert set(check["agreement"]) == {"committed", "zlab-2604"} and check["all_agree"] is True
     assert sampled_run["tau_macro"] != m["tau_macro"]  # the two rules give different τ
 
 
@@ -127,7 +127,7 @@ def test_two_shards_merge_into_the_figures_of_one_run(whole, fixture_dir):
     for name in ("z", "rand"):
         got, want = merged["drafters"][name]["metrics"]["sampled"], whole["results"]["drafters"][name]["metrics"][
             "sampled"]
-        for key in ("tau_macro", "tau_micro", "zlab_tau_macro", "ddtree", "per_position", "variance", "prompts"):
+        for key in ("tau_macro", "tau_micro", "zlab_2604_tau_macro", "ddtree", "per_position", "variance", "prompts"):
             assert _rounded(got[key]) == _rounded(want[key]), (name, key)
         online, want_online = merged["drafters"][name]["online_check"], whole["results"]["drafters"][name][
             "online_check"]

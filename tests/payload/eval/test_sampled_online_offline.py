@@ -16,7 +16,7 @@ import torch
 
 from remote_payload.eval.offline import draft_sample, replay
 from remote_payload.eval.online import online_generate
-from remote_payload.eval.sampled_check import committed_from_zlab
+from remote_payload.eval.sampled_check import committed_from_zlab_2604
 from remote_payload.inputs.features import extract
 from remote_payload.inputs.sampled_reference import cached_sampled_reference, sampled_decode
 from remote_payload.inputs.sampling import Sampling, draw_seed, probabilities, sample
@@ -60,11 +60,11 @@ def per_draw(target, zlab_runtime, prompt_ids, eval_cache):
                 end = conv.SampleEnd(ref.tokens + ref.tail, len(ids), len(ref.tokens), MAX_NEW,
                                      frozenset(target.stop_ids), drafts.top1)
                 fig["offline"].append(sample_tau(replay(drafts)))
-                fig["offline_zlab"].append(sample_tau(conv.zlab_rounds(end, B)))
-                res = online_generate(target, rt, ids, MAX_NEW, rule="zlab", sampling=law,
+                fig["offline_zlab"].append(sample_tau(conv.zlab_2604_rounds(end, B)))
+                res = online_generate(target, rt, ids, MAX_NEW, rule="zlab-2604", sampling=law,
                                       seed=draw_seed(0, ids, j, "online"))
                 fig["online_zlab"].append(sample_tau(res.rounds))
-                fig["online"].append(sample_tau(committed_from_zlab(res.rounds, res.prompt_len,
+                fig["online"].append(sample_tau(committed_from_zlab_2604(res.rounds, res.prompt_len,
                                                                     len(res.continuation))))
                 fig["prompt"].append(p)
         out[T] = fig
@@ -97,9 +97,9 @@ def test_the_zlab_rule_loop_draws_what_the_committed_rule_draws_and_caps_to_it(t
     law = Sampling(1.0)
     for ids in prompt_ids[:4]:
         committed = online_generate(target, zlab_runtime, ids, 40, sampling=law, seed=11)
-        zlab = online_generate(target, zlab_runtime, ids, 40, rule="zlab", sampling=law, seed=11)
+        zlab = online_generate(target, zlab_runtime, ids, 40, rule="zlab-2604", sampling=law, seed=11)
         assert zlab.continuation == committed.continuation
-        capped = committed_from_zlab(zlab.rounds, zlab.prompt_len, len(zlab.continuation))
+        capped = committed_from_zlab_2604(zlab.rounds, zlab.prompt_len, len(zlab.continuation))
         assert [r.as_dict() for r in capped] == [r.as_dict() for r in committed.rounds]
 
 

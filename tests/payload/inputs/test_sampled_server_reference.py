@@ -138,7 +138,7 @@ def test_a_server_whose_draws_do_not_follow_the_seed_is_refused(target, start, p
 
 def test_the_eval_takes_sampled_references_from_the_server(fixture_dir, start, run_payload, tmp_path):
     """End to end: `eval --reference URL --temperature 1 --samples-per-prompt 2`: draws with their seeds, the figures
-    as expectations, and zlab/vllm unavailable with the reason (the server's tails are greedy)."""
+    as expectations, and zlab-2604/vllm unavailable with the reason (the server's tails are greedy)."""
     srv = start()
     out = tmp_path / "run"
     proc = run_payload("eval", "--target", fixture_dir / "target", "--drafter", f"z={fixture_dir / 'zlab-drafter'}",
@@ -156,4 +156,5 @@ def test_the_eval_takes_sampled_references_from_the_server(fixture_dir, start, r
     m = results["drafters"]["z"]["metrics"]
     assert m["sampled"]["prompts"] == 2 and m["sampled"]["draws"] == 4
     assert m["sampled"]["tau_macro"]["value"] == pytest.approx(m["tau_macro"])
-    assert m["conventions"]["zlab"]["available"] is False and "drawn at T" in m["conventions"]["zlab"]["reason"]
+    april = m["conventions"]["zlab-2604"]
+    assert april["available"] is False and "drawn at T" in april["reason"]

@@ -30,7 +30,7 @@ ENDS: dict = {}  # (sample index, drafter) -> the conventions.SampleEnd its reco
 
 
 def _add_conventions(line: dict, drafts: dict, rng: random.Random) -> None:
-    """zlab/vllm records as the eval writes them: odd samples end on an end token, even ones at max_new; the
+    """zlab-2604/vllm records as the eval writes them: odd samples end on an end token, even ones at max_new; the
     drafts past the kept tokens always match the tail, the others are the synthetic top-1."""
     name_drafts = next(iter(drafts.values()))
     tokens, P = name_drafts["tokens"], name_drafts["prompt_len"]
@@ -49,7 +49,7 @@ def _add_conventions(line: dict, drafts: dict, rng: random.Random) -> None:
                              drafts_at)
         assert conv.committed_rounds(end) == chain_of(d)  # the chain record is the committed convention
         ENDS[(line["index"], name)] = end
-        line["drafters"][name]["conventions"] = {"zlab": conv.record(conv.zlab_rounds(end, B)),
+        line["drafters"][name]["conventions"] = {"zlab-2604": conv.record(conv.zlab_2604_rounds(end, B)),
                                                  "vllm": conv.record(conv.vllm_rounds(end, B))}
 
 
@@ -85,7 +85,7 @@ def _run(lines, shard, *, seconds=10.0, device="cpu", kernel="torch", **extra):
         metrics["tree"] = tree_summary(topk, bud, block_size=B, k=K_TOP, budget=BUDGET, K=3)
         metrics["conventions"] = conv.summaries(
             chain, *([conv.rounds_from_record(line["drafters"][n]["conventions"][c], B, "t") for line in lines]
-                     for c in ("zlab", "vllm")), B, exact=all(line["tail_tokens"] >= B - 1 for line in lines))
+                     for c in ("zlab-2604", "vllm")), B, exact=all(line["tail_tokens"] >= B - 1 for line in lines))
         online = [line["drafters"][n].get("online") for line in lines]
         drafters[n] = {"spec": {"format": "zlab", "block_size": B, "mask_token_id": 9, "notes": [f"host {shard}"]},
                        "source": {"path": f"/host{shard[0]}/ckpt/{n}", "digest": f"digest-{n}"},
@@ -93,7 +93,7 @@ def _run(lines, shard, *, seconds=10.0, device="cpu", kernel="torch", **extra):
                        "online_check": ({"samples": len(lines)} if any(online) else None),
                        "timings": {"eval_s": seconds / 2, "draft_s": seconds / 4, "anchors": 100}}
     results = {
-        "schema": "dfo.results/1", "status": "ok", "created_utc": "2025-01-01T00:00:00Z",
+        "schema": "dfo.results/2", "status": "ok", "created_utc": "2025-01-01T00:00:00Z",
         "settings": {"enable_thinking": False, "max_new_tokens": 512, "samples_requested": None,
                      "prompts": {"source": "builtin", "path": f"/host{shard[0]}/payload/prompts.jsonl",
                                  "sha256": "abc", "count": N_SAMPLES},
@@ -202,7 +202,7 @@ def _mutate(path, value):
     (_mutate(("drafters", "a", "metrics", "tree", "topk", "k"), 8), r"drafter 'a' tree metrics used"),
     (_mutate(("settings", "shard", "index"), 0), "are the same shard"),
     (_mutate(("status",), "failed"), "status 'failed'"),
-    (_mutate(("schema",), "dfo.results/2"), "results schema"),
+    (_mutate(("schema",), "dfo.results/3"), "results schema"),
     (_mutate(("samples", "count"), 5), "announces 5 samples but its samples.jsonl holds 3"),
 ])
 def test_incompatible_parts_are_refused(mutate, message):
@@ -284,20 +284,41 @@ def test_conventions_are_recomputed_from_the_records():
         direct = conv.conventions([ENDS[(line["index"], n)] for line in lines], B)
         assert got == direct and all(got[c]["exact"] is True for c in conv.NAMES)
         assert got["committed"]["tau_macro"] == merged["drafters"][n]["metrics"]["tau_macro"]
-    assert merged["drafters"]["b"]["metrics"]["conventions"]["zlab"]["rounds"] > \
+    assert merged["drafters"]["b"]["metrics"]["conventions"]["zlab-2604"]["rounds"] > \
         merged["drafters"]["b"]["metrics"]["conventions"]["committed"]["rounds"]  # max_new: z-lab's extra round
 
     p0, p1 = _parts(lines)  # a short tail in one part: its figures are a lower bound, the merge says so
     p1[1][0]["tail_tokens"] = 1
-    assert merge_shards([p0, p1])[0]["drafters"]["a"]["metrics"]["conventions"]["zlab"]["exact"] is False
+    assert merge_shards([p0, p1])[0]["drafters"]["a"]["metrics"]["conventions"]["zlab-2604"]["exact"] is False
 
     p0, p1 = _parts(lines)  # unavailable in one part: unavailable in the merge, with that part's reason
     for n in ("a", "b"):
-        p1[0]["drafters"][n]["metrics"]["conventions"]["zlab"] = {"available": False, "reason": "server said no"}
+        p1[0]["drafters"][n]["metrics"]["conventions"]["zlab-2604"] = {"available": False, "reason": "server said no"}
     got = merge_shards([p0, p1])[0]["drafters"]["a"]["metrics"]["conventions"]
-    assert got["zlab"] == {"available": False, "reason": "part 2 (shard 1/2): server said no",
-                           "definition": conv.DEFINITIONS["zlab"]}
+    assert got["zlab-2604"] == {"available": False, "reason": "part 2 (shard 1/2): server said no",
+                                "definition": conv.DEFINITIONS["zlab-2604"]}
     assert got["vllm"]["available"] is False and got["committed"]["rounds"] > 0
+
+
+def test_parts_of_results_schema_1_merge_with_the_april_count_under_its_dated_name():
+    """Parts written before dfo.results/2 (the April count as ``zlab``, per drafter and per sample) merge to the
+    same figures as current parts, under ``zlab-2604``, with ``zlab`` the alias of committed."""
+    lines = _all_lines()
+    want, _ = merge_shards(list(_parts(lines)))
+    old = _parts(lines)
+    for results, samples in old:
+        results["schema"] = "dfo.results/1"
+        for d in results["drafters"].values():
+            block = d["metrics"]["conventions"]
+            block["zlab"] = block.pop("zlab-2604")
+        for line in samples:
+            for entry in line["drafters"].values():
+                entry["conventions"]["zlab"] = entry["conventions"].pop("zlab-2604")
+    got, merged_lines = merge_shards(list(old))
+    assert got["schema"] == "dfo.results/2"
+    for n in ("a", "b"):
+        assert got["drafters"][n]["metrics"]["conventions"] == want["drafters"][n]["metrics"]["conventions"]
+    assert all(set(line["drafters"]["a"]["conventions"]) == {"zlab-2604", "vllm"} for line in merged_lines)
 
     p0, p1 = _parts(lines)  # a record that is not a full round, or missing, is refused naming the sample
     p1[1][0]["drafters"]["a"]["conventions"]["vllm"]["produced"][0] += 1
