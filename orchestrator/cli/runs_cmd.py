@@ -166,6 +166,10 @@ def compare_cmd(ctx: typer.Context,
     """Compare two runs drafter by drafter: Δτ (B − A) with a paired bootstrap CI over their common prompts.
 
     For example the checkpoints of step 20k and step 25k of one training run, evaluated on the same prompts.
+    Δτ is in the committed convention: zlab = committed, z-lab's loop since August 2026. The zlab-2604 column is
+    z-lab's April 2026 loop (drafts accepted past the end token counted); a run from before that name reads its
+    old zlab figure there, so an old run and a new one compare like with like.
+
     Two speculation_profile.json files (dfo's or another tool's, schema 1.0) compare their accept length per K."""
     app_ctx: AppContext = ctx.obj
     if run_a.endswith(".json") and run_b.endswith(".json"):
