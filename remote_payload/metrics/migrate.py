@@ -46,6 +46,10 @@ def conventions_block(block: object) -> None:
     if "committed" in block:
         for alias, name in conv.ALIASES.items():
             block.setdefault(alias, {"alias_of": name, "definition": conv.DEFINITIONS[alias]})
+    order = [*conv.NAMES, *conv.ALIASES]  # the order a new block has (tables list them so)
+    ordered = {k: block[k] for k in order if k in block} | {k: v for k, v in block.items() if k not in order}
+    block.clear()
+    block.update(ordered)
 
 
 def _by_dataset(block: object) -> None:
