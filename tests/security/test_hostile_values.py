@@ -93,3 +93,44 @@ def test_a_journal_write_that_cannot_finish_leaves_no_fragment(tmp_path, monkeyp
     assert journal.read_bytes() == before  # no fragment for the next change to join
     series_state.record(tmp_path, s, entry=_entry(300))
     assert sorted(series_state.load_series(tmp_path)["checkpoints"]) == ["step_100.pt", "step_300.pt"]
+
+
+def _job(**fields) -> dict:
+    return {"job_id": "20260101-000000-abcd", "state": "succeeded", "job_dir": "/w/jobs/x", **fields}
+
+
+@pytest.mark.parametrize("field, value", [("pid", 2**64), ("pid", 2**22 + 1), ("exit_code", 10**30),
+                                          ("exit_code", 256), ("log_size", 2**63), ("results", -1)])
+def test_integers_in_a_job_reply_are_bounded(field, value):
+    from orchestrator.core.errors import HostError
+    from orchestrator.jobs.replies import JobStatus
+
+    assert JobStatus.from_host("ct129", _job(pid=4242, exit_code=0, log_size=10)).pid == 4242
+    with pytest.raises(HostError, match=f"ct129: malformed jobs reply from the host: .* is {value}"):
+        JobStatus.from_host("ct129", _job(**{field: value}))
+
+
+def test_sizes_in_relay_and_provision_replies_are_bounded():
+    from orchestrator.core.errors import HostError
+    from orchestrator.provision.replies import pool_listing
+    from orchestrator.relay.replies import DestFacts, SourceFacts
+
+    listing = {"kind": "dir", "path": "/ck", "files": [{"rel": "a.pt", "size": 2**64, "mtime_ns": 1}]}
+    with pytest.raises(HostError, match="kpro6: malformed answer about kpro6:/ck .*size is 18446744073709551616"):
+        SourceFacts.parse(listing, "kpro6")
+    dest = {"kind": "dir", "free_measured_at": "t", "writable": True, "writable_checked_at": "t", "files": []}
+    for bad in (float("inf"), "12", 2**70, -1):  # inf: an OverflowError (a traceback) before
+        with pytest.raises(HostError, match="ct129: malformed destination facts"):
+            DestFacts.parse({**dest, "free_bytes": bad}, "ct129")
+    assert DestFacts.parse({**dest, "free_bytes": 5}, "ct129").free_bytes == 5
+    with pytest.raises(HostError, match="a whole number from 0 to 2\\*\\*63-1"):
+        pool_listing("ct129", {"w-1.whl": 2**63})
+
+
+def test_a_hosts_k_in_an_engine_sweep_is_a_small_ascii_number():
+    from orchestrator.evaluation.k_schedule import step_points
+
+    timing = {"tokens_per_s": 100.0, "mean_acceptance_length": 3.0}
+    row = {"concurrency": 1, "plain_tokens_per_s": 50.0, "dflash_tokens_per_s": 90.0, "mean_acceptance_length": 2.5,
+           "per_k": {"²": timing, "9" * 5000: timing, "4": timing}}
+    assert [k for k, _ in step_points([row], 8)[1]] == [0, 4, 8]  # '²' and the 5000 digits ignored
