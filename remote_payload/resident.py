@@ -1,12 +1,14 @@
 """What the resident workers of a `dfo watch` session share (``eval-worker`` in remote_payload/eval/worker.py,
 ``strip-worker`` in remote_payload/models/strip_worker.py): the worker's folder and loop, and its client's wait.
 
-A worker's folder WORKER_DIR holds ``worker.json`` (its pid and state: ``loading``, ``ready``, ``stopped``,
-rewritten as it changes and every few seconds while it runs, a heartbeat) and ``inbox/``, where a client puts
-one request at a time (a temporary name, then a rename). The worker takes the oldest request by renaming it
-(so it acts on each once), serves it, and exits after ``idle_exit`` seconds without one. The client waits
-for its reply file, or exits ``WORKER_GONE`` when the worker stopped first (the controller then does the
-work without a worker). Stdlib only at import: a client imports nothing heavy.
+A worker's folder WORKER_DIR holds ``worker.json`` (its pid, the pid's start time and its state: ``loading``,
+``ready``, ``stopped``, rewritten as it changes and every HEARTBEAT_S while it runs, a heartbeat) and
+``inbox/``, where a client puts one request at a time (a temporary name, then a rename). The worker takes the
+oldest request by renaming it (so it acts on each once), serves it, and exits after ``idle_exit`` seconds
+without one. A worker is alive while its heartbeat is younger than HEARTBEAT_DEADLINE_S and its pid names the
+same process (a pid alone may since name another user's process). The client waits for its reply file, or
+exits ``WORKER_GONE`` when the worker stopped first or did not take the request in time (the controller then
+does the work without a worker). Stdlib only at import: a client imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from remote_payload.errors import PayloadError
 
 WORKER_GONE = 75  # EX_TEMPFAIL: the handover did not happen; nothing is wrong with what was handed over
 HEARTBEAT_S = 2.0
+HEARTBEAT_DEADLINE_S = 30.0  # a beat older than this: the worker is gone (killed, or stalled), whatever its pid is now
+TAKE_TIMEOUT_S = 60.0  # a ready worker takes a request within a poll; untaken this long, the handover is withdrawn
+LOAD_TIMEOUT_S = 1800.0  # the longest a handover waits for a worker still loading (a 27B target loads in minutes)
 TEST_EXIT_ENV = "DFO_WATCH_TEST_KILL_AT"  # tests only (orchestrator/watch/loop.py's kill points)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 LIVE = ("loading", "ready")
@@ -31,7 +36,7 @@ LIVE = ("loading", "ready")
 
 def write_json(path: Path, doc: dict) -> None:
     """Temporary name in the same folder, then rename: a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")  # the beat writes beside
     tmp.write_text(json.dumps(doc), encoding="utf-8")
     os.replace(tmp, path)
 
@@ -56,6 +61,15 @@ def pid_alive(pid: object) -> bool:
     return True
 
 
+def process_start(pid: int) -> str | None:
+    """The start time of process PID (clock ticks since boot, /proc/PID/stat), or None where there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def inside(path: str, root: Path) -> Path:
     """PATH resolved, when it lies strictly inside ROOT (links resolved too); else a PayloadError."""
     real, base = Path(os.path.realpath(path)), Path(os.path.realpath(root))
@@ -76,12 +90,16 @@ class ResidentLoop:
     def __init__(self, worker_dir: Path, idle_exit: float, progress: Any, *, what: str):
         self.dir, self.inbox, self.idle_exit, self.progress, self.what = worker_dir, worker_dir / "inbox", \
             idle_exit, progress, what
-        self.state: dict[str, Any] = {"pid": os.getpid(), "state": "loading", "started": time.time(), "served": 0}
+        self.state: dict[str, Any] = {"pid": os.getpid(), "pid_start": process_start(os.getpid()),
+                                      "state": "loading", "started": time.time(), "served": 0}
         self._stop = threading.Event()
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            self.publish()
+            try:
+                self.publish()
+            except OSError:  # a full disk for a moment: the next beat tries again (a missed deadline ends it)
+                pass
 
     def publish(self, **changes: Any) -> None:
         self.state.update(changes, beat=time.time())
@@ -122,24 +140,49 @@ class ResidentLoop:
 
 
 def worker_live(worker_dir: Path) -> dict | None:
-    """The worker's state when it is loading or ready and its process runs, else None."""
+    """The worker's state when it is loading or ready, its heartbeat is within the deadline and its pid still
+    names the process that wrote it; else None."""
     state = read_json(worker_dir / "worker.json") or {}
-    return state if state.get("state") in LIVE and pid_alive(state.get("pid")) else None
+    beat, pid, started = state.get("beat"), state.get("pid"), state.get("pid_start")
+    if state.get("state") not in LIVE or not pid_alive(pid) or isinstance(beat, bool) or \
+            not isinstance(beat, (int, float)) or abs(time.time() - beat) > HEARTBEAT_DEADLINE_S:
+        return None
+    assert isinstance(pid, int)  # pid_alive takes ints only
+    now_start = process_start(pid)
+    if started is not None and now_start is not None and started != now_start:
+        return None  # the pid was reused: another process runs under it now
+    return state
 
 
 def hand_over(worker_dir: Path, request: Path, doc: dict, reply: Path, poll: float = 0.05) -> dict | None:
     """Put DOC in the worker's inbox as REQUEST and wait for the worker's REPLY: its document, or None when the
-    worker is not running or stopped before it replied (a request it never took is withdrawn)."""
+    worker is not running, stopped before it replied, or did not take the request within TAKE_TIMEOUT_S (of
+    being ready) or LOAD_TIMEOUT_S (in all). A request it never took is withdrawn: a later worker must not act
+    on it, and the caller does the work itself."""
+    take_timeout, load_timeout = TAKE_TIMEOUT_S, LOAD_TIMEOUT_S
     if worker_live(worker_dir) is None:
         return None
     write_json(request, doc)
+    started = time.monotonic()
+    ready_since: float | None = None
     while True:
         outcome = read_json(reply)
         if outcome is not None:
             return outcome
-        if worker_live(worker_dir) is None:
-            request.unlink(missing_ok=True)  # not taken: a later worker must not act on it
+        state = worker_live(worker_dir)
+        if state is None:
+            request.unlink(missing_ok=True)
             return read_json(reply)
+        now = time.monotonic()
+        if state.get("state") == "ready" and ready_since is None:
+            ready_since = now
+        late = (ready_since is not None and now - ready_since > take_timeout) or now - started > load_timeout
+        if late and request.exists():
+            try:
+                request.unlink()
+            except FileNotFoundError:  # taken just now: its reply follows
+                continue
+            return None
         time.sleep(poll)
 
 

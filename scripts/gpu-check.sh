@@ -8,9 +8,11 @@
 #
 # --smoke: every step at toy size on the CPU (CI runs it: tests/payload/diagnose/test_gpu_kit.py). Without it the
 # steps need a CUDA GPU; the wheels the machine lacks (scripts/gpu-wheels.sh puts them in .gpu-wheels/) are
-# installed first into a scratch folder put on PYTHONPATH ahead of the machine's own packages. What the steps
-# measure: remote_payload/diagnose/gpu_kit/__init__.py. Exit status 0 when every step passed, 1 otherwise,
-# 2 for bad arguments.
+# installed first into a private scratch folder put on PYTHONPATH ahead of the machine's own packages: a new
+# one from remote_payload/scratch.py (mkdtemp: unpredictable, exclusive, 0700, removed at the end), or
+# $DFO_GPU_SITE, created 0700 or used only if it is a folder of this user's that nobody else can enter.
+# What the steps measure: remote_payload/diagnose/gpu_kit/__init__.py. Exit status 0 when every step passed,
+# 1 otherwise, 2 for bad arguments (or an unsafe $DFO_GPU_SITE).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -20,8 +22,7 @@ PY=python3
 WHEELS=.gpu-wheels  # relative to the repository root, where every command below runs
 BUDGET=
 PRINT_INSTALL=
-SITE="${DFO_GPU_SITE:-/tmp/dfo-gpu-site}"
-SITE_MARK=.dfo-gpu-site
+SITE=
 
 usage() { sed -n '6,7p' "$0" | sed 's/^# *//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -39,12 +40,17 @@ while [ $# -gt 0 ]; do
 done
 cd "$REPO" || exit 2
 
+# The site folder comes from the one helper for shared places (remote_payload/scratch.py, stdlib only): never
+# a fixed name in /tmp, which another local user could create first and fill with a sitecustomize.py.
+scratch() { PYTHONPATH="$REPO" "$PY" -m remote_payload.scratch "$@"; }
+if [ -n "${DFO_GPU_SITE:-}" ]; then SITE_ARGS=(own "$DFO_GPU_SITE"); else SITE_ARGS=(new dfo-gpu-site-); fi
 install_line() {
-  printf '%q -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target %q %s/*.whl' \
-    "$PY" "$SITE" "$(printf '%q' "$WHEELS")"
+  printf '%q -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" %s/*.whl' \
+    "$PY" "$(printf '%q' "$WHEELS")"
 }
-if [ -n "$PRINT_INSTALL" ]; then
-  echo "$(install_line) && export PYTHONPATH=$(printf '%q' "$SITE")"
+if [ -n "$PRINT_INSTALL" ]; then  # run at the repository root, as the relative paths in it say
+  printf 'SITE=$(PYTHONPATH=. %q -m remote_payload.scratch %s) && %s && export PYTHONPATH="$SITE"\n' \
+    "$PY" "$(printf '%q ' "${SITE_ARGS[@]}" | sed 's/ $//')" "$(install_line)"
   exit 0
 fi
 [ -n "$OUT" ] || { echo "gpu-check: OUT_DIR is required" >&2; usage; }
@@ -67,7 +73,7 @@ KILL_AFTER=10
 
 mkdir -p "$OUT" || exit 2
 LOG="$OUT/gpu-check.log"
-PARTS=$(mktemp -d "${TMPDIR:-/tmp}/dfo-gpu-parts.XXXXXX") || exit 2
+PARTS=$(scratch new dfo-gpu-parts-) || exit 2
 : > "$LOG"
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
@@ -83,11 +89,12 @@ export PYTHONPATH="$REPO" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBO
 log "mode $MODE, budget ${BUDGET}s, python $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])' 2>&1)"
 if [ "$MODE" = gpu ]; then
   if compgen -G "$WHEELS/*.whl" > /dev/null; then
-    if [ -e "$SITE" ] && [ ! -e "$SITE/$SITE_MARK" ]; then
-      log "refusing to install into $SITE: it exists and is not this script's (set DFO_GPU_SITE)"; exit 2
+    if ! SITE=$(scratch "${SITE_ARGS[@]}" 2> "$PARTS/site.err"); then
+      log "$(cat "$PARTS/site.err") (unset DFO_GPU_SITE for a fresh private folder)"
+      rm -rf "$PARTS"; exit 2
     fi
-    rm -rf "$SITE" && mkdir -p "$SITE" && touch "$SITE/$SITE_MARK"
-    log "installing $(ls "$WHEELS"/*.whl | wc -l) wheel(s) from $WHEELS: $(install_line)"
+    [ -n "${DFO_GPU_SITE:-}" ] || trap 'rm -rf "$SITE"' EXIT  # a folder of this run's own goes with it
+    log "installing $(ls "$WHEELS"/*.whl | wc -l) wheel(s) from $WHEELS into $SITE: $(install_line)"
     if eval "$(install_line)" >> "$LOG" 2>&1; then
       export PYTHONPATH="$SITE:$REPO"
     else

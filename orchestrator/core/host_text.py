@@ -8,7 +8,8 @@ link or a remote image, a ``|`` or a newline breaks a table row, backticks close
 
 ``clean`` is the terminal filter (the CLI's consoles run everything they write through it:
 ``orchestrator.ui.safe_console``); ``md_text``, ``md_code`` and ``md_fence`` write host text into Markdown;
-``fmt_number`` formats a figure from a host's results, which may be a string, a dict or a huge int.
+``fmt_number`` formats a figure from a host's results, which may be a string, a dict or a huge int;
+``whole_number`` checks an integer from a host against its bounds.
 No terminal library here: the evaluation and watch code that writes Markdown uses it too.
 """
 
@@ -41,6 +42,16 @@ def decode_json(text: str | bytes) -> Any:
         raise ValueError("JSON nested too deeply") from None
     except MemoryError:
         raise ValueError("JSON too large") from None
+
+
+INT64_MAX = 2**63 - 1  # what files, offsets, os.* calls, struct and event files take; a host's figure past it is bad
+PID_MAX = 2**22  # Linux's PID_MAX_LIMIT
+
+
+def whole_number(value: object, minimum: int = 0, maximum: int = INT64_MAX) -> bool:
+    """Whether VALUE, parsed from a host's JSON, is an int (not a bool, not a float) from MINIMUM to MAXIMUM:
+    counts, sizes, pids, exit codes and ports are checked against their bounds where they are read."""
+    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= maximum
 
 
 def clean(text: object) -> str:

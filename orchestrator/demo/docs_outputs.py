@@ -23,9 +23,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from remote_payload.scratch import private_dir
 
 REPO = Path(__file__).resolve().parents[2]
 MARKED = re.compile(r"(<!-- docs-output: (?P<name>[\w-]+) -->\n)```[^\n]*\n.*?```\n(?=<!-- /docs-output -->)",
@@ -112,7 +113,7 @@ def dfo(cwd: Path, *args: str) -> str:
 
 
 def collect() -> dict[str, str]:
-    root = Path(tempfile.mkdtemp(prefix="dfo-docs-"))
+    root = private_dir("dfo-docs-")
     runs = root / "runs"  # the commands run in ROOT and name it `runs`, as a user's ./runs
     try:
         outputs = demo_blocks(dfo(root, "demo", "--keep", "--root", str(root / "sandbox"), "--runs-dir", "runs"))

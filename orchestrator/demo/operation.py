@@ -22,7 +22,6 @@ side by side.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -53,6 +52,7 @@ from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
 from remote_payload.errors import PayloadError
 from remote_payload.inputs.datasets.registry import ADAPTERS, package_source
+from remote_payload.scratch import private_dir
 
 FIXTURES_ON = FIXTURES[None]  # the default demo's (demo/watch.py builds the same)
 SAMPLED_TEMPERATURE = 1.0  # the demo's second eval: z-lab's sampled setting
@@ -86,7 +86,7 @@ def _build_fixtures(connector: Connector, host: str, python: str, out: str, what
 def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
              samples: int | None = 6, max_new_tokens: int = 96, engine: str | None = None) -> DemoOutcome:
     started = time.monotonic()
-    made, root = root is None, root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
+    made, root = root is None, root or private_dir("dfo-demo-")
     events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
     box = Sandbox(root, keep=keep)
     box.start()

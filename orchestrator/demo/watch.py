@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
 from orchestrator.watch.loop import WatchConfig, Watcher
 from orchestrator.watch.selection import Options
+from remote_payload.scratch import private_dir
 
 TRAINER = Path(__file__).resolve().parents[1] / "testing" / "fake_trainer.py"
 STEPS = (100, 200, 300, 400)
@@ -89,7 +89,7 @@ def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, 
     set_aside = set_aside_earlier(runs_dir)
     if set_aside is not None:
         events.info(f"  an earlier demo's series is kept as {set_aside.name}; this one starts {SERIES} afresh")
-    made, root = root is None, root or Path(tempfile.mkdtemp(prefix="dfo-demo-"))
+    made, root = root is None, root or private_dir("dfo-demo-")
     events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
     box = Sandbox(root, keep=keep)
     box.start()

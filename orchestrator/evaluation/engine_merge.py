@@ -71,7 +71,7 @@ def _merged_or_error(name: str, host_results: dict[str, dict], samples: list[dic
         return _merge_drafter(name, host_results, samples)
     except KeyError as exc:
         return {"engine": engine, "error": f"the hosts' engine figures of {name!r} cannot be merged: no {exc} field"}
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # int() of a host's inf: OverflowError
         return {"engine": engine, "error": f"the hosts' engine figures of {name!r} cannot be merged: {exc}"}
 
 

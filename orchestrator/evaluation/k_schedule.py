@@ -14,6 +14,7 @@ The best K per c becomes vLLM's batch-size → K schedule (``num_speculative_tok
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 CALIBRATION = ("step time per concurrency from the engine's own timings: plain decoding is K = 0 (c / plain tok/s), "
@@ -41,7 +42,9 @@ def step_points(concurrency_rows: list[dict], k_run: int) -> dict[int, list[tupl
                             "mean_acceptance_length": row.get("mean_acceptance_length")}}
         per_k = row.get("per_k")
         if isinstance(per_k, dict):
-            measured.update({int(k): v for k, v in per_k.items() if str(k).isdigit() and isinstance(v, dict)})
+            # A K is a small whole number in ASCII digits (str.isdigit also takes '²' and 5000-digit strings)
+            measured.update({int(k): v for k, v in per_k.items()
+                             if re.fullmatch(r"[0-9]{1,4}", str(k)) and isinstance(v, dict)})
         for k, m in sorted(measured.items()):
             tps, tau = m.get("tokens_per_s"), m.get("mean_acceptance_length")
             if _num(tps) and _num(tau):

@@ -51,7 +51,7 @@ from orchestrator.core.confine import check_component, check_name, confine
 from orchestrator.core.errors import ConnectionLost, HostError, InputError, OperationError
 from orchestrator.core.events import Events, OutputSink, QuietEvents
 from orchestrator.core.hashing import sha256_file
-from orchestrator.core.host_text import decode_json
+from orchestrator.core.host_text import decode_json, whole_number
 from orchestrator.jobs import replies
 from orchestrator.jobs.replies import FINAL_STATES, JobStatus
 from orchestrator.transport import Connector, for_each_host, hostcall
@@ -522,8 +522,7 @@ def _checked_manifest(host: str, files: object) -> dict[str, dict]:
                         f"(expected a mapping, got {type(files).__name__})")
     for rel, meta in files.items():
         check_name(rel, host=host, what="results file name")
-        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int) and not isinstance(meta["size"], bool)
-                and meta["size"] >= 0 and isinstance(meta.get("sha256"), str)
+        if not (isinstance(meta, dict) and whole_number(meta.get("size")) and isinstance(meta.get("sha256"), str)
                 and re.fullmatch(r"[0-9a-f]{64}", meta["sha256"])):
             raise HostError(host, f"malformed results manifest entry for {rel!r}: {str(meta)[:120]}")
     return files

@@ -17,6 +17,7 @@ from typing import Any
 
 from orchestrator.core.confine import check_component
 from orchestrator.core.errors import HostError
+from orchestrator.core.host_text import INT64_MAX, PID_MAX, whole_number
 
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost", "refused"})
 STATES = FINAL_STATES | {"starting", "running"}
@@ -39,11 +40,13 @@ def _str(host: str, what: str, value: object, *, optional: bool = True) -> str |
     raise malformed(host, what, value)
 
 
-def _int(host: str, what: str, value: object, *, optional: bool = True, minimum: int | None = None) -> int | None:
+def _int(host: str, what: str, value: object, *, optional: bool = True, minimum: int = 0,
+         maximum: int = INT64_MAX) -> int | None:
     if value is None and optional:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+    if not whole_number(value, minimum, maximum):
         raise malformed(host, what, value)
+    assert isinstance(value, int)
     return value
 
 
@@ -131,8 +134,8 @@ class JobStatus:
             created=_time(host, "the creation time", info.get("created")),
             started=_time(host, "the start time", info.get("started")),
             finished=_time(host, "the finish time", info.get("finished")),
-            pid=_int(host, "the pid", info.get("pid"), minimum=1),
-            exit_code=_int(host, "the exit code", info.get("exit_code")),
+            pid=_int(host, "the pid", info.get("pid"), minimum=1, maximum=PID_MAX),
+            exit_code=_int(host, "the exit code", info.get("exit_code"), minimum=-255, maximum=255),
             signal=_str(host, "the signal", info.get("signal")),
             heartbeat_age_s=_number(host, "the heartbeat age", info.get("heartbeat_age_s")),
             log_size=_int(host, "the log size", info.get("log_size", 0), optional=False, minimum=0) or 0,
@@ -226,10 +229,10 @@ class CancelPreview:
             processes = []
             for member in members:
                 member = _object(host, "a process of the job", member)
-                pid = _int(host, "a process id", member.get("pid"), optional=False, minimum=1)
+                pid = _int(host, "a process id", member.get("pid"), optional=False, minimum=1, maximum=PID_MAX)
                 processes.append((pid or 0, _strings(host, "a process command", member.get("command"))))
         return cls(JobStatus.from_host(host, reply.get("job")),
-                   _int(host, "the process group", reply.get("pgid"), minimum=1), processes)
+                   _int(host, "the process group", reply.get("pgid"), minimum=1, maximum=PID_MAX), processes)
 
 def results_listing(host: str, reply: object) -> tuple[JobStatus, Any]:
     """(status, the raw manifest: ``operation._checked_manifest`` checks its names, sizes and digests)."""

@@ -12,13 +12,13 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from orchestrator.core.errors import InputError, OperationError
 from orchestrator.provision.lock import PAYLOAD_DIR, load_lock, parse_lock
 from orchestrator.provision.plan import controller_uv
 from remote_payload.engines.registry import NAMES as ENGINES
+from remote_payload.scratch import private_tmp
 
 # How each shipped lock is made. uv resolves against PyPI only (--no-config: no user/site uv.toml). The
 # CPU torch build is not on PyPI: it comes from a find-links directory holding torch-2.13.0+cpu (pip finds
@@ -106,7 +106,7 @@ def compile_lock(flavour: str, *, find_links: str | None = None, uv: str | None 
         find_links = "/opt/wheels" if os.path.isdir("/opt/wheels") else None
     argv = compile_argv(flavour, uv, find_links)
     out = PAYLOAD_DIR / f"requirements-{flavour}.lock"
-    with tempfile.TemporaryDirectory() as tmp:
+    with private_tmp("dfo-lock-") as tmp:
         body = Path(tmp) / "lock.txt"
         proc = subprocess.run([*argv, "-o", str(body)], capture_output=True, text=True)
         if proc.returncode != 0:

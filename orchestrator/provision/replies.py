@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.errors import HostError
+from orchestrator.core.host_text import whole_number
 from orchestrator.provision.wheelhouse import Target
 
 _MACHINE_RE = re.compile(r"^[A-Za-z0-9_]{1,32}\Z")                    # x86_64, aarch64, ppc64le, s390x
@@ -89,8 +90,8 @@ class _Fields:
         value = self._get(key, optional)
         if value is None and optional:
             return None
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise self.bad(self.where + key, value, "a whole number >= 0")
+        if not whole_number(value):
+            raise self.bad(self.where + key, value, "a whole number from 0 to 2**63-1")
         return value
 
     def seconds(self, key: str) -> float:

@@ -11,14 +11,16 @@ from typing import Any
 
 from orchestrator.core.confine import check_name
 from orchestrator.core.errors import HostError, InputError
+from orchestrator.core.host_text import whole_number
 
 
 def _int(obj: dict, key: str, host: str, where: str, *, optional: bool = False) -> int | None:
     value = obj.get(key)
     if value is None and optional:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise HostError(host, f"malformed answer about {where}: {key} is {value!r}")
+    if not whole_number(value):
+        raise HostError(host, f"malformed answer about {where}: {key} is {value!r:.60}")
+    assert isinstance(value, int)
     return value
 
 
@@ -95,7 +97,9 @@ class DestFacts:
     def parse(cls, obj: Any, host: str) -> "DestFacts":
         try:
             inside = obj.get("inside")
-            return cls(kind=str(obj["kind"]), free_bytes=int(obj["free_bytes"]),
+            if not whole_number(obj["free_bytes"]):
+                raise ValueError("free_bytes")
+            return cls(kind=str(obj["kind"]), free_bytes=obj["free_bytes"],
                        free_measured_at=str(obj["free_measured_at"]), writable=bool(obj["writable"]),
                        writable_checked_at=str(obj["writable_checked_at"]), files=list(obj["files"]),
                        inside=cls.parse(inside, host) if isinstance(inside, dict) else None)

@@ -17,6 +17,7 @@ from remote_payload.metrics.sample_rounds import rounds_from_entry
 from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci, mean
 
 POSITIONS = 4          # p1..p4 in the series
+TREE_K_MAX = 4096      # DDTree's top-k: a small count (8 in the reports); it names TensorBoard tags and hook metrics
 PLATEAU_WINDOW = 3     # this many "flat" verdicts in a row make a plateau
 VERDICTS = ("first", "up", "flat", "down")
 
@@ -51,6 +52,15 @@ def _number(value: object, what: str, drafter: str) -> float | None:
     raise InputError(f"results.json: {what} of drafter {drafter!r} is {value!r:.40}, not a number")
 
 
+def _tree_k(value: object, drafter: str) -> int | None:
+    """DDTree's k as the series stores it: an int in 1..TREE_K_MAX, or None (no tree); it becomes part of the
+    TensorBoard tag and the W&B/MLflow metric name, so nothing else a host writes there gets through."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= TREE_K_MAX):
+        return value
+    raise InputError(f"results.json: the DDTree k of drafter {drafter!r} is {value!r:.40}, not a whole number "
+                     f"from 1 to {TREE_K_MAX}")
+
+
 def measure(results: dict, samples: list[dict], drafter: str) -> dict:
     """τ macro, τ micro, DDTree-k and p1..p4 of ``drafter`` with their bootstrap CIs.
 
@@ -58,7 +68,7 @@ def measure(results: dict, samples: list[dict], drafter: str) -> dict:
     watcher records the checkpoint as failed), never a traceback that a restarted watcher would repeat."""
     try:
         return _measure(results, samples, drafter)
-    except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError, OverflowError) as exc:
         raise InputError(f"results.json / samples.jsonl: unexpected content for drafter {drafter!r} "
                          f"({type(exc).__name__}: {exc})") from None
 
@@ -101,7 +111,7 @@ def _measure(results: dict, samples: list[dict], drafter: str) -> dict:
         "samples": m.get("samples"), "rounds": m.get("rounds"),
         "tau_macro": value(m.get("tau_macro"), "tau_macro"),
         "tau_micro": value(m.get("tau_micro"), "tau_micro"),
-        "ddtree": {"k": topk.get("k"), **value(topk.get("tau_macro"), "ddtree")},
+        "ddtree": {"k": _tree_k(topk.get("k"), drafter), **value(topk.get("tau_macro"), "ddtree")},
         "p": [{"k": j, **value(positions.get(j), f"p{j}")} for j in range(1, k + 1)],
     }
 

@@ -21,13 +21,14 @@ again. The functions here only change the dict; ``record`` appends a change, ``s
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import re
 from pathlib import Path
 
-from orchestrator.core.errors import InputError
+from orchestrator.core.errors import InputError, OperationError
 from orchestrator.core.host_text import decode_json
 from orchestrator.evaluation.runs import write_json_atomic
 from orchestrator.watch.discovery import Checkpoint
@@ -255,11 +256,29 @@ def record(folder: Path, series: dict, *, entry: dict | None = None, baselines: 
     line = (json.dumps(change, separators=(",", ":"), default=str) + "\n").encode()
     fd = os.open(folder / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
+        _append_whole(fd, line, folder / JOURNAL)
         os.fsync(fd)
     finally:
         os.close(fd)
     series["journal_lines"] = series.get("journal_lines", 0) + 1
+
+
+def _append_whole(fd: int, line: bytes, path: Path) -> None:
+    """LINE appended whole: a short write(2) (a signal, a nearly full disk) goes on with the rest; one that
+    cannot finish is cut back off, so the next line does not join a fragment into one that reads as damage."""
+    start = os.fstat(fd).st_size
+    done = 0
+    try:
+        while done < len(line):
+            n = os.write(fd, line[done:])
+            if n <= 0:
+                raise OSError(f"write(2) wrote nothing of the last {len(line) - done} bytes")
+            done += n
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise OperationError(f"{path}: could not append the change ({exc}); the series is as before it",
+                             hint="free space on that disk and run the watcher again") from None
 
 
 def draft_rule_of(settings: dict) -> str | None:

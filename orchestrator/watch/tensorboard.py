@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from orchestrator.core.errors import InputError, OperationError
+from orchestrator.watch.measures import TREE_K_MAX
 
 INSTALL = "pip install 'tensorboardX>=2.6' (or the tensorboard extra: pip install 'dfo[tensorboard]')"
 
@@ -63,7 +64,9 @@ def scalars(entry: dict, baselines: dict | None = None) -> list[tuple[str, float
                                      ("dflash/tau_micro", m["tau_micro"]["value"])]
     for name, value in (m.get("conventions") or {}).items():
         out.append((f"dflash/tau_{_tag_part(name)}", value))
-    out.append((f"dflash/ddtree_{m['ddtree'].get('k') or 8}", m["ddtree"]["value"]))
+    k = m["ddtree"].get("k")  # validated where it was read (watch/measures.py); a series of an older dfo may not be
+    if k is None or (isinstance(k, int) and not isinstance(k, bool) and 0 < k <= TREE_K_MAX):
+        out.append((f"dflash/ddtree_{k or 8}", m["ddtree"]["value"]))
     out += [(f"dflash/p{p['k']}", p["value"]) for p in m["p"]]
     for name, d in sorted((m.get("by_dataset") or {}).items()):
         out.append((f"dflash_dataset/{_tag_part(name)}", (d.get("tau_macro") or {}).get("value")))

@@ -122,8 +122,6 @@ def build_synthetic(folder: Path, shapes: dict = REAL_SHAPES, seed: int = 0) -> 
 def run(target: str | None, drafter: str | None = None, samples: int = 4, max_new_tokens: int = 128,
         out: str | None = None, progress: Progress = SILENT, device: str = "cuda", synthetic: bool = False) -> dict:
     # One parameter per `gpu-check` flag (plus progress/device for the tests): the CLI passes them as parsed.
-    import tempfile
-
     from remote_payload.models.target import resolve_device
 
     if bool(target) == bool(synthetic):
@@ -139,11 +137,12 @@ def run(target: str | None, drafter: str | None = None, samples: int = 4, max_ne
     from remote_payload.models.target import load_target, render_prompt
     from remote_payload.models.validation import validate_against_target
     from remote_payload.results import versions
+    from remote_payload.scratch import private_dir
 
     started = time.perf_counter()
     folder: str | Path
     if synthetic:
-        work = Path(tempfile.mkdtemp(prefix="dfo-gpu-check-"))
+        work = private_dir("dfo-gpu-check-")
         progress.progress("gpu-check", 0, samples, unit="samples", message=f"building a synthetic target in {work}")
         folder, synthetic_drafter = build_synthetic(work, REAL_SHAPES if device == "cuda" else TINY_SHAPES)
         drafter = drafter or str(synthetic_drafter)

@@ -28,13 +28,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import IO
+
+from remote_payload.scratch import private_dir
 
 from .base import EngineError, ServerConfig
 from .listener import check_port
@@ -131,7 +132,7 @@ class EngineServer:
             raise EngineError(f"engine python {self.cfg.python} not found (is the {self.engine.title} venv built? "
                               f"`dfo provision --host HOST --engine {self.engine.name}`)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._private = Path(tempfile.mkdtemp(prefix="dfo-engine-"))  # 0700, outside the folder that is pulled
+        self._private = private_dir("dfo-engine-")  # 0700, outside the folder that is pulled
         launch = self.engine.launch(self.cfg, self.port, self.api_key, self._private)
         for path, text in launch.private_files.items():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

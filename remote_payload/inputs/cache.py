@@ -6,9 +6,11 @@ run; otherwise the caller is told which fields differ, and says so before recomp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -82,31 +84,76 @@ def mark_used(path: Path) -> None:
         pass
 
 
+# The cache's index of its own entries: the folders its writers use and the suffix of the names they give
+# (inputs.reference / sampled_reference: references/, inputs.features: features/, inputs.server_reference and
+# server_tails: server-references/). Nothing else under the cache folder is an entry: the fixture cache may
+# sit inside it (the default one does), a --cache-dir may hold other data, and engine-drafters/ holds whole
+# exported folders, not files to drop one by one.
+ENTRY_FOLDERS = {"references": ".json", "features": ".safetensors", "server-references": ".json"}
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+def _entry_name(name: str, suffix: str) -> bool:
+    return name.endswith(suffix) and not name.startswith(".") and "/" not in name  # .x.tmp: a writer's
+
+
 def enforce_limit(cache_dir: Path, limit_bytes: int, keep: Iterable[Path] = ()) -> dict:
-    """Remove the least recently used files of ``cache_dir`` until it holds at most ``limit_bytes``; files in
-    ``keep`` (what the running eval still reads) are never removed. Returns what it found and did."""
-    kept = {Path(p).resolve() for p in keep}
-    entries = []
-    for path in cache_dir.rglob("*") if cache_dir.is_dir() else []:
+    """Remove the least recently used entries of ``cache_dir`` until they hold at most ``limit_bytes``; files
+    in ``keep`` (what the running eval still reads) are never removed. Returns what it found and did.
+
+    Only the index's folders are read, each opened once without following a link (O_NOFOLLOW), and every
+    stat and unlink goes through that folder's descriptor: a folder swapped for a link after the scan is not
+    followed, and one that vanishes mid-scan simply holds nothing."""
+    kept = set()
+    for p in keep:
+        with contextlib.suppress(OSError):
+            st = os.stat(p)
+            kept.add((st.st_dev, st.st_ino))
+    entries: list[tuple[float, int, int, str, tuple[int, int]]] = []
+    fds: list[int] = []
+    try:
         try:
-            st = path.lstat()
+            root = os.open(cache_dir, _DIR_FLAGS)  # the cache folder itself may be a link the user chose
         except OSError:
-            continue
-        if path.is_file() and not path.is_symlink() and not path.name.startswith("."):  # .x.tmp: a writer's
-            entries.append((max(st.st_atime, st.st_mtime), st.st_size, path))  # last written or used
-    total = sum(size for _, size, _ in entries)
-    before, evicted, evicted_bytes = total, 0, 0
-    for _, size, path in sorted(entries, key=lambda e: e[0]):
-        if total <= limit_bytes:
-            break
-        if path.resolve() in kept:
-            continue
-        try:
-            path.unlink()
-        except OSError:
-            continue
-        total -= size
-        evicted += 1
-        evicted_bytes += size
+            return _limit_report(limit_bytes, 0, 0, 0, 0)
+        fds.append(root)
+        for folder, suffix in ENTRY_FOLDERS.items():
+            try:
+                fd = os.open(folder, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=root)
+            except OSError:  # missing, vanished, or a link: nothing of the cache's own there
+                continue
+            fds.append(fd)
+            with contextlib.suppress(OSError):
+                for name in os.listdir(fd):
+                    if not _entry_name(name, suffix):
+                        continue
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except OSError:  # gone since the listing
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        entries.append((max(st.st_atime, st.st_mtime), st.st_size, fd, name,  # last written/used
+                                        (st.st_dev, st.st_ino)))
+        total = before = sum(e[1] for e in entries)
+        evicted, evicted_bytes = 0, 0
+        for _, size, fd, name, ident in sorted(entries, key=lambda e: e[0]):
+            if total <= limit_bytes:
+                break
+            if ident in kept:
+                continue
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError:
+                continue
+            total -= size
+            evicted += 1
+            evicted_bytes += size
+        return _limit_report(limit_bytes, before, total, evicted, evicted_bytes)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _limit_report(limit_bytes: int, before: int, total: int, evicted: int, evicted_bytes: int) -> dict:
     return {"limit_bytes": limit_bytes, "bytes_before": before, "bytes": total, "evicted": evicted,
             "evicted_bytes": evicted_bytes, "over_limit": total > limit_bytes}

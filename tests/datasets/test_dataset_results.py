@@ -113,7 +113,8 @@ def test_the_cache_limit_removes_least_recently_used_files_but_never_kept_ones(t
 
 
 def test_a_reused_entry_counts_as_recently_used_and_keeps_its_write_time(tmp_path):
-    old, newer = tmp_path / "old.json", tmp_path / "newer.json"
+    old, newer = tmp_path / "references" / "old.json", tmp_path / "references" / "newer.json"
+    old.parent.mkdir()
     for i, f in enumerate((old, newer)):
         f.write_bytes(b"x" * 100)
         os.utime(f, (time.time() - 100 + i, time.time() - 100 + i))

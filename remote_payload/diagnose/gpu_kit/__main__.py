@@ -14,12 +14,12 @@ import argparse
 import json
 import signal
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 
 from remote_payload.diagnose.gpu_kit.merge import STEPS
 from remote_payload.diagnose.gpu_kit.part import Part
+from remote_payload.scratch import private_tmp
 
 DEFAULTS = {"gpu": {"device": "cuda", "kernel": "fla"}, "smoke": {"device": "cpu", "kernel": "auto"}}
 
@@ -52,7 +52,7 @@ def run_step(args) -> int:
         if args.name == "env":
             module.run(part, args.mode, device)
         else:
-            with tempfile.TemporaryDirectory(prefix=f"dfo-gpu-kit-{args.name}-") as work:
+            with private_tmp(f"dfo-gpu-kit-{args.name}-") as work:
                 module.run(part, args.mode, device, kernel, Path(work))
     except Exception as exc:  # noqa: BLE001 - whatever stopped the step is recorded in its part, not lost
         part.data["errors"]["step"] = {"type": type(exc).__name__, "message": str(exc)[:2000],
@@ -85,7 +85,7 @@ def record_cpu_figures(args) -> int:
     import torch
 
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="dfo-gpu-kit-cpu-") as work:
+    with private_tmp("dfo-gpu-kit-cpu-") as work:
         kit_fixtures.build(Path(work), ["target"])
         tables = {d: layer_table(str(Path(work) / "target"), d, "cpu", "fla", TABLE_NEW_TOKENS["gpu"])
                   for d in DTYPES}
