@@ -235,6 +235,10 @@ CASES = [
      2, [(ERR, "--engine-arg needs --engine NAME")]),
     ("engine-concurrency-without-engine", [*EVAL, "--engine-concurrency", "1,4"], TEAM,
      2, [(ERR, "no engine is served without --engine NAME")]),
+    ("engine-check-without-engine", [*EVAL, "--engine-check", "synthetic"], TEAM,
+     2, [(ERR, "--engine-check synthetic needs --engine NAME")]),
+    ("engine-check-unknown", [*EVAL, "--engine", "vllm", "--engine-check", "simulated"], TEAM,
+     2, [(ERR, "--engine-check 'simulated': unknown check 'simulated' (known: synthetic)")]),
     # plans print commands a user can paste: shell-quoted
     ("eval-plan-is-shell-quoted", ["eval", "--host", "ct129", "--target", "/m/my model", "--drafter", "a=/d/a",
                                    "--dry-run"], TEAM, 0, [(OUT, "--target '/m/my model'")]),

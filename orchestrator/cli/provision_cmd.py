@@ -25,9 +25,11 @@ def provision_cmd(
         help="Provision these hosts (repeatable; default: all, or with --engine the hosts with the eval role).",
     ),
     engine: Optional[str] = typer.Option(
-        None, "--engine", metavar="NAME",
+        None, "--engine", metavar="NAME[@VERSION]",
         help="Build a serving engine's own venv instead (" + ", ".join(ENGINES) + "; at paths.engine_venv, default "
-        "<workdir>/engines/vllm, from remote_payload/requirements-<engine>-<flavour>.lock).",
+        "<workdir>/engines/vllm, from remote_payload/requirements-<engine>-<flavour>.lock). NAME@VERSION "
+        "(vllm@0.31.0): that release in a venv of its own (<workdir>/engines/vllm@0.31.0), from "
+        "requirements-<engine>-<flavour>-<version>.lock.",
     ),
     offline: Optional[bool] = typer.Option(
         None, "--offline/--online",
@@ -50,7 +52,7 @@ def provision_cmd(
         app_ctx.err.print(Text("note: provision --force is now --rebuild (--force elsewhere overrides a refusal)",
                                style="yellow"))
         rebuild = True
-    if engine is not None and engine not in ENGINES:
+    if engine is not None and engine.partition("@")[0] not in ENGINES:
         raise InputError(f"--engine {engine!r}: unknown engine", hint=f"known engines: {', '.join(ENGINES)}")
     names = app_ctx.inventory.select(host) if host or not engine else _eval_hosts(app_ctx)
     outcomes = provision_hosts(app_ctx.connector, names, offline=offline, force=rebuild, dry_run=dry_run,

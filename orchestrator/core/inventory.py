@@ -184,8 +184,13 @@ class Host(_Strict):
         return self.engine_venv_for("vllm")
 
     def engine_venv_for(self, engine: str) -> str:
-        """An engine's venv: ``paths.engine_venv`` when set, else ``<workdir>/engines/<engine>`` (one per engine)."""
-        return self.paths.engine_venv or posixpath.join(self.workdir, "engines", engine)
+        """An engine's venv: ``paths.engine_venv`` when set, else ``<workdir>/engines/<engine>`` (one per engine).
+        A pinned release (``vllm@0.31.0``) has its own: ``<workdir>/engines/vllm@0.31.0``, or
+        ``<paths.engine_venv>@0.31.0``."""
+        _, at, version = engine.partition("@")
+        if self.paths.engine_venv:
+            return f"{self.paths.engine_venv}@{version}" if at else self.paths.engine_venv
+        return posixpath.join(self.workdir, "engines", engine)
 
 
 class Inventory(_Strict):

@@ -96,6 +96,7 @@ def engine_rows(results: dict) -> list[dict]:
             "concurrency": [r for r in (e.get("concurrency") or []) if isinstance(r, dict)],
             "counter_check": e.get("counter_check") if isinstance(e.get("counter_check"), dict) else None,
             "per_step": ag.get("per_step") if isinstance(ag.get("per_step"), dict) else None,
+            "synthetic": e.get("synthetic_check") if isinstance(e.get("synthetic_check"), dict) else None,
         })
     return rows
 
@@ -235,8 +236,22 @@ def notes(rows: list[dict]) -> list[str]:
             out.append(f"{r['drafter']}: offline side from the {r['offline_source']}")
         if r["tolerance"]:
             out.append(f"{r['drafter']}: {r['tolerance']}")
-        out += _per_step_notes(r) + _counter_notes(r)
+        out += _per_step_notes(r) + _counter_notes(r) + _synthetic_notes(r)
     return out
+
+
+def _synthetic_notes(r: dict) -> list[str]:
+    """``--engine-check synthetic``: the engine's synthetic sampler fed the profile's marginals."""
+    syn = r["synthetic"]
+    if not syn:
+        return []
+    if syn.get("unsupported") or syn.get("error"):
+        why = _first_line(syn.get("unsupported") or syn["error"])
+        return [f"{r['drafter']}: synthetic-sampler check not run: {why}"]
+    verdict = "matches the profile" if syn.get("within") else "**does not match the profile**"
+    return [f"{r['drafter']}: engine with the synthetic sampler fed the profile's marginals: mean accept "
+            f"length {_fmt(syn.get('measured_mean'), 3)} vs the profile's {_fmt(syn.get('expected_mean'), 3)}"
+            f"{_pm(syn.get('bound'), 3)} over {syn.get('rounds')} rounds: {verdict}"]
 
 
 def _per_step_notes(r: dict) -> list[str]:

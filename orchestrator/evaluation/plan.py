@@ -109,6 +109,7 @@ class EvalRequest:
     engine_concurrency: str | None = None  # "1,4,16": requests in flight per level of the engine sweep
     cache_limit_gib: float | None = None  # the host's reference/feature cache size limit (payload default 200)
     engine_k: str | None = None  # "1,3": extra draft counts timed per drafter in the engine
+    engine_check: str | None = None  # "synthetic": the engine replays each drafter's profile (its marginals)
 
     @property
     def uses_engine(self) -> bool:

@@ -143,6 +143,10 @@ def build_profile(results: dict, samples: list[dict], name: str) -> dict:
                   "tau_micro_committed": metrics.get("tau_micro"),
                   "position_offset": "rate position i <-> accept length i + 2"},
     }
+    synthetic = _obj(_obj(drafter.get("engine")).get("synthetic_check"))
+    if synthetic:  # --engine-check synthetic: the engine replayed this card's marginals
+        profile["x_dfo"]["engine_synthetic_check"] = {k: synthetic.get(k) for k in (
+            "expected_mean", "measured_mean", "bound", "rounds", "within", "unsupported", "error") if k in synthetic}
     sampled = metrics.get("sampled")
     if isinstance(sampled, dict):  # T > 0: the rates are expectations over draws; their CIs for dfo's readers
         profile["x_dfo"]["sampled_ci"] = {

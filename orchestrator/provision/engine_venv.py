@@ -32,6 +32,7 @@ from orchestrator.core.errors import InputError
 from orchestrator.provision.lock import PAYLOAD_DIR, Lock
 from remote_payload.engines.registry import ENGINES as REGISTRY
 from remote_payload.engines.registry import NAMES as ENGINES
+from remote_payload.engines.registry import VERSION_FORM
 
 STUB = PAYLOAD_DIR / "engines" / "torchvision_stub.py"
 # CUDA-only builds on PyPI for torch 2.13.0: installed next to the CPU torch, every vLLM start fails
@@ -85,6 +86,7 @@ class EngineSpec:
     stub_source: str | None         # torchvision_stub.py's text (CPU), run on the host
     module: str = "vllm"            # what the import check imports
     reported: tuple[str, ...] = REPORTED
+    version: str | None = None      # a pinned release (vllm@0.31.0): its own lock and venv
 
     @property
     def title(self) -> str:
@@ -93,7 +95,7 @@ class EngineSpec:
 
     @property
     def lock_flavour(self) -> str:
-        return f"{self.name}-{self.flavour}"
+        return f"{self.name}-{self.flavour}" + (f"-{self.version}" if self.version else "")
 
     @property
     def check_code(self) -> str:
@@ -115,7 +117,10 @@ class EngineSpec:
         return out
 
 
-def engine_spec(name: str, flavour: str) -> EngineSpec:
+def engine_spec(engine: str, flavour: str) -> EngineSpec:
+    """What building ENGINE's venv takes on a FLAVOUR host; ``vllm@0.31.0``: that release, from its own lock
+    (``requirements-<engine>-<flavour>-<version>.lock``)."""
+    name, at, version = engine.partition("@")
     venv = VENVS.get(name)
     if name not in ENGINES or venv is None:
         raise InputError(f"unknown engine {name!r}" + (" (no venv spec for it in provision/engine_venv.py)"
@@ -124,10 +129,32 @@ def engine_spec(name: str, flavour: str) -> EngineSpec:
     if flavour not in venv.flavours:
         raise InputError(f"--engine {name}: no lock for {flavour} hosts (only {', '.join(venv.flavours)})",
                          hint=venv.why_not or f"remote_payload/requirements-{name}-{flavour}.lock does not exist")
+    pinned = version if at else None
+    if at:
+        _check_pinned(name, flavour, version)
     if flavour == "cpu":
         return EngineSpec(name, flavour, venv.cpu_forbidden, STUB.read_text(encoding="utf-8") if venv.cpu_stub
-                          else None, venv.module, venv.reported)
-    return EngineSpec(name, flavour, (), None, venv.module, venv.reported)
+                          else None, venv.module, venv.reported, pinned)
+    return EngineSpec(name, flavour, (), None, venv.module, venv.reported, pinned)
+
+
+def pinned_versions(name: str, flavour: str, locks_dir: Path = PAYLOAD_DIR) -> list[str]:
+    """The releases of ENGINE with a lock of their own for FLAVOUR hosts (requirements-<engine>-<flavour>-V.lock)."""
+    prefix = f"requirements-{name}-{flavour}-"
+    return sorted(p.name[len(prefix):-len(".lock")] for p in locks_dir.glob(f"{prefix}*.lock")
+                  if VERSION_FORM.fullmatch(p.name[len(prefix):-len(".lock")]))
+
+
+def _check_pinned(name: str, flavour: str, version: str) -> None:
+    if not VERSION_FORM.fullmatch(version):
+        raise InputError(f"--engine {name}@{version}: expected NAME@VERSION with a release version, e.g. "
+                         f"{name}@0.31.0")
+    known = pinned_versions(name, flavour)
+    if version not in known:
+        raise InputError(f"--engine {name}@{version}: no lock for that release on {flavour} hosts "
+                         f"(remote_payload/requirements-{name}-{flavour}-{version}.lock does not exist)",
+                         hint=(f"releases with a lock: {', '.join(known)}; " if known else "")
+                         + f"or --engine {name} for the main lock's release")
 
 
 def engine_version(name: str, packages: dict) -> str | None:

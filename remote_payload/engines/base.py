@@ -45,6 +45,9 @@ class ServerConfig:
     served_name: str = SERVED_NAME
     extra_args: tuple[str, ...] = ()  # --engine-arg, verbatim (e.g. --tensor-parallel-size 2): appended last
     extra_env: dict = field(default_factory=dict)
+    # The engine's synthetic acceptance sampler (vLLM): drafts accepted at random with these marginal rates
+    # (position i: the first i + 1 drafts all accepted), whatever the drafts are. None: the real verification.
+    synthetic_acceptance_rates: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class Engine(Protocol):
     # argmax, no draft probabilities), "sampled", or None when dfo does not know it. Where an engine offers a
     # choice, its launch reads ServerConfig.draft_rule; the engines here offer none.
     draft_rule: str | None
+    synthetic_sampler: bool  # can replay a profile's marginal rates (ServerConfig.synthetic_acceptance_rates)
 
     def launch(self, cfg: ServerConfig, port: int, api_key: str, private_dir: Path) -> Launch: ...
 

@@ -7,6 +7,8 @@ Every list of engine names (the eval options, provision, the demo) is read from 
 
 from __future__ import annotations
 
+import re
+
 from ..errors import PayloadError
 from . import sglang, vllm
 from .base import Engine
@@ -22,6 +24,21 @@ def get(name: str) -> Engine:
         return ENGINES[name]
     except KeyError:
         raise PayloadError(f"unknown engine {name!r} (known: {', '.join(NAMES)})") from None
+
+
+VERSION_FORM = re.compile(r"[0-9][0-9A-Za-z.+-]{0,39}")
+
+
+def split_engine(value: str) -> tuple[str, str | None]:
+    """``vllm@0.31.0`` -> ("vllm", "0.31.0"); ``vllm`` -> ("vllm", None). The name must be a known engine and
+    the version a release's version string (it names a lock file and a venv folder on the host)."""
+    name, at, version = str(value).partition("@")
+    if name not in ENGINES:
+        raise PayloadError(f"--engine {value!r}: expected one of {', '.join(NAMES)} (or NAME@VERSION)")
+    if at and not VERSION_FORM.fullmatch(version):
+        raise PayloadError(f"--engine {value!r}: expected NAME@VERSION with a release version such as "
+                           f"{name}@0.31.0")
+    return name, (version if at else None)
 
 
 OWNED_FLAGS: dict[str, tuple[str, ...]] = {"vllm": vllm.OWNED_FLAGS, "sglang": sglang.OWNED_FLAGS}

@@ -56,6 +56,8 @@ def server_argv(cfg: ServerConfig, port: int, config_file: Path) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port), "--dtype", cfg.dtype,
             "--context-length", str(cfg.max_model_len), "--random-seed", "0", "--disable-radix-cache",
             "--config", str(config_file)]
+    if cfg.synthetic_acceptance_rates is not None:
+        raise EngineError("SGLang has no synthetic acceptance sampler (--engine-check synthetic is vLLM's)")
     if cfg.drafter is not None:
         argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(cfg.drafter),
                  "--speculative-num-draft-tokens", str(speculative_tokens(cfg) + 1)]
@@ -95,6 +97,7 @@ class Sglang:
     name = "sglang"
     title = "SGLang"
     draft_rule: str | None = None  # not established for its DFlash path: recorded as unknown, never assumed
+    synthetic_sampler = False
     distributions: tuple[str, ...] = ("sglang",)
     counters_prefix: str | None = None  # its /metrics names differ by release; the per-request fields are what is read
     ready_path = "/v1/models"

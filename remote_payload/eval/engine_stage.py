@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from remote_payload.engines import registry
-from remote_payload.engines.run import EnginePrompt, positions_of, run_one, speedup_table, sweep
+from remote_payload.engines.run import EnginePrompt, positions_of, run_one, run_prompts, speedup_table, sweep
 from remote_payload.engines.server import EngineError, EngineServer, ServerConfig
 from remote_payload.errors import PayloadError
 from remote_payload.eval import stages
@@ -58,6 +58,8 @@ from remote_payload.eval.context import EvalContext
 from remote_payload.inputs.sampling import draw_seed
 from remote_payload.metrics import engine_agreement
 from remote_payload.metrics.sampled import sampled_engine_agreement
+from remote_payload.metrics.synthetic_check import check as synthetic_verdict
+from remote_payload.metrics.synthetic_check import marginal_rates
 from remote_payload.models.spec import SLIDING
 
 ENGINE_DIR = "engine"  # under the run's output folder: pulled with the results
@@ -88,6 +90,7 @@ class EngineRun:
         plain = self.plain_lowest
         name = s.engine or s.reference_engine
         return {"name": name, "title": registry.get(name).title, "version": self.version,
+                "version_pinned": s.engine_version,
                 "python": s.engine_python, "served_name": self.served_name, "max_model_len": self.max_model_len,
                 "used_for": [u for u, on in (("references", s.reference_engine), ("drafters", s.engine)) if on],
                 "engine_args": list(s.engine_args), "concurrency": list(s.engine_concurrency),
@@ -158,6 +161,12 @@ def server_config(ctx: EvalContext, eng: EngineRun, drafter: str | None, extra_e
 def _prepare(ctx: EvalContext, eng: EngineRun) -> None:
     if not eng.served_name:
         eng.version = engine_version(str(ctx.settings.engine_python), _engine(ctx).distributions)
+        pinned = ctx.settings.engine_version
+        if pinned and eng.version != pinned:  # --engine vllm@0.31.0: figures under another release would mislead
+            raise PayloadError(f"--engine {_engine(ctx).name}@{pinned}: the engine venv "
+                               f"{ctx.settings.engine_python} has {_engine(ctx).name} {eng.version or '(none found)'}"
+                               f" (provision that release: `dfo provision --host HOST --engine "
+                               f"{_engine(ctx).name}@{pinned}`)")
         eng.served_name = served_name(ctx, eng.version)
         eng.max_model_len = max_model_len(ctx)
 
@@ -279,8 +288,62 @@ def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str) -> dict:
              else drafter_block(ctx, eng, name, run))
     block.update(folder=str(folder), exported=exported, server=eng.servers[name])
     per_k_timings(ctx, eng, name, block, server_config(ctx, eng, str(folder), env))
+    if "synthetic" in ctx.settings.engine_check:
+        synthetic_replay(ctx, eng, name, block, server_config(ctx, eng, str(folder), env))
     _warn(ctx, name, block)
     return block
+
+
+# vLLM-CPU's C++ stand-in for the rejection sampler's Triton kernel (no Triton on CPU) asserts this at the first
+# speculative step: the config is accepted at start-up, the sampler is not there.
+SYNTHETIC_UNSUPPORTED = "Synthetic acceptance not supported"
+
+
+def synthetic_replay(ctx: EvalContext, eng: EngineRun, name: str, block: dict, cfg: ServerConfig) -> None:
+    """``--engine-check synthetic``: the drafter served once more with the engine's synthetic sampler fed the
+    profile's marginal rates (from the committed rounds, as the profile computes them); the engine's mean
+    accept length over every prompt at concurrency 1 must match 1 + Σ rates within sampling error
+    (``metrics.synthetic_check``). ``block["synthetic_check"]``: the verdict, or ``unsupported`` / ``error``."""
+    engine = registry.get(cfg.engine)
+    positions = ctx.drafters[name].spec.block_size - 1
+    rates = marginal_rates([[r.accepted for r in rs] for rs in ctx.results[name].rounds], positions)
+    out: dict = {"rates": rates, "rates_source": "the profile's marginal_accept_rates (committed rounds)"}
+    block["synthetic_check"] = out
+    if not engine.synthetic_sampler:
+        out["unsupported"] = f"{engine.title} has no synthetic acceptance sampler"
+        ctx.warn(f"--engine-check synthetic for '{name}': {out['unsupported']}; not checked")
+        return
+    key = f"{name}-synthetic"
+    prompts = [dataclasses.replace(p, reference=None) for p in _prompts(ctx)]  # outputs are not the target's
+    try:
+        with _serve(ctx, eng, key, dataclasses.replace(cfg, synthetic_acceptance_rates=tuple(rates))) as server:
+            ctx.progress.stage_start(f"engine:{key}")
+            level = run_prompts(server, prompts, ctx.settings.max_new_tokens, ctx.stop_ids, concurrency=1)
+            ctx.progress.stage_done(f"engine:{key}")
+    except EngineError as exc:
+        out["server"] = eng.servers.get(key)
+        if _log_says(eng.servers.get(key), SYNTHETIC_UNSUPPORTED):
+            out["unsupported"] = (f"{engine.title} {eng.version or ''} refused the synthetic sampler on this host: "
+                                  "its CPU sampler has no synthetic mode (vLLM-CPU without Triton); the check needs "
+                                  "a GPU host").replace("  ", " ")
+        else:
+            out["error"] = _first_line(exc)
+        ctx.warn(f"--engine-check synthetic for '{name}': {out.get('unsupported') or out['error']}")
+        return
+    spec = level.get("spec") or {}
+    out.update(synthetic_verdict(rates, spec.get("rounds", 0), spec.get("drafts_accepted", 0),
+                                 spec.get("per_position_counts") or []))
+    out["server"] = eng.servers[key]
+    if not out["within"]:
+        ctx.warn(f"--engine-check synthetic for '{name}': the engine does not replay the profile: "
+                 + "; ".join(out["problems"]))
+
+
+def _log_says(facts: dict | None, text: str) -> bool:
+    try:
+        return text in Path((facts or {}).get("log", "")).read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def per_k_timings(ctx: EvalContext, eng: EngineRun, name: str, block: dict, cfg: ServerConfig) -> None:

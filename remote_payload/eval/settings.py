@@ -79,11 +79,13 @@ class EvalSettings:
     expect_p1: dict = field(default_factory=dict)  # drafter name (or "*" for all) -> expected position-1 acceptance
     threads: int | None = None  # CPU threads (torch here; the engine's OpenMP threads too)
     engine: str | None = None  # "vllm": every drafter also served by a real engine after the offline eval
+    engine_version: str | None = None  # --engine vllm@0.31.0: the release the engine venv must have
     reference_engine: str | None = None  # "vllm": references from an engine server this run starts itself
     engine_python: str | None = None  # the engine venv's interpreter (vLLM has its own venv)
     engine_args: list = field(default_factory=list)  # extra engine server arguments, verbatim
     engine_concurrency: tuple = (1,)  # requests in flight per level of the engine sweep, lowest first
     engine_k: tuple = ()  # extra draft counts K timed per drafter in the engine (one server each)
+    engine_check: tuple = ()  # "synthetic": the engine's synthetic sampler replays each drafter's profile
     engine_start_timeout: float = 900.0
 
     @property
@@ -217,6 +219,9 @@ def check_engine_values(s: EvalSettings) -> None:
                            f"`dfo provision --engine {name}`)")
     if s.reference_engine and s.reference_url:
         raise PayloadError("--reference takes one source: an engine name (vllm) or a URL, not both")
+    if s.engine_check and not s.engine:
+        raise PayloadError(f"--engine-check {','.join(s.engine_check)} needs --engine NAME: it serves each drafter in "
+                           "the engine")
     if s.engine_args and not (s.engine or s.reference_engine):
         raise PayloadError("--engine-arg needs --engine NAME (or --reference vllm): no engine server is started "
                            "without it")

@@ -119,6 +119,12 @@ class Servers:
             self.running[kind] = srv
         return srv
 
+    def stop(self, kind: str) -> None:
+        """Stop one session server (the next ``get`` starts a fresh one)."""
+        srv = self.running.pop(kind, None)
+        if srv is not None:
+            srv.stop()
+
     def stop_all(self) -> None:
         for srv in self.running.values():
             srv.stop()

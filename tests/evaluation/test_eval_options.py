@@ -65,6 +65,8 @@ BAD_EVAL = [
     ("diagnose-samples 0", ["--diagnose-samples", "0"], 2, "--diagnose-samples 0"),
     ("device tpu", ["--device", "tpu"], 2, "--device 'tpu': expected one of auto, cuda, cpu"),
     ("engine tgi", ["--engine", "tgi"], 2, "--engine 'tgi': expected one of vllm, sglang"),
+    ("engine bad release", ["--engine", "vllm@../x"], 2, "--engine 'vllm@../x': expected NAME@VERSION"),
+    ("engine release of tgi", ["--engine", "tgi@1.0"], 2, "--engine 'tgi@1.0': expected one of vllm, sglang"),
     ("reference tgi", ["--reference", "tgi"], 2, "expected 'target', 'server', 'vllm', 'sglang' or an http"),
     ("engine-concurrency 0", ["--engine-concurrency", "1,0"], 2, "every level must be at least 1 request"),
     ("engine-concurrency twice", ["--engine-concurrency", "4,4"], 2, "--engine-concurrency '4,4': a level is given"),
@@ -228,6 +230,8 @@ def _non_default(o: declared.Option):
         return "1,4"
     if o.field == "engine_k":
         return "1,3"
+    if o.field == "engine_check":
+        return "synthetic"
     return ["--x"] if o.repeatable else "x"
 
 
@@ -300,3 +304,16 @@ def test_a_protocol_fills_the_options_left_at_their_default_and_refuses_a_confli
     with pytest.raises(InputError, match=r"--protocol zlab-card-gsm8k-t1 fixes what it measures, but --temperature "
                                          r"0.6 \(the protocol: 1\); --draft-rule greedy \(the protocol: sampled\)"):
         plan_eval(EvalRequest(**base, temperature=0.6, draft_rule="greedy"), INV)
+
+
+def test_a_pinned_engine_release_plans_its_own_venv_and_reaches_the_payload_split():
+    req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)], engine="vllm@0.31.0")
+    (job,) = plan_eval(req, INV).jobs
+    assert job.args[job.args.index("--engine") + 1] == "vllm@0.31.0"
+    assert job.args[job.args.index("--engine-python") + 1] == "/tmp/dfo-c/engines/vllm@0.31.0/bin/python"
+    settings = settings_from_values(vars(build_parser().parse_args(job.args)))
+    assert (settings.engine, settings.engine_version) == ("vllm", "0.31.0")
+    (job,) = plan_eval(dataclasses.replace(req, engine="vllm"), INV).jobs
+    settings = settings_from_values(vars(build_parser().parse_args(job.args)))
+    assert (settings.engine, settings.engine_version) == ("vllm", None)
+    assert job.args[job.args.index("--engine-python") + 1] == "/tmp/dfo-c/engines/vllm/bin/python"

@@ -144,3 +144,21 @@ def test_two_engine_runs_paired_by_prompt_name_the_side_that_lost_acceptance():
     same = engine_pairing(ra, ra, sa, sa, "d")
     assert same is not None and same["verdict"] == "no clear difference (CI includes 0)"
     assert engine_pairing(ra, {}, sa, [{"id": "p0", "drafters": {}}], "d") is None
+
+
+def test_the_engine_synthetic_check_travels_with_the_profile_and_the_report():
+    from orchestrator.evaluation.engine_report import notes
+
+    check = {"rates": [0.83, 0.67, 0.5], "expected_mean": 3.0, "measured_mean": 2.96, "bound": 0.09, "rounds": 600,
+             "within": True, "problems": []}
+    results, samples = _results(engine={"synthetic_check": check})
+    x = build_profile(results, samples, "d")["x_dfo"]["engine_synthetic_check"]
+    assert x == {"expected_mean": 3.0, "measured_mean": 2.96, "bound": 0.09, "rounds": 600, "within": True}
+    row = {"drafter": "d", "problems": [], "notes": [], "exported": None, "offline_source": None, "tolerance": None,
+           "per_step": None, "counter_check": None, "synthetic": check}
+    assert notes([row]) == ["d: engine with the synthetic sampler fed the profile's marginals: mean accept length "
+                            "2.960 vs the profile's 3.000 ±0.090 over 600 rounds: matches the profile"]
+    row["synthetic"] = {"rates": [0.5], "unsupported": "vLLM 0.32.0 refused the synthetic sampler on this host"}
+    assert notes([row]) == ["d: synthetic-sampler check not run: vLLM 0.32.0 refused the synthetic sampler on "
+                            "this host"]
+    assert "engine_synthetic_check" not in build_profile(*_results(), "d")["x_dfo"]

