@@ -19,7 +19,7 @@ from orchestrator.evaluation.plan import DrafterRef
 from remote_payload.engines.registry import NAMES
 
 # --what for `python -m remote_payload fixtures` per host (dependencies are built too)
-FIXTURES = {None: {"ct129": "target,zlab-drafter,random-drafter", "kpro6": "training-checkpoint"},
+FIXTURES = {None: {"ct129": "target,zlab-drafter,random-drafter,dflash2-drafter", "kpro6": "training-checkpoint"},
             "vllm": {"ct129": "engine-target", "kpro6": "engine-trained-drafter"}}
 # The registry's engines that run on the demo's CPU hosts (SGLang's DFlash needs CUDA).
 ENGINES = tuple(n for n in NAMES if n in FIXTURES)
@@ -49,7 +49,8 @@ def demo_plan(models: str, ckpts: str, engine: str | None = None) -> DemoPlan:
         return DemoPlan(None, fixtures, posixpath.join(models, "target"), [
             DrafterRef("ours", "kpro6", posixpath.join(ckpts, "trained-drafter", "checkpoint.pt")),
             DrafterRef("zlab", None, posixpath.join(models, "zlab-drafter")),
-            DrafterRef("random", None, posixpath.join(models, "random-drafter"))])
+            DrafterRef("random", None, posixpath.join(models, "random-drafter")),
+            DrafterRef("dflash2", None, posixpath.join(models, "dflash2-drafter"))])
     return DemoPlan(engine, fixtures, posixpath.join(models, "engine-target"), [
         DrafterRef("ours", "kpro6", posixpath.join(ckpts, "engine-trained-drafter", "checkpoint.pt"))],
         engine_concurrency=CONCURRENCY, engine_k=ENGINE_K)

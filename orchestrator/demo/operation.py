@@ -3,11 +3,11 @@
 1. start the sandbox: kpro6 (training) and ct129 (eval), real sshd in network namespaces that cannot
    reach each other (the controller reaches both);
 2. deploy the payload and provision both hosts (offline: wheels pushed from the controller);
-3. build tiny fixtures *on the hosts*: the target and two z-lab-format drafters (a trained one and a
-   random one) on ct129, a trained drafter checkpoint in the team's training format on kpro6;
+3. build tiny fixtures *on the hosts*: the target and three z-lab-format drafters (a trained one, a
+   random one and a DFlash2 one) on ct129, a trained drafter checkpoint in the team's training format on kpro6;
 4. `dfo eval --host ct129 --dataset builtin --dataset humaneval@6` (the built-in prompts beside real HumanEval
    problems, z-lab's formatting and selection) with `ours=kpro6:…/checkpoint.pt` (relayed through the
-   controller, optimizer state stripped on kpro6), `zlab=…` and `random=…` on ct129;
+   controller, optimizer state stripped on kpro6), `zlab=…`, `random=…` and `dflash2=…` on ct129;
 5. the same eval at T = 1 with ``SAMPLED_DRAWS`` continuations sampled per prompt (seeded): τ as an expectation
    over the target's own sampling, with its CI over prompts;
 6. print the comparison table, τ at T = 0 beside τ at T = 1, and the run folders; tear the hosts down unless
@@ -54,7 +54,7 @@ from remote_payload.errors import PayloadError
 from remote_payload.inputs.datasets.registry import ADAPTERS, package_source
 from remote_payload.scratch import private_dir
 
-FIXTURES_ON = FIXTURES[None]  # the default demo's (demo/watch.py builds the same)
+FIXTURES_ON = FIXTURES[None]  # the default demo's (demo/watch.py builds them less the DFlash2 drafter)
 SAMPLED_TEMPERATURE = 1.0  # the demo's second eval: z-lab's sampled setting
 SAMPLED_DRAWS = 3  # continuations drawn per prompt at that temperature
 

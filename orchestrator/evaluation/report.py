@@ -44,6 +44,14 @@ def _fmt(x, digits: int = 2) -> str:
     return fmt_number(x, f".{digits}f")
 
 
+TREE_NOT_DEFINED_NOTE = ("DDTree: not defined for DFlash2 drafters (their selector makes a slot's candidates depend on "
+                         "the previous draft; no tree over them is defined), so no figure is given")
+
+
+def _tree_cell(row: dict, key: str) -> str:
+    return "not defined" if row["ddtree_not_defined"] else _fmt(row[key])
+
+
 def _count(x) -> str:
     """A count: '–' when absent, '?' when not an integer."""
     return fmt_number(x, "d") if not isinstance(x, float) else "?"
@@ -116,6 +124,7 @@ def drafter_rows(results: dict) -> list[dict]:
             "vllm": convention_figure(m, "vllm"),
             "ddtree_k": _small_int(topk.get("k")),
             "ddtree": topk.get("tau_macro"),
+            "ddtree_not_defined": isinstance(tree.get("not_defined"), str),  # a DFlash2 drafter
             "budgeted": budgeted.get("tau_macro"),
             "budget": _small_int(budgeted.get("budget")),
             "positions": [positions.get(k) for k in range(1, FIRST_POSITIONS + 1)],
@@ -271,6 +280,8 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     notes = ([SAMPLED_NOTE.format(law=law_label(sampling), k=fmt_number(sampling.get("samples_per_prompt"), "d"))]
              if sampling else []) + ([CONVENTIONS_NOTE, *convention_notes(results)] if conv else []) + (
         [DATASETS_NOTE] if datasets_of(results) else [])
+    if any(r["ddtree_not_defined"] for r in rows):
+        notes.append(TREE_NOT_DEFINED_NOTE)
     protocol = _obj(_obj(results.get("settings")).get("protocol"))
     if protocol:  # the card this measurement reproduces, first
         notes.insert(0, f"protocol {protocol.get('name')}: {protocol.get('source')}")
@@ -288,7 +299,8 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     for r in rows:
         cells = [r["drafter"], _fmt(r["tau_macro"]),
                  *([fmt_with_ci(sampled_figure(results, r["drafter"]))] if sampling else []), _fmt(r["tau_micro"]),
-                 *([fmt_convention(r["zlab-2604"]), fmt_convention(r["vllm"])] if conv else []), _fmt(r["ddtree"]),
+                 *([fmt_convention(r["zlab-2604"]), fmt_convention(r["vllm"])] if conv else []),
+                 _tree_cell(r, "ddtree"),
                  *[_fmt(p) for p in r["positions"]], _count(r["samples"]), _count(r["rounds"]), _fmt(r["eval_s"], 1),
                  *[fmt_with_ci(dataset_figure(results, r["drafter"], d)) for d in datasets]]
         table.add_row(*map(Text, cells))
@@ -357,10 +369,12 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
         out.append(f"| {md_text(r['drafter'])} | {md_text(r['format'] or '')} | {_fmt(r['tau_macro'])} | "
                    f"{_fmt(r['tau_micro'])} | "
                    + (f"{fmt_convention(r['zlab-2604'])} | {fmt_convention(r['vllm'])} | " if conv else "")
-                   + f"{_fmt(r['ddtree'])} | {_fmt(r['budgeted'])}"
+                   + f"{_tree_cell(r, 'ddtree')} | {_tree_cell(r, 'budgeted')}"
                    + (f" (budget {r['budget']})" if r["budget"] else "") + " | "
                    + " | ".join(_fmt(p) for p in r["positions"])
                    + f" | {_count(r['samples'])} | {_count(r['rounds'])} | {_fmt(r['eval_s'], 1)} |")
+    if any(r["ddtree_not_defined"] for r in rows):
+        out += ["", TREE_NOT_DEFINED_NOTE + "."]
     if conv:
         out += ["", f"p_k and the τ histogram below are the {HEADLINE} convention's.", ""]
         out += conventions_markdown(results)

@@ -17,6 +17,13 @@ from remote_payload.diagnose.findings import (
 )
 from remote_payload.diagnose.tensors import round_sig
 
+# A DFlash2 drafter's probes re-draft through its selector's walk, so the slot-0, layer-id, post-norm and mask-id
+# probes apply to it as they stand; these do not.
+DFLASH2_NOT_PROBED = [
+    "the candidate selector itself: no probe swaps or disables it (a selector fault shows only as a low τ)",
+    "DDTree: not defined for DFlash2 (no tree over the selector's candidates), so no tree figure is probed",
+]
+
 
 @dataclass
 class ProbeSample:
@@ -118,14 +125,15 @@ def run_probes(name: str, runtime, samples: Sequence[ProbeSample], *, num_target
     for tid, piece in masks:
         if f"mask={tid}" in variants:
             variants[f"mask={tid}"].update(mask_id=tid, piece=piece)
+    scope = {"not_applicable": DFLASH2_NOT_PROBED} if spec.dflash2 is not None else {}
     if "slot0=token" not in scores:
-        return {"samples": [s.sample_id for s in samples], "variants": variants}, []
+        return {"samples": [s.sample_id for s in samples], "variants": variants, **scope}, []
     findings = _slot0_findings(name, scores) + _layer_findings(name, spec, scores, layer_sets, last) + \
         _mask_findings(name, spec, scores, masks)
     return {"samples": [s.sample_id for s in samples], "anchors_per_sample_max": PROBE_ANCHORS_PER_SAMPLE,
             "metric": "depth-1 top-1 accuracy against the target's tokens; mean_accepted = leading drafts equal to "
                       "the target's tokens per anchor (teacher-forced, every probed anchor)",
-            "variants": variants}, findings
+            "variants": variants, **scope}, findings
 
 
 def _anchors(smp: ProbeSample):

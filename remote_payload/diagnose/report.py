@@ -134,6 +134,8 @@ def _probe_lines(d: dict) -> list[str]:
         lines.append(f"    {label:<22} {_fmt(v['depth1_accuracy'], '>6.3f')}  "
                      f"{_fmt(v['mean_accepted'], '>6.3f')}  {'' if agree is None else format(agree, '>7.1%')}"
                      f"{extra}")
+    for what in (d.get("probes") or {}).get("not_applicable") or []:
+        lines.append(f"    not probed (DFlash2): {what}")
     return lines
 
 

@@ -59,7 +59,7 @@ class DrafterRun:
 
     summary: dict  # results["drafters"][name]
     rounds: list  # per sample: [metrics.chain.Round]
-    trees: list  # per sample: metrics.tree.TreeRounds
+    trees: list | None  # per sample: metrics.tree.TreeRounds; None where DDTree is not defined (DFlash2)
     online: list | None = None  # per sample: the online check's outcome, with --online-check
     conventions: list | None = None  # per sample: {"zlab-2604": record, "vllm": record} (metrics.conventions.record)
     by_k: list | None = None  # per sample: {K: [rounds, accepted]} (metrics.by_k.sample_record)

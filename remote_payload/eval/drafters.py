@@ -20,6 +20,13 @@ from remote_payload.metrics.sampled_rule import DESCRIPTIONS, GREEDY_WALKS, rule
 from remote_payload.metrics.tree import sample_tree_rounds, tree_summary
 from remote_payload.models.drafter import DrafterRuntime
 
+# What results say in place of the tree figures of a DFlash2 drafter. z-lab defines no tree over the selector's
+# candidates (its loop drafts one walked chain per block); DDTree's tree over independent per-slot top-k does not
+# describe a drafter whose slot law depends on the previous draft, so dfo reports no figure rather than a wrong one.
+TREE_NOT_DEFINED = ("DDTree is not defined for DFlash2: its candidate selector makes each slot's candidates depend "
+                    "on the previous draft, and no tree over the selector's candidates is defined (z-lab drafts one "
+                    "walked chain per block); dfo reports no tree figures for this drafter")
+
 SERVER_ONLINE_NOTE = ("references came from a serving endpoint: the online loop decodes with this host's target, so "
                       "output_equals_reference says whether local and server greedy decoding agree (a numerics "
                       "question, not a lossless-decoding one), and rounds_identical can hold only where they do")
@@ -68,7 +75,8 @@ def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
     april_rule = " (greedy rule)" if rule == ", sampled rule" else ""  # the zlab-2604 count walks the greedy drafts
     headline = (f"{name}: tau_macro (committed = zlab{rule}) {metrics['tau_macro']:.3f}"
                 + (f", zlab-2604{april_rule} {april:.3f}" if april is not None else "")
-                + f", DDTree-{ctx.settings.tree_k} {metrics['tree']['topk']['tau_macro']:.3f}"
+                + (f", DDTree-{ctx.settings.tree_k} {metrics['tree']['topk']['tau_macro']:.3f}"
+                   if "topk" in metrics["tree"] else ", DDTree not defined for DFlash2")
                 ) if metrics["tau_macro"] is not None else f"{name}: no rounds"
     progress.emit("stage", stage=stage, status="metrics", message=headline)
     if ctx.settings.online_check:
@@ -110,9 +118,10 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
             rule_s += time.perf_counter() - t0
         if ends is not None:
             ends.append(_convention_rounds(ctx, ref, drafts, runtime.block_size))
-        t0 = time.perf_counter()
-        trees.append(sample_tree_rounds(drafts, k=s.tree_k, budget=s.tree_budget, K=s.tree_K))
-        tree_s += time.perf_counter() - t0
+        if runtime.spec.dflash2 is None:  # DDTree is not defined over a selector's walk (TREE_NOT_DEFINED)
+            t0 = time.perf_counter()
+            trees.append(sample_tree_rounds(drafts, k=s.tree_k, budget=s.tree_budget, K=s.tree_K))
+            tree_s += time.perf_counter() - t0
         draft_s += drafts.seconds
         anchors += len(drafts.anchors)
         if dd is not None:
@@ -133,13 +142,16 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
         exact=all(len(ref.tail or []) >= runtime.block_size - 1 for ref in refs),
         unavailable=unavailable)
     metrics["accept_length_by_k"] = summarize_by_k(by_k, runtime.block_size)
-    metrics["tree"] = tree_summary([t.topk for t in trees], [t.budgeted for t in trees], block_size=runtime.block_size,
-                                   k=s.tree_k, budget=s.tree_budget, K=s.tree_K)
+    if runtime.spec.dflash2 is None:
+        metrics["tree"] = tree_summary([t.topk for t in trees], [t.budgeted for t in trees],
+                                       block_size=runtime.block_size, k=s.tree_k, budget=s.tree_budget, K=s.tree_K)
+    else:
+        metrics["tree"] = {"not_defined": TREE_NOT_DEFINED}
     summary = {"spec": ld.spec.to_json(), "source": ld.source, "metrics": metrics, "online_check": None,
                "timings": {"eval_s": None, "draft_s": round(draft_s, 3), "tree_s": round(tree_s, 3),
                            "anchors": anchors, **({"sampled_rule_s": round(rule_s, 3)} if by_rule is not None else {})}}
     records = [{"zlab-2604": conv.record(z), "vllm": conv.record(v)} for z, v in ends] if ends is not None else None
-    return DrafterRun(summary=summary, rounds=rounds_all, trees=trees, diagnostics=dd, conventions=records,
+    return DrafterRun(summary=summary, rounds=rounds_all, trees=trees or None, diagnostics=dd, conventions=records,
                       sampled_rule=by_rule, by_k=by_k), as_run
 
 

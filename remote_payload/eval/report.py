@@ -50,7 +50,8 @@ def sample_lines(ctx: EvalContext) -> list[dict]:
             rounds = run.rounds[i]
             entry = {"tau": sample_tau(rounds), "rounds": len(rounds),
                      "anchors": [r.anchor for r in rounds], "accepted": [r.accepted for r in rounds],
-                     "produced": [r.produced for r in rounds], "tree": run.trees[i].entry()}
+                     "produced": [r.produced for r in rounds],
+                     "tree": run.trees[i].entry() if run.trees is not None else None}
             if run.sampled_rule is not None:  # expectations given the continuation; "tau" is the sampled rule's
                 entry["greedy_rule_tau"] = entry["tau"]
                 entry["sampled_rule"] = run.sampled_rule[i]

@@ -212,7 +212,7 @@ def _comparable_spec(d: dict) -> dict:
 
 def _tree_params(d: dict) -> dict | None:
     tree = (d.get("metrics") or {}).get("tree")
-    if not tree:
+    if not tree or "not_defined" in tree:
         return None
     return {"k": (tree.get("topk") or {}).get("k"), "budget": (tree.get("budgeted") or {}).get("budget"),
             "K": (tree.get("budgeted") or {}).get("K")}
@@ -280,6 +280,8 @@ def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict])
         metrics.update(rule_summary([e for e in rule_entries if isinstance(e, dict)], B), greedy_rule=greedy)
     if tree:
         metrics["tree"] = tree_summary(topk, budgeted, block_size=B, **tree)
+    elif "not_defined" in (metrics0.get("tree") or {}):  # DFlash2: the statement travels with the merge
+        metrics["tree"] = metrics0["tree"]
     if "accept_length_by_k" in metrics0:  # every sample line carries its per-K record (metrics.by_k)
         records = [((line.get("drafters") or {}).get(name) or {}).get("by_k") for line in samples]
         metrics["accept_length_by_k"] = summarize_by_k(records, B)

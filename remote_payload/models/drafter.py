@@ -44,6 +44,8 @@ from torch import nn
 
 from remote_payload.errors import PayloadError
 from remote_payload.models.checkpoint import LoadedDrafter
+from remote_payload.models.dflash2 import SelectorWeights, layer_convs
+from remote_payload.models.selector import CandidateSelector
 from remote_payload.models.spec import DrafterSpec
 
 # Upper bound on attention-score elements (heads × queries × keys) per batched pass on CPU; SDPA's math
@@ -115,16 +117,26 @@ class DraftLayer(nn.Module):
         self.mlp = Qwen3MLP(config)
         self.input_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        convs = layer_convs(spec)  # DFlash2: a grouped dynamic convolution around each sub-layer
+        if convs is not None:
+            self.attention_conv, self.mlp_conv = convs
 
     def forward(self, h, cos, sin, ctx_k, ctx_v, mask):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        if not hasattr(self, "attention_conv"):
+            h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        # DFlash2: the convolved normed input feeds the sub-layer, whose output is convolved before the residual
+        x, delta = self.attention_conv.prepare(self.input_layernorm(h))
+        h = h + self.attention_conv.finish(self.self_attn(x, cos, sin, ctx_k, ctx_v, mask), delta)
+        x, delta = self.mlp_conv.prepare(self.post_attention_layernorm(h))
+        return h + self.mlp_conv.finish(self.mlp(x), delta)
 
 
 class DFlashDrafter(nn.Module):
-    """Parameters named as in z-lab checkpoints (layers.*, fc, hidden_norm, norm)."""
+    """Parameters named as in z-lab checkpoints (layers.*, fc, hidden_norm, norm; DFlash2: the layers' convs and
+    candidate_selector.*, whose codebooks have one row per token of the target's vocabulary ``vocab``)."""
 
-    def __init__(self, spec: DrafterSpec):
+    def __init__(self, spec: DrafterSpec, vocab: int | None = None):
         super().__init__()
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
@@ -135,6 +147,10 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.norm = Qwen3RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
+        if spec.dflash2 is not None:
+            if vocab is None:
+                raise ValueError("a DFlash2 drafter's selector needs the target's vocabulary size")
+            self.candidate_selector = SelectorWeights(spec.hidden_size, vocab, spec.dflash2.selector_rank)
 
     def cos_sin(self, positions: torch.Tensor, dtype):
         cos, sin = self.rotary_emb(torch.zeros(1, dtype=dtype, device=positions.device), positions[None])
@@ -185,7 +201,8 @@ class DrafterRuntime:
         self.block_size = spec.block_size
         self.device = torch.device(device)
         self.dtype = dtype
-        model = DFlashDrafter(spec)
+        codebook = loaded.weights.get("candidate_selector.predecessor_codebook")
+        model = DFlashDrafter(spec, int(codebook.shape[0]) if codebook is not None else None)
         missing, unexpected = model.load_state_dict(
             {k: v.to(dtype) for k, v in loaded.weights.items()}, strict=False)
         missing = [m for m in missing if not m.startswith("rotary_emb.")]
@@ -216,6 +233,13 @@ class DrafterRuntime:
             self.head = cast(nn.Linear, target_head)
         self.d2t = loaded.extras["d2t"].to(torch.int64).to(self.device) if spec.vocab_map == "d2t" else None
         self.mask_groups = self._mask_groups()
+        self.selector = None
+        if spec.dflash2 is not None:
+            if self.d2t is not None:
+                raise PayloadError("a DFlash2 drafter with a draft vocabulary (d2t) is not supported")
+            sw = cast(SelectorWeights, self.model.candidate_selector)
+            self.selector = CandidateSelector(sw.predecessor_codebook, sw.successor_codebook,
+                                              sw.hidden_projection.weight, spec.dflash2.selector_top_k)
 
     def _mask_groups(self) -> dict:
         groups: dict = {}
@@ -317,6 +341,12 @@ class DrafterRuntime:
         for start in range(0, anchors.numel(), g):
             chunk = anchors[start:start + g]
             h = self.hidden(ctx, tokens, chunk, slot0=slot0, mask_id=mask_id)
+            if self.selector is not None:  # DFlash2: the selector's walk from the block's anchor token
+                anchor_tokens = torch.as_tensor(tokens, dtype=torch.long)[chunk].to(self.device)
+                ids, lps, _ = self.selector.walk_candidates(*self.candidates(h), h, anchor_tokens, topk)
+                ids_out.append(_pad_ranks(ids.cpu(), topk, -1).reshape(-1, topk))
+                lp_out.append(_pad_ranks(lps.cpu(), topk, float("-inf")).reshape(-1, topk))
+                continue
             h = h.reshape(-1, self.spec.hidden_size)
             for r in range(0, h.shape[0], HEAD_ROWS):
                 lp = torch.log_softmax(self.logits(h[r:r + HEAD_ROWS]), dim=-1)
@@ -327,6 +357,19 @@ class DrafterRuntime:
                 lp_out.append(vals.cpu())
         B1 = self.block_size - 1
         return torch.cat(ids_out).view(-1, B1, topk), torch.cat(lp_out).view(-1, B1, topk)
+
+    def candidates(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DFlash2: each slot's top-K logits (multiplied and soft-capped) and ids, h [..., H] -> [..., K] each,
+        a chunk of rows at a time (a [rows, V] logits tensor exists for one chunk only)."""
+        assert self.selector is not None
+        rows = h.reshape(-1, h.shape[-1])
+        vals, ids = [], []
+        for r in range(0, rows.shape[0], HEAD_ROWS):
+            v, i = self.selector.candidates(self.logits(rows[r:r + HEAD_ROWS]))
+            vals.append(v)
+            ids.append(i)
+        k = vals[0].shape[-1] if vals else 0
+        return torch.cat(vals).view(*h.shape[:-1], k), torch.cat(ids).view(*h.shape[:-1], k)
 
     @property
     def vocab_size(self) -> int:
@@ -343,6 +386,8 @@ class DrafterRuntime:
         B1, V = self.block_size - 1, self.vocab_size
         if anchors.numel() == 0:
             return torch.zeros((0, B1, V), device=self.device)
+        if self.selector is not None:
+            return self._selector_logprobs(ctx, tokens, anchors, sampling)
         h = self.hidden(ctx, tokens, anchors).reshape(-1, self.spec.hidden_size)
         logits = self.logits(h)
         if self.d2t is not None:  # a draft vocabulary: its ids placed in the target's, every other id impossible
@@ -351,8 +396,41 @@ class DrafterRuntime:
             logits = full.index_copy(1, ids + self.d2t.to(logits.device), logits)
         return processed(logits, sampling).log().view(-1, B1, V)
 
+    def _selector_logprobs(self, ctx: DraftContext, tokens, anchors: torch.Tensor, sampling) -> torch.Tensor:
+        """DFlash2's q_{a,j}: the selector's law at slot j when the drafts before it were tokens[a+1..a+j-1]
+        (predecessor tokens[a+j-1]); softmax(scores / T) over the K candidates, no top-k/top-p there."""
+        h = self.hidden(ctx, tokens, anchors)  # [A, B-1, H]
+        toks = torch.as_tensor(tokens, dtype=torch.long)
+        pred_pos = (anchors[:, None] + torch.arange(self.block_size - 1)[None]).clamp(max=len(toks) - 1)
+        # slots past the end of tokens: their predecessor is a stand-in (no round reaches them)
+        cand = self.candidates(h)
+        assert self.selector is not None
+        return self.selector.slot_logprobs_candidates(*cand, h, toks[pred_pos].to(self.device),
+                                                      float(sampling.temperature), self.vocab_size)
+
     @torch.no_grad()
     def draw_block(self, ctx: DraftContext, tokens, anchor: int, sampling, gen) -> tuple[list[int], torch.Tensor]:
-        """The online sampled-rule block at ``anchor``: each slot's draft drawn from its own law (module doc)."""
-        q = self.slot_logprobs(ctx, tokens, [anchor], sampling)[0].exp().to("cpu", torch.float32)
-        return torch.multinomial(q, 1, generator=gen)[:, 0].tolist(), q
+        """The online sampled-rule block at ``anchor``: each slot's draft drawn from its own law (module doc);
+        DFlash2's selector draws slot by slot, each law given the draft drawn before it."""
+        if self.selector is None:
+            q = self.slot_logprobs(ctx, tokens, [anchor], sampling)[0].exp().to("cpu", torch.float32)
+            return torch.multinomial(q, 1, generator=gen)[:, 0].tolist(), q
+        h = self.hidden(ctx, tokens, [anchor])  # [1, B-1, H]
+        cand_logits, cand_ids = self.candidates(h)
+        prev, drafts, laws = int(tokens[anchor]), [], []
+        for j in range(self.block_size - 1):
+            lq = self.selector.slot_logprobs_candidates(
+                cand_logits[:, j:j + 1], cand_ids[:, j:j + 1], h[:, j:j + 1],
+                torch.tensor([[prev]], device=self.device), float(sampling.temperature), self.vocab_size)
+            q = lq[0, 0].exp().to("cpu", torch.float32)
+            prev = int(torch.multinomial(q, 1, generator=gen))
+            drafts.append(prev)
+            laws.append(q)
+        return drafts, torch.stack(laws)
+
+
+def _pad_ranks(x: torch.Tensor, topk: int, fill) -> torch.Tensor:
+    """[..., k] -> [..., topk]: a DFlash2 slot ranks only its K candidates; ranks past K hold ``fill``."""
+    if x.shape[-1] >= topk:
+        return x
+    return torch.cat([x, torch.full((*x.shape[:-1], topk - x.shape[-1]), fill, dtype=x.dtype)], dim=-1)

@@ -23,7 +23,7 @@ from remote_payload.models.checkpoint import (
     training_spec,
     weight_shapes,
 )
-from remote_payload.models.spec import SLIDING, DrafterSpec, _arch, from_training
+from remote_payload.models.spec import DFLASH2_FIELDS, SLIDING, DrafterSpec, _arch, from_training
 from remote_payload.models.validation import validate_weights
 
 
@@ -65,6 +65,11 @@ def spec_to_zlab_config(spec: DrafterSpec, vocab_size: int | None = None) -> dic
         cfg["dflash_config"]["output_multiplier"] = spec.output_multiplier
     if spec.logit_softcap:
         cfg["dflash_config"]["final_logit_softcapping"] = spec.logit_softcap
+    if spec.dflash2 is not None:  # z-lab's DFlash2 schema: the architecture's name and the four fields
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        cfg["dflash_config"].update({k: getattr(spec.dflash2, k) for k in DFLASH2_FIELDS})
+        if vocab_size is None and spec.dflash2.vocab_rows is not None:
+            cfg["vocab_size"] = spec.dflash2.vocab_rows
     return cfg
 
 

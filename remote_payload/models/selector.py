@@ -29,10 +29,13 @@ class CandidateSelector:
 
     def scores(self, logits: torch.Tensor, hidden: torch.Tensor, predecessors: torch.Tensor):
         """One slot for N blocks: logits [N, V], hidden [N, H], predecessors [N] -> (scores, ids), each [N, K]."""
-        cand_logits, cand_ids = self.candidates(logits)
+        return self.score(*self.candidates(logits), hidden, predecessors)
+
+    def score(self, cand_logits: torch.Tensor, cand_ids: torch.Tensor, hidden: torch.Tensor,
+              predecessors: torch.Tensor) -> torch.Tensor:
+        """Scores [N, K] of given candidates (logits and ids [N, K]) after ``predecessors`` [N]."""
         query = self.predecessor[predecessors] * (hidden @ self.hidden_projection.T)  # [N, R]
-        bonus = torch.einsum("nr,nkr->nk", query, self.successor[cand_ids])
-        return cand_logits + bonus, cand_ids
+        return cand_logits + torch.einsum("nr,nkr->nk", query, self.successor[cand_ids])
 
     def walk(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_tokens: torch.Tensor,
              topk: int = 1, temperature: float = 0.0, generator: torch.Generator | None = None):
@@ -41,10 +44,18 @@ class CandidateSelector:
         T = 0 follows the best candidate; T > 0 draws from softmax(scores / T) over the K candidates.
         Returns (ids [N, S, k], logprobs [N, S, k], drafts [N, S]) with k = min(topk, K), ranked by score.
         """
+        return self.walk_candidates(*self.candidates(logits), hidden, anchor_tokens, topk, temperature, generator)
+
+    def walk_candidates(self, cand_logits: torch.Tensor, cand_ids: torch.Tensor, hidden: torch.Tensor,
+                        anchor_tokens: torch.Tensor, topk: int = 1, temperature: float = 0.0,
+                        generator: torch.Generator | None = None):
+        """``walk`` from each slot's candidates (logits and ids [N, S, K]): a drafter with a large vocabulary
+        takes the top-K a chunk of rows at a time and never holds [N, S, V]."""
         prev = anchor_tokens
         ids, lps, drafts = [], [], []
-        for slot in range(logits.shape[1]):
-            scores, cand = self.scores(logits[:, slot], hidden[:, slot], prev)
+        for slot in range(cand_ids.shape[1]):
+            scores = self.score(cand_logits[:, slot], cand_ids[:, slot], hidden[:, slot], prev)
+            cand = cand_ids[:, slot]
             order = torch.argsort(scores, dim=-1, descending=True)
             scores, cand = scores.gather(-1, order), cand.gather(-1, order)
             k = min(topk, cand.shape[-1])
@@ -63,8 +74,15 @@ class CandidateSelector:
                       temperature: float) -> torch.Tensor:
         """The selector's law at every slot along given predecessors [N, S] (the anchor token, then the tokens
         that follow it): log softmax(scores / T) over the K candidates, -inf elsewhere -> [N, S, V] float32."""
-        N, S, V = logits.shape
-        scores, cand = self.scores(logits.reshape(N * S, V), hidden.reshape(N * S, -1), predecessors.reshape(-1))
-        out = torch.full((N * S, V), float("-inf"), dtype=torch.float32, device=logits.device)
-        out.scatter_(-1, cand, torch.log_softmax(scores.float() / temperature, dim=-1))
-        return out.view(N, S, V)
+        return self.slot_logprobs_candidates(*self.candidates(logits), hidden, predecessors, temperature,
+                                             logits.shape[-1])
+
+    def slot_logprobs_candidates(self, cand_logits: torch.Tensor, cand_ids: torch.Tensor, hidden: torch.Tensor,
+                                 predecessors: torch.Tensor, temperature: float, vocab: int) -> torch.Tensor:
+        """``slot_logprobs`` from each slot's candidates (logits and ids [N, S, K])."""
+        N, S, K = cand_ids.shape
+        scores = self.score(cand_logits.reshape(N * S, K), cand_ids.reshape(N * S, K),
+                            hidden.reshape(N * S, -1), predecessors.reshape(-1))
+        out = torch.full((N * S, vocab), float("-inf"), dtype=torch.float32, device=cand_ids.device)
+        out.scatter_(-1, cand_ids.reshape(N * S, K), torch.log_softmax(scores.float() / temperature, dim=-1))
+        return out.view(N, S, vocab)

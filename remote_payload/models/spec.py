@@ -31,6 +31,21 @@ class AttnLayer:
     causal: bool  # causal inside the draft block
 
 
+@dataclass(frozen=True)
+class Dflash2Fields:
+    """What a DFlash2 drafter adds (``dflash_config``): the grouped dynamic convolutions around each sub-layer
+    (``conv_kernel_size`` taps, ``conv_group_size`` channels sharing one dynamic coefficient) and the candidate
+    selector (``selector_rank``, the walk over the top ``selector_top_k`` candidates of each slot)."""
+    conv_kernel_size: int
+    conv_group_size: int
+    selector_rank: int
+    selector_top_k: int
+    vocab_rows: int | None = None  # the selector codebooks' rows in the checkpoint (must be the target's vocabulary)
+
+
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
 @dataclass
 class DrafterSpec:
     format: str
@@ -61,6 +76,11 @@ class DrafterSpec:
     logit_softcap: float | None = None
     weights_dtype: str | None = None
     notes: list[str] = field(default_factory=list)
+    dflash2: Dflash2Fields | None = None  # None: a DFlash drafter
+
+    @property
+    def variant(self) -> str:
+        return "dflash2" if self.dflash2 else "dflash"
 
     @property
     def fc_in_features(self) -> int:
@@ -73,6 +93,7 @@ class DrafterSpec:
     def to_json(self) -> dict:
         d = asdict(self)
         d["attn"] = [asdict(a) for a in self.attn]
+        d["variant"] = self.variant
         d["fc_in_features"] = self.fc_in_features
         d["layer_convention"] = "decoder-layer index: layer l = output of decoder layer l (HF hidden_states[l+1])"
         d["fc_layers_kind"] = ("k-1 layers to fc, last target layer reserved for the training loss"
@@ -206,18 +227,45 @@ def _check_block(block_size: int, where: str) -> None:
         raise PayloadError(f"{where}: block_size must be >= 2 (slot 0 holds the committed token), found {block_size}")
 
 
+def declares_dflash2(cfg: dict) -> bool:
+    """A config is DFlash2's when its architectures say so or its dflash_config carries a DFlash2 field."""
+    archs = cfg.get("architectures") or []
+    dcfg = cfg.get("dflash_config")
+    dcfg = dcfg if isinstance(dcfg, dict) else {}
+    return any("DFlash2" in str(a) for a in archs) or any(k in dcfg for k in DFLASH2_FIELDS)
+
+
+def _dflash2(cfg: dict, dcfg: dict, arch: dict, block: int, shapes: dict, where: str) -> Dflash2Fields | None:
+    if not declares_dflash2(cfg):
+        return None
+    missing = [f"dflash_config.{k}" for k in DFLASH2_FIELDS if k not in dcfg]
+    if missing:
+        raise PayloadError(f"{where}: a DFlash2 config (architectures {cfg.get('architectures')}) needs "
+                           f"{', '.join(missing)}; z-lab's DFlash2 configs carry all four")
+    rows = (shapes.get("candidate_selector.predecessor_codebook") or [None])[0]
+    fields = Dflash2Fields(**{k: _int(dcfg, k, f"{where} dflash_config") for k in DFLASH2_FIELDS},
+                           vocab_rows=int(rows) if rows is not None else None)
+    hidden = int(arch["hidden_size"])
+    if not 1 <= fields.conv_kernel_size <= block:
+        raise PayloadError(f"{where}: dflash_config.conv_kernel_size {fields.conv_kernel_size} must be between 1 "
+                           f"and the block size {block}")
+    if fields.conv_group_size < 1 or hidden % fields.conv_group_size:
+        raise PayloadError(f"{where}: dflash_config.conv_group_size {fields.conv_group_size} must divide the hidden "
+                           f"size {hidden}")
+    if fields.selector_rank < 1 or fields.selector_top_k < 1:
+        raise PayloadError(f"{where}: dflash_config.selector_rank and selector_top_k must be >= 1, found "
+                           f"{fields.selector_rank} and {fields.selector_top_k}")
+    return fields
+
+
 # ---------------------------------------------------------------------------------------------------
 # formats
 
 
 def from_zlab(cfg: dict, shapes: dict, where: str, fmt: str = "zlab") -> DrafterSpec:
-    archs = cfg.get("architectures") or []
     dcfg = cfg.get("dflash_config") or {}
     if not isinstance(dcfg, dict):
         raise PayloadError(f"{where}: dflash_config must be an object")
-    if any("DFlash2" in a for a in archs) or "selector_rank" in dcfg or "conv_kernel_size" in dcfg:
-        raise PayloadError(f"{where}: DFlash2 drafters (candidate selector / dynamic convolutions) are not supported "
-                           "yet; dfo refuses them rather than evaluate them as DFlash (see docs/dflash2.md)")
     arch = _arch(cfg, shapes, where)
     block = _int(dcfg, "block_size", where, required=False)
     if block is None:
@@ -252,6 +300,7 @@ def from_zlab(cfg: dict, shapes: dict, where: str, fmt: str = "zlab") -> Drafter
         causality = f"config is_causal={bool(is_causal)} for every layer"
     return _common(fmt, arch, block_size=block, mask_token_id=mask, fc_layer_ids=ids, reserved_layer_ids=reserved,
                    layer_ids_source=source, attn=attn, causality_source=causality, rope=_rope(cfg, where),
+                   dflash2=_dflash2(cfg, dcfg, arch, block, shapes, where),
                    input_embedding_scale=float(dcfg.get("input_embedding_scale", 1.0)),
                    output_multiplier=float(dcfg.get("output_multiplier", 1.0)),
                    logit_softcap=(float(dcfg["final_logit_softcapping"])
@@ -264,6 +313,10 @@ def from_speculators(cfg: dict, shapes: dict, where: str) -> DrafterSpec:
         raise PayloadError(f"{where}: missing field transformer_layer_config")
     if cfg.get("projector_type", "dflash") != "dflash":
         raise PayloadError(f"{where}: projector_type {cfg.get('projector_type')!r} unsupported (only 'dflash')")
+    if declares_dflash2(cfg):
+        raise PayloadError(f"{where}: a DFlash2 drafter in the speculators format is not supported (its selector "
+                           "scores the target's whole vocabulary, which a draft vocabulary cannot hold); give it in "
+                           "the z-lab format (config.json with architectures [\"DFlash2DraftModel\"])")
     if cfg.get("sample_from_anchor"):
         raise PayloadError(f"{where}: sample_from_anchor drafters (DSpark) are not DFlash drafters; unsupported")
     arch = _arch(tl, shapes, f"{where} transformer_layer_config")
@@ -303,7 +356,8 @@ def from_training(spec: dict, shapes: dict, where: str) -> DrafterSpec:
         raise PayloadError(f"{where}: the drafter spec must be a mapping")
     flat = dict(spec)
     dcfg = dict(flat.pop("dflash_config", None) or {})
-    for key in ("block_size", "mask_token_id", "target_layer_ids"):
+    for key in ("block_size", "mask_token_id", "target_layer_ids", *DFLASH2_FIELDS, "output_multiplier",
+                "final_logit_softcapping", "input_embedding_scale"):
         if key in flat and key not in dcfg:
             dcfg[key] = flat.pop(key)
     missing = [k for k in TRAINING_REQUIRED if k not in dcfg]

@@ -6,10 +6,13 @@ Each check fails with one line naming the file and what was expected vs found (R
 from __future__ import annotations
 
 from remote_payload.errors import PayloadError
+from remote_payload.models.dflash2 import selector_shapes
 from remote_payload.models.spec import DrafterSpec
 
 
 def expected_shapes(spec: DrafterSpec) -> dict:
+    """Every weight the spec's drafter holds, with its shape. DFlash2's selector codebooks have one row per token
+    of the target's vocabulary: the checkpoint's rows here (``vocab_rows``), checked against the target later."""
     H, hd = spec.hidden_size, spec.head_dim
     q, kv, inter = spec.num_heads * hd, spec.num_kv_heads * hd, spec.intermediate_size
     shapes = {"fc.weight": [H, spec.fc_in_features], "hidden_norm.weight": [H], "norm.weight": [H]}
@@ -26,6 +29,8 @@ def expected_shapes(spec: DrafterSpec) -> dict:
         if spec.attention_bias:
             shapes.update({p + "self_attn.q_proj.bias": [q], p + "self_attn.k_proj.bias": [kv],
                            p + "self_attn.v_proj.bias": [kv], p + "self_attn.o_proj.bias": [H]})
+    if spec.dflash2 is not None:
+        shapes.update(selector_shapes(spec, spec.dflash2.vocab_rows or -1))
     return shapes
 
 
@@ -41,6 +46,8 @@ DFLASH2_KEY_PARTS = (".attention_conv.", ".mlp_conv.", "predecessor_codebook", "
 
 
 def refuse_dflash2_weights(spec: DrafterSpec, weights: dict, where: str) -> None:
+    if spec.dflash2 is not None:
+        return
     found = sorted(k for k in weights if any(part in f".{k}" for part in DFLASH2_KEY_PARTS))
     if found:
         raise PayloadError(f"{where}: the weights are a DFlash2 drafter's (dynamic convolutions / candidate selector: "
@@ -73,7 +80,9 @@ def validate_weights(spec: DrafterSpec, weights: dict, extras: dict, where: str)
             parts.append(f"missing keys: {_names(missing)}")
         if unexpected:
             parts.append(f"unexpected keys: {_names(unexpected)}")
-        raise PayloadError(f"{where}: weights do not match the spec ({spec.num_layers} layers) — {'; '.join(parts)}")
+        kind = "DFlash2" if spec.dflash2 else "DFlash"
+        raise PayloadError(f"{where}: weights do not match the spec ({kind}, {spec.num_layers} layers) — "
+                           f"{'; '.join(parts)}")
     wrong = [f"{k} {list(weights[k].shape)} (expected {v})" for k, v in expected.items()
              if list(weights[k].shape) != v]
     if wrong:
@@ -111,6 +120,11 @@ def validate_against_target(spec: DrafterSpec, target_cfg, tokenizer, stop_ids: 
     if out:
         raise PayloadError(f"{where}: target layer id(s) {out} outside the target's decoder layers 0..{n - 1} "
                            f"(ids from {spec.layer_ids_source})")
+    if spec.dflash2 is not None and spec.dflash2.vocab_rows is not None:
+        rows = spec.dflash2.vocab_rows
+        if rows != target_cfg.vocab_size:
+            raise PayloadError(f"{where}: the DFlash2 selector's codebooks have {rows} rows but the target "
+                               f"({target_cfg.name}) has a {target_cfg.vocab_size}-token vocabulary")
     vocab = target_cfg.vocab_size
     if spec.embed_source == "checkpoint" and extras is not None:
         vocab = int(extras["embed_tokens.weight"].shape[0])

@@ -19,11 +19,11 @@ def _built(items: str) -> list[str]:
 def test_default_plan_is_the_demo_of_before():
     plan = demo_plan("/m", "/c")
     assert plan.engine is None and plan.target == "/m/target"
-    assert plan.fixtures == {"ct129": ("/m", "target,zlab-drafter,random-drafter"),
+    assert plan.fixtures == {"ct129": ("/m", "target,zlab-drafter,random-drafter,dflash2-drafter"),
                              "kpro6": ("/c", "training-checkpoint")}
     assert [(d.name, d.host, d.path) for d in plan.drafters] == [
         ("ours", "kpro6", "/c/trained-drafter/checkpoint.pt"), ("zlab", None, "/m/zlab-drafter"),
-        ("random", None, "/m/random-drafter")]
+        ("random", None, "/m/random-drafter"), ("dflash2", None, "/m/dflash2-drafter")]
 
 
 @pytest.mark.parametrize("engine", [None, "vllm"])

@@ -209,3 +209,23 @@ def test_compare_of_malformed_results_shows_what_it_can_without_a_traceback(tmp_
         proc = subprocess.run([sys.executable, "-m", "orchestrator", "runs", "compare", a.name, b.name, *extra],
                               env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_dflash2_drafter_reads_ddtree_not_defined_in_the_table_and_the_report(tmp_path):
+    from rich.console import Console
+
+    from orchestrator.evaluation.report import summary_table
+
+    run = make_run(tmp_path, {"d1": [2.0, 3.0], "d2": [4.0, 5.0]})
+    results = json.loads(run.results_path.read_text())
+    results["drafters"]["d2"]["metrics"]["tree"] = {"not_defined": "DDTree is not defined for DFlash2: ..."}
+    rows = {r["drafter"]: r for r in drafter_rows(results)}
+    assert rows["d2"]["ddtree_not_defined"] and not rows["d1"]["ddtree_not_defined"]
+    console = Console(record=True, width=250)
+    console.print(summary_table(results))
+    text = console.export_text()
+    assert "not defined" in text and "3.00" in text  # d2's cell says so, d1 keeps its DDTree figure
+    assert "DDTree: not defined for DFlash2 drafters" in text
+    write_report(run.path, results, [])
+    report = (run.path / "report.md").read_text()
+    assert "| not defined | not defined |" in report and "DDTree: not defined for DFlash2 drafters" in report

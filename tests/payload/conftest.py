@@ -74,7 +74,8 @@ def samples(target, eval_cache):
 
 @pytest.fixture(scope="session")
 def loaded(fixture_dir):
-    """The trained drafter in all three formats plus the random one, loaded (not yet bound to a target)."""
+    """The trained drafter in all three formats, the random one and the DFlash2 one, loaded (not yet bound to a
+    target)."""
     from remote_payload.models.checkpoint import load_drafter
 
     return {
@@ -83,6 +84,7 @@ def loaded(fixture_dir):
         "zlab": load_drafter(fixture_dir / "zlab-drafter"),
         "speculators": load_drafter(fixture_dir / "speculators-drafter"),
         "random": load_drafter(fixture_dir / "random-drafter"),
+        "dflash2": load_drafter(fixture_dir / "dflash2-drafter"),
     }
 
 

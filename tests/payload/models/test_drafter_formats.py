@@ -246,11 +246,12 @@ def test_dflash2_weights_under_a_dflash_config_are_refused(fixture_dir, tmp_path
         load_drafter(d)
 
 
-def test_dflash2_config_is_refused_by_name(fixture_dir, tmp_path):
+def test_a_dflash2_config_without_its_fields_names_them(fixture_dir, tmp_path):
     d = _copy(fixture_dir, "zlab-drafter", tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"]["selector_top_k"] = 8
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(PayloadError, match=r"DFlash2 drafters .* not supported yet; dfo refuses them rather than "
-                                           r"evaluate them as DFlash"):
+    with pytest.raises(PayloadError, match=r"a DFlash2 config .* needs dflash_config\.conv_kernel_size, "
+                                           r"dflash_config\.conv_group_size, dflash_config\.selector_rank;"):
         load_drafter(d)
