@@ -167,3 +167,33 @@ class LocalLoginSession:
         if check and not result.ok:
             raise HostError(self.name, f"`{line[:80]}` exited with {result.exit_code}: {result.err_text[-300:]}")
         return result
+
+
+def start_in_sandbox(box, root: Path) -> SandboxSlurm:
+    """A sandbox Slurm whose login node is BOX's ct129 (its daemons under ROOT); raises with the reason it
+    cannot run here."""
+    reason = missing_reason()
+    if reason:
+        raise RuntimeError(reason)
+    ct129 = box.host("ct129")
+    return SandboxSlurm(root, netns=ct129.netns, address=ct129.gateway or "127.0.0.1").start()
+
+
+def cluster_inventory(box, slurm: SandboxSlurm, dest: Path, *, name: str = "hpc") -> Path:
+    """BOX's inventory plus cluster host NAME: ct129's SSH, workdir (its release and venv) and paths, the
+    sandbox's SLURM_CONF in its env, and a slurm: section whose shared folder is ct129's root (partition debug,
+    ten-minute tasks); plus NAME-serial, the same cluster one task at a time. Written to DEST."""
+    from orchestrator.core.inventory import load_inventory
+
+    text = Path(box.inventory_path).read_text()
+    ct129 = load_inventory(box.inventory_path).host("ct129")
+    host = (f"  {name}:\n    address: {ct129.address}\n    port: {ct129.port}\n    user: {ct129.user}\n"
+            f"    identity_file: {ct129.identity_file}\n    known_hosts: {ct129.known_hosts}\n"
+            f"    workdir: {ct129.workdir}\n    python: {ct129.python}\n    gpu: false\n"
+            f"    paths:\n      checkpoints: {ct129.paths.checkpoints}\n      models: {ct129.paths.models}\n"
+            f"    env:\n      SLURM_CONF: {slurm.conf}\n"
+            f"    slurm:\n      shared: {box.hosts['ct129'].root_dir}\n      partition: debug\n"
+            "      time_limit: '10'\n")
+    serial = host.replace(f"  {name}:\n", f"  {name}-serial:\n", 1) + "      max_parallel: 1\n"
+    dest.write_text(text + host + serial)
+    return dest
