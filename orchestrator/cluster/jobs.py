@@ -51,8 +51,7 @@ def array_status(login: LoginSession, shared: str, ref: ArrayRef) -> tuple[dict[
     if not states:
         job_ids = recorded_job_ids(login, shared, ref.array_job_id)
         states, source = accounted_states(login, ref.array_job_id, job_ids), "sacct"
-    if ref.task is not None:
-        states = {t: s for t, s in states.items() if t == ref.task}
+    states = {t: s for t, s in sorted(states.items()) if ref.task is None or t == ref.task}
     if not states:
         raise InputError(f"{ref}: Slurm knows no such job (not in the queue, not in sacct)",
                          hint=f"squeue -u $USER on {ref.host} lists your jobs; a finished array's results stay in "
@@ -97,7 +96,7 @@ def cancel_array(login: LoginSession, shared: str, ref: ArrayRef, *,
     deadline = time.monotonic() + wait_s
     targeted = {t: s for t, s in before.items() if s.active}
     while True:
-        after = {t: s for t, s in task_states(login, ref.array_job_id).items() if t in targeted}
+        after = {t: s for t, s in sorted(task_states(login, ref.array_job_id).items()) if t in targeted}
         for task in targeted.keys() - after.keys():
             # A pending task that is cancelled leaves the array's remainder without a record of its own.
             after[task] = TaskState(task, targeted[task].job_id, ref.array_job_id, "CANCELLED",
@@ -105,6 +104,7 @@ def cancel_array(login: LoginSession, shared: str, ref: ArrayRef, *,
         if not any(s.active for s in after.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
+    after = dict(sorted(after.items()))
     if any(s.active for s in after.values()):
         raise OperationError(f"{ref}: scancel was sent but task(s) "
                              f"{', '.join(str(t) for t, s in sorted(after.items()) if s.active)} still show as active "
@@ -121,13 +121,16 @@ def task_line(state: TaskState) -> str:
     """One task as `dfo jobs status` prints it (pure)."""
     where = f" on {state.node}" if state.node else ""
     why = f" ({state.reason})" if state.reason and state.state == "PENDING" else ""
-    code = f", exit {state.exit_code}" if state.exit_code is not None and not state.active else ""
+    ended = not state.active and state.exit_code is not None
+    code = f", exit {state.exit_code}" if ended and (state.exit_code or state.state == "COMPLETED") else ""
+    signal = f", signal {state.signal}" if ended and state.signal else ""
     killed = " — killed by the scheduler" if state.killed_by_scheduler else ""
-    return f"task {state.task} (job {state.job_id}): {state.state}{why}{where}{code}{killed}"
+    return f"task {state.task} (job {state.job_id}): {state.state}{why}{where}{code}{signal}{killed}"
 
 
 def as_json(ref: ArrayRef, states: dict[int, TaskState], source: str) -> dict:
     return {"ref": str(ref), "array_job_id": ref.array_job_id, "source": source,
             "tasks": {str(t): {"job_id": s.job_id, "state": s.state, "reason": s.reason, "node": s.node,
-                               "exit_code": s.exit_code, "killed_by_scheduler": s.killed_by_scheduler}
+                               "exit_code": s.exit_code, "signal": s.signal,
+                               "killed_by_scheduler": s.killed_by_scheduler}
                       for t, s in sorted(states.items())}}
