@@ -89,7 +89,9 @@ def submit(spec, folders, keep_as):
     script = batch_script_text(**spec)
     for folder in folders:
         os.makedirs(folder, exist_ok=True)
-    with open(keep_as, "w") as fh:
+    # A fresh file (never through a link someone planted): the script stays beside the tasks for the record.
+    fd = os.open(keep_as, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w") as fh:
         fh.write(script)
     return _run(["sbatch", "--parsable"], stdin=script.encode())
 
