@@ -31,25 +31,39 @@ def demo_cmd(
     engine: Optional[str] = typer.Option(None, "--engine", metavar="NAME", help="Also serve the relayed drafter in this engine on "
                                          "ct129 (vllm: its venv provisioned there, ~650 MiB of wheels once) and show "
                                          "offline and engine τ side by side."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="KIND", help="Run the demo's eval on a sandbox "
+                                          "cluster instead (slurm: a real Slurm with ct129 as login node, the eval "
+                                          "as a two-task sbatch array, merged, beside the same eval on ct129 alone; "
+                                          "needs root and Debian's slurm-wlm and munge)."),
 ) -> None:
     """Run the whole loop on two local sandbox hosts, no real host needed.
 
     Starts sandbox hosts kpro6 and ct129 (real sshd, unable to reach each other), builds a tiny target and
     drafters on them, and runs `dfo eval --host ct129` with a checkpoint relayed from kpro6."""
     from orchestrator.core.errors import InputError
+    from orchestrator.demo.cluster_story import CLUSTERS
     from orchestrator.demo.engine_story import ENGINES
     from orchestrator.demo.operation import run_demo
 
     app_ctx: AppContext = ctx.obj
     if engine is not None and engine not in ENGINES:
         raise InputError(f"--engine {engine}: unknown engine", hint=f"choose from {', '.join(ENGINES)}")
+    if cluster is not None:
+        if cluster not in CLUSTERS:
+            raise InputError(f"--cluster {cluster}: unknown cluster kind", hint=f"choose from {', '.join(CLUSTERS)}")
+        if engine or watch:
+            raise InputError("--cluster with --engine or --watch: choose one demo")
+        from orchestrator.testing.slurm import missing_reason
+
+        if reason := missing_reason():
+            raise InputError(f"--cluster slurm: {reason}", hint="run as root after scripts/setup.sh")
     if watch:
         if engine:
             raise InputError("--engine and --watch: choose one demo")
         return _watch_demo(app_ctx, root, keep, samples, max_new_tokens, runs_dir)
     try:
         outcome = run_demo(events=app_ctx.events, runs_dir=runs_root(runs_dir), root=root, keep=keep,
-                           samples=samples, max_new_tokens=max_new_tokens, engine=engine)
+                           samples=samples, max_new_tokens=max_new_tokens, engine=engine, cluster=cluster)
     except SandboxError as exc:
         from orchestrator.core.errors import OperationError
 
@@ -58,8 +72,8 @@ def demo_cmd(
                              "install openssh-server and iproute2 (scripts/setup.sh does)") from None
     _finished(app_ctx, outcome)
     render_run(app_ctx, outcome.run, json_out)
-    if not json_out:  # τ at T = 0 beside τ at T = 1 (the demo's second, sampled eval)
-        for line in outcome.temperature_lines():
+    if not json_out:  # τ at T = 0 beside τ at T = 1 (the demo's second, sampled eval); the cluster's tasks
+        for line in outcome.temperature_lines() + (outcome.cluster.lines() if outcome.cluster else []):
             app_ctx.out.print(Text(line))
     if engine and not json_out:
         from orchestrator.demo.engine_story import side_by_side

@@ -56,7 +56,7 @@ def eval_cmd(
     plan = plan_eval(request, inv, prompts_digest=prompts.digest, prompt_count=prompts.count)
     for name in hosts_used(request):
         inv.host_env(name)  # an unset ${VAR} in a host's env is refused now, not at job launch after a relay
-    cluster = _cluster_host(inv, request.hosts, shards, request.samples, prompts.count)
+    cluster = _cluster_host(inv, request, shards, prompts.count)
     if dry_run:
         _print_plan(app_ctx, plan, json_out)
         if cluster and not json_out:
@@ -81,8 +81,9 @@ def eval_cmd(
     render_run(app_ctx, run, json_out)
 
 
-def _cluster_host(inv, hosts: list[str], shards: int, samples: int | None, prompt_count: int | None) -> str | None:
+def _cluster_host(inv, request, shards: int, prompt_count: int | None) -> str | None:
     """The Slurm cluster host the eval runs on (alone), or None; --shards is for a cluster host only."""
+    hosts = request.hosts
     clusters = [h for h in hosts if inv.hosts[h].slurm is not None]
     if not clusters:
         if shards != 1:
@@ -91,9 +92,10 @@ def _cluster_host(inv, hosts: list[str], shards: int, samples: int | None, promp
         return None
     if len(hosts) > 1:
         raise InputError(f"{clusters[0]} is a Slurm cluster: evaluate on it alone (--host {clusters[0]} --shards N)")
-    from orchestrator.cluster.eval_run import check_shards
+    from orchestrator.cluster.eval_run import check_cluster_eval
 
-    check_shards(shards, samples, prompt_count)
+    check_cluster_eval(inv, clusters[0], shards, request, prompt_count,
+                       relays=any(d.host and d.host != clusters[0] for d in request.drafters))
     return clusters[0]
 
 

@@ -199,8 +199,13 @@ def status_cmd(
     tail: int = typer.Option(10, "--tail", metavar="N", min=0, help="Log lines to show."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
-    """State of one job: running / succeeded / failed (exit code) / cancelled / lost, and its last log lines."""
+    """State of one job: running / succeeded / failed (exit code) / cancelled / lost, and its last log lines.
+
+    On a Slurm cluster host, JOB is the array job id (or ARRAY_TASK): each task's Slurm state, node and exit
+    code, from squeue/scontrol, or from sacct once Slurm's controller has forgotten the job."""
     app_ctx: AppContext = ctx.obj
+    if (ref := _cluster_ref(app_ctx, job, host)) is not None:
+        return _cluster_status(app_ctx, ref, json_out)
     h, job_id = locate_job(app_ctx.connector, job, host)
     st = job_status(app_ctx.connector, h, job_id, tail=tail)
     if json_out:
@@ -283,8 +288,13 @@ def cancel_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the job's state and the processes a cancel would "
                                  "signal; signal nothing (the host is asked, nothing on it changes)."),
 ) -> None:
-    """Stop a job: SIGTERM to its whole process group, SIGKILL after --grace seconds."""
+    """Stop a job: SIGTERM to its whole process group, SIGKILL after --grace seconds.
+
+    On a Slurm cluster host, JOB is the array job id (or ARRAY_TASK for one task): scancel, then each
+    cancelled task's state as Slurm shows it."""
     app_ctx: AppContext = ctx.obj
+    if (ref := _cluster_ref(app_ctx, job, host)) is not None:
+        return _cluster_cancel(app_ctx, ref, json_out, dry_run)
     h, job_id = locate_job(app_ctx.connector, job, host)
     if dry_run:
         _print_cancel_plan(app_ctx, plan_cancel(app_ctx.connector, h, job_id, grace=grace), json_out)
@@ -298,6 +308,62 @@ def cancel_cmd(
         app_ctx.out.print(Text.assemble(f"{st.ref}: already ", _state(st), "; nothing to cancel"))
     else:
         app_ctx.out.print(Text.assemble(f"{st.ref}: ", _state(st)))
+
+
+def _cluster_ref(app_ctx: AppContext, job: str, host: str | None):
+    """The Slurm array JOB names when its host is a cluster host (slurm: in the inventory), else None."""
+    from orchestrator.jobs.operation import parse_job_ref
+
+    ref_host, job_id = parse_job_ref(job, host)
+    inv = app_ctx.connector.inventory
+    if ref_host is None or inv.hosts.get(ref_host) is None or inv.hosts[ref_host].slurm is None:
+        return None
+    from orchestrator.cluster.jobs import parse_array_ref
+
+    return parse_array_ref(ref_host, job_id)
+
+
+def _cluster_status(app_ctx: AppContext, ref, json_out: bool) -> None:
+    from orchestrator.cluster.jobs import array_status, as_json, cluster_login, task_line
+
+    states, source = array_status(*cluster_login(app_ctx.connector, ref), ref)
+    if json_out:
+        app_ctx.print_json(as_json(ref, states, source))
+        return
+    app_ctx.out.print(Text.assemble((str(ref), "bold"), f"  Slurm array job {ref.array_job_id}",
+                                    " (from sacct: Slurm's controller no longer lists it)" if source == "sacct" else ""))
+    for state in states.values():
+        app_ctx.out.print(Text("  " + task_line(state)), highlight=False)
+
+
+def _cluster_cancel(app_ctx: AppContext, ref, json_out: bool, dry_run: bool) -> None:
+    from orchestrator.cluster.jobs import array_status, as_json, cancel_array, cluster_login, task_line
+
+    login, shared = cluster_login(app_ctx.connector, ref)
+    if dry_run:
+        states, source = array_status(login, shared, ref)
+        active = [s for s in states.values() if s.active]
+        if json_out:
+            app_ctx.print_json({"dry_run": True, "would_cancel": bool(active), **as_json(ref, states, source)})
+            return
+        app_ctx.out.print(Text.assemble(("dry run", "bold"), f": {ref}: " + (
+            f"a cancel would run scancel {str(ref).split(':', 1)[1]} on the login node ({len(active)} active task(s))"
+            if active else "nothing active; nothing to cancel") + "; nothing cancelled"))
+        for state in states.values():
+            app_ctx.out.print(Text("  " + task_line(state)), highlight=False)
+        return
+    before, after = cancel_array(login, shared, ref)
+    if json_out:
+        app_ctx.print_json(as_json(ref, after, "queue") | {"cancelled": after is not before})
+        return
+    if after is before:
+        app_ctx.out.print(Text(f"{ref}: nothing active; nothing to cancel"))
+        for state in before.values():
+            app_ctx.out.print(Text("  " + task_line(state)), highlight=False)
+        return
+    app_ctx.out.print(Text(f"{ref}: scancel sent; {len(after)} task(s) cancelled"))
+    for state in after.values():
+        app_ctx.out.print(Text("  " + task_line(state)), highlight=False)
 
 
 def _print_cancel_plan(app_ctx: AppContext, plan: CancelPlan, json_out: bool) -> None:

@@ -75,6 +75,9 @@ def watch_cmd(
     worker_idle: Optional[float] = typer.Option(None, "--worker-idle", metavar="SECONDS",
                                                 help="The resident worker stops after this long without a "
                                                 "checkpoint (default: 3 x --interval + 120, at least 300)."),
+    shards: int = typer.Option(1, "--shards", metavar="N", help="On a Slurm cluster eval host (slurm: in the "
+                               "inventory): each checkpoint's eval is one array job of N tasks (docs/clusters.md); "
+                               "no resident worker there."),
     options: dict = DECLARED,
     json_out: bool = typer.Option(False, "--json", help="With --once/--dry-run: print the outcome as JSON."),
     runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Where run folders and series go (default ./runs or $DFO_RUNS_DIR)."),
@@ -92,6 +95,11 @@ def watch_cmd(
     prompts = read_prompts(options["prompts"])
     request = EvalRequest(hosts=[eval_host], drafters=[parse_drafter(d, inv) for d in drafter],
                           **{**options, "prompts": prompts.spec})
+    from orchestrator.cluster.watch_step import cluster_shards, resident_note
+
+    on_cluster = cluster_shards(inv, eval_host, shards, request, prompts.count)
+    if on_cluster is not None and resident:
+        app_ctx.events.info(resident_note(eval_host))
     cfg = WatchConfig(series=series or posixpath.basename(folder) or "series", source_host=endpoint.host,
                       folder=folder, request=request, runs_dir=runs_root(runs_dir).resolve(),
                       options=Options(settle=settle, every=every, newest=newest), pattern=pattern,
@@ -99,7 +107,7 @@ def watch_cmd(
                       prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result,
                       tensorboard=writable_folder(tensorboard_dir, "--tensorboard") if tensorboard_dir else None,
                       tensorboard_logdir=tensorboard_logdir, plot_last=plot_last, resident=resident,
-                      worker_idle=worker_idle)
+                      worker_idle=worker_idle, shards=on_cluster)
     stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
     # Then the first checks on the hosts, in every mode: --detach leaves only once they passed.
     plan, ignored = first_check(app_ctx.connector, cfg, stand_in)

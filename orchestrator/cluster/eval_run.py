@@ -28,7 +28,7 @@ from orchestrator.cluster.plan import BatchRequest, task_dir
 from orchestrator.cluster.replies import TaskState
 from orchestrator.core.errors import InputError, OperationError
 from orchestrator.core.events import Events
-from orchestrator.core.slurm_section import SlurmSection
+from orchestrator.core.slurm_section import SlurmSection, workdir_inside_shared
 
 MAX_SHARDS = 1000
 
@@ -48,6 +48,24 @@ def check_shards(shards: int, samples: int | None, prompt_count: int | None) -> 
     if sizes and min(sizes) < shards:
         raise InputError(f"--shards {shards} is more than the {min(sizes)} prompt(s) to evaluate",
                          hint="give fewer --shards or more prompts")
+
+
+def check_cluster_eval(inventory: Any, host: str, shards: int, request: Any, prompt_count: int | None,
+                       relays: bool = False) -> None:
+    """What an eval on cluster HOST needs before anything connects (pure): a shard count that fits the prompts,
+    no engine stage (it does not run inside a Slurm task yet) and, when drafters are relayed to it (RELAYS),
+    a relay folder on the shared filesystem."""
+    if getattr(request, "engine", None):
+        raise InputError(f"--engine {request.engine} on {host}: the engine stage does not run inside a Slurm task "
+                         "yet", hint="evaluate offline on the cluster (without --engine), or use --engine on an SSH "
+                         "eval host")
+    check_shards(shards, request.samples, prompt_count)
+    h = inventory.hosts[host]
+    folder = h.paths.checkpoints or posixpath.join(h.workdir, "checkpoints")
+    if relays and not workdir_inside_shared(folder, h.slurm.shared):
+        raise InputError(f"{host}: paths.checkpoints {folder} is not inside slurm.shared {h.slurm.shared}: the "
+                         "relayed checkpoints would not reach the compute nodes",
+                         hint="set paths.checkpoints to a folder on the cluster's shared filesystem")
 
 
 def eval_request(section: SlurmSection, run_name: str, argv: list[str], cwd: str, shards: int,

@@ -1,47 +1,72 @@
 """Submit, follow, cancel and resume an array job on a Slurm cluster, through its login node.
 
-The login node is reached as any host is: ``session`` is a control session (``transport/control.py``) or
-anything with the same ``run(command, stdin=, check=)``. Every command line is built from argv lists
-(``shlex.quote``d by the transport), the batch script travels on sbatch's stdin, and every answer is typed by
-``replies.py`` before use.
+The login node is reached as any host is: ``ClusterLogin`` holds its control session (``transport/control.py``),
+the host's ``env:`` and its Python (the sandbox's ``LocalLoginSession`` has the same shape). Slurm's commands
+run on the login node inside ``host_script.py`` (through ``transport/hostcall.py``: arguments travel as JSON,
+commands as argv lists, no shell), the batch script is rendered there from values ``plan.py`` validated, and
+every answer is typed by ``replies.py`` before use: the login node may be hostile.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from orchestrator.cluster.plan import BatchRequest, batch_script, task_dir
-from orchestrator.cluster.replies import SQUEUE_FORMAT, TaskState, parse_job_id, parse_scontrol, parse_squeue
+from orchestrator.cluster.plan import BatchRequest, batch_spec, render, task_dir
+from orchestrator.cluster.replies import (
+    JOB_ID_RE,
+    TaskState,
+    command_reply,
+    parse_job_id,
+    parse_sacct,
+    parse_scontrol,
+    parse_squeue,
+)
 from orchestrator.core.errors import HostError, OperationError
 from orchestrator.core.slurm_section import SlurmSection
+from orchestrator.transport import hostcall
+
+HOST_SCRIPT = Path(__file__).with_name("host_script.py")
 
 
 class LoginSession(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
+    @property
+    def session(self) -> Any: ...  # what hostcall runs host_script.py through (a control session)
+    @property
+    def env(self) -> dict[str, str]: ...  # exported for every Slurm command (the host's env:, e.g. SLURM_CONF)
+    @property
+    def interpreter(self) -> str: ...  # the login node's Python
 
-    def run(self, command: Any, *, stdin: bytes | None = None, check: bool = True,
-            timeout: float | None = None, env: dict[str, str] | None = None) -> Any: ...
 
-
+@dataclass(frozen=True)
 class ClusterLogin:
-    """A control session to the login node whose commands carry the host's ``env:`` (e.g. SLURM_CONF on a
-    cluster without a system-wide one); the values travel on stdin, never in a command line."""
+    """The login node of a cluster host: its control session, the host's ``env:`` (e.g. SLURM_CONF on a
+    cluster without a system-wide one; the values travel on stdin, never in a command line) and its Python."""
 
-    def __init__(self, session: LoginSession, env: dict[str, str]):
-        self.session, self.env, self.name = session, env, session.name
+    session: Any
+    env: dict[str, str]
+    interpreter: str = "python3"
 
-    def run(self, command: Any, *, stdin: bytes | None = None, check: bool = True,
-            timeout: float | None = None, env: dict[str, str] | None = None) -> Any:
-        return self.session.run(command, stdin=stdin, check=check, timeout=timeout, env={**self.env, **(env or {})})
+    @property
+    def name(self) -> str:
+        return self.session.name
 
 
 def login_session(connector: Any, host: str) -> ClusterLogin:
     """The cluster HOST's login node, through CONNECTOR (a transport Connector)."""
-    return ClusterLogin(connector.session(host), connector.inventory.host_env(host))
+    return ClusterLogin(connector.session(host), connector.inventory.host_env(host),
+                        connector.inventory.hosts[host].python)
+
+
+def call(login: LoginSession, func: str, timeout: float | None = None, **kwargs: Any) -> Any:
+    """``host_script.FUNC(**kwargs)`` on the login node (its answer still to be typed by the caller)."""
+    return hostcall.call(login.session, HOST_SCRIPT, func, python=login.interpreter, timeout=timeout,
+                         host_env=login.env, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -54,29 +79,48 @@ class Submitted:
 
 def submit(session: LoginSession, section: SlurmSection, request: BatchRequest) -> Submitted:
     """Create the task folders, keep the script beside them, submit it; the array's job id."""
-    script = batch_script(section, request)
+    spec = batch_spec(section, request)
     folders = [task_dir(request.job_dir, task) for task in request.tasks]
-    keep = shlex.join(["tee", f"{request.job_dir}/batch-{int(time.time() * 1000)}.sh"])
-    line = (shlex.join(["mkdir", "-p", "--", *folders]) + f" && {keep} | "
-            + shlex.join(["sbatch", "--parsable"]))
-    result = session.run(line, stdin=script.encode(), check=False)
-    if result.exit_code != 0:
-        detail = (result.err_text or result.text).strip()[-400:]
-        raise HostError(session.name, f"sbatch refused the job: {detail}",
+    keep_as = f"{request.job_dir}/batch-{int(time.time() * 1000)}.sh"
+    reply = command_reply(session.name, "sbatch", call(session, "submit", spec=spec, folders=folders,
+                                                       keep_as=keep_as))
+    if reply.exit_code != 0:
+        raise HostError(session.name, f"sbatch refused the job: {(reply.err or reply.out).strip()[-400:]}",
                         hint="check the host's slurm: section (partition, account, limits) against `sinfo`")
-    return Submitted(parse_job_id(session.name, result.text), request.job_dir, request.tasks, script)
+    return Submitted(parse_job_id(session.name, reply.out), request.job_dir, request.tasks, render(spec))
 
 
 def task_states(session: LoginSession, array_job_id: str) -> dict[int, TaskState]:
     """Every array task Slurm still knows: squeue for the queued and running, scontrol for the finished."""
-    queued = session.run(["squeue", "-h", "-r", "-j", array_job_id, "-o", SQUEUE_FORMAT], check=False)
-    states = parse_squeue(session.name, array_job_id, queued.text) if queued.exit_code == 0 else {}
-    shown = session.run(["scontrol", "show", "job", array_job_id, "--oneliner"], check=False)
+    answers = call(session, "states", array_job_id=_checked_id(session, array_job_id))
+    if not isinstance(answers, dict):
+        raise HostError(session.name, "cluster.states: the answer is not an object")
+    queued = command_reply(session.name, "squeue", answers.get("squeue"))
+    shown = command_reply(session.name, "scontrol", answers.get("scontrol"))
+    states = parse_squeue(session.name, array_job_id, queued.out) if queued.exit_code == 0 else {}
     if shown.exit_code == 0:
-        for task, state in parse_scontrol(session.name, array_job_id, shown.text).items():
+        for task, state in parse_scontrol(session.name, array_job_id, shown.out).items():
             if task not in states or not state.active:
                 states[task] = state
     return states
+
+
+def accounted_states(session: LoginSession, array_job_id: str, job_ids: dict[str, int]) -> dict[int, TaskState]:
+    """sacct's view of tasks Slurm's controller has forgotten: accounting where the cluster has it, else the
+    job completion log, which knows each task by its own job id only (JOB_IDS: job id -> task)."""
+    ids = sorted(i for i in job_ids if JOB_ID_RE.match(i))
+    answer = call(session, "accounted", array_job_id=_checked_id(session, array_job_id), job_ids=ids)
+    if not isinstance(answer, dict) or not isinstance(answer.get("text", ""), str):
+        raise HostError(session.name, "cluster.accounted: the answer is not an object with a text")
+    if answer.get("source") not in ("accounting", "completion"):
+        return {}
+    return parse_sacct(session.name, array_job_id, answer["text"], job_ids)
+
+
+def _checked_id(session: LoginSession, job_id: str) -> str:
+    if not JOB_ID_RE.match(job_id):
+        raise HostError(session.name, f"not a Slurm job id: {job_id[:40]!r}")
+    return job_id
 
 
 def follow(session: LoginSession, submitted: Submitted, *, poll: float = 1.0, timeout: float = 3600.0,
@@ -97,7 +141,13 @@ def follow(session: LoginSession, submitted: Submitted, *, poll: float = 1.0, ti
             for task in forgotten:
                 states[task] = TaskState(task, submitted.array_job_id, submitted.array_job_id, "CANCELLED",
                                          reason="removed from the array before it started")
-        elif forgotten and polls >= 5:  # nothing listed: the job ended long ago and Slurm has forgotten it
+        elif forgotten and polls >= 5:  # nothing listed: the job ended long ago and Slurm's controller forgot it
+            ids = {r.job_id: task for task, r in task_records(session, submitted.job_dir, tuple(forgotten)).items()
+                   if r.job_id}
+            states.update({t: s for t, s in accounted_states(session, submitted.array_job_id, ids).items()
+                           if t in forgotten})
+            forgotten = [task for task in forgotten if task not in states]
+        if forgotten and not states and polls >= 5:
             raise OperationError(f"{session.name}: Slurm does not know task(s) {', '.join(map(str, forgotten))} of "
                                  f"job {submitted.array_job_id} (ended and forgotten, or never submitted)",
                                  hint="tasks without complete results are submitted again by `dfo runs pull RUN "
@@ -119,8 +169,10 @@ def follow(session: LoginSession, submitted: Submitted, *, poll: float = 1.0, ti
 
 def cancel(session: LoginSession, array_job_id: str, task: int | None = None) -> None:
     """``scancel`` the whole array, or one of its tasks."""
-    target = array_job_id if task is None else f"{array_job_id}_{int(task)}"
-    session.run(["scancel", target])
+    target = _checked_id(session, array_job_id) + ("" if task is None else f"_{int(task)}")
+    reply = command_reply(session.name, "scancel", call(session, "cancel", target=target))
+    if reply.exit_code != 0:
+        raise HostError(session.name, f"scancel {target} failed: {(reply.err or reply.out).strip()[-300:]}")
 
 
 @dataclass(frozen=True)
@@ -133,37 +185,35 @@ class TaskRecord:
     node: str = ""
     started_at: float | None = None   # the task's own clock (epoch seconds), as it wrote them
     finished_at: float | None = None
+    job_id: str = ""  # the task's own Slurm job id, as it recorded it ("" when unknown)
 
 
 def task_records(session: LoginSession, job_dir: str, tasks: tuple[int, ...]) -> dict[int, TaskRecord]:
     """Read every task's started/finished records (at most 512 bytes each, parsed as untrusted JSON)."""
-    script = "\n".join(
-        f"for f in started finished; do printf '%s %s ' {int(task)} \"$f\"; "
-        f"head -c 512 {shlex.quote(task_dir(job_dir, task))}/\"$f\".json 2>/dev/null | tr -d '\\n'; echo; done"
-        for task in tasks)
-    text = session.run(["bash", "-c", script]).text
-    found: dict[int, dict[str, dict]] = {task: {} for task in tasks}
-    for line in text.splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) < 3 or not parts[0].isdigit() or int(parts[0]) not in found or not parts[2].strip():
-            continue
+    answer = call(session, "records", job_dir=job_dir, tasks=[int(t) for t in tasks])
+    answer = answer if isinstance(answer, dict) else {}
+    return {task: task_record(task, answer.get(str(task))) for task in tasks}
+
+
+def task_record(task: int, texts: Any) -> TaskRecord:
+    """One task's record from its started.json and finished.json texts (absent, half-written or hostile
+    text counts as absent; every field is checked)."""
+    files: dict[str, dict] = {}
+    for name in ("started", "finished"):
+        text = texts.get(name) if isinstance(texts, dict) else None
         try:
-            value = json.loads(parts[2])
+            value = json.loads(text) if isinstance(text, str) and text.strip() else None
         except ValueError:
-            continue  # a half-written or hostile record counts as absent
+            value = None
         if isinstance(value, dict):
-            found[int(parts[0])][parts[1]] = value
-    records = {}
-    for task, files in found.items():
-        code = files.get("finished", {}).get("exit_code")
-        node = files.get("started", {}).get("node")
-        records[task] = TaskRecord(task, "started" in files,
-                                   code if isinstance(code, int) and not isinstance(code, bool)
-                                   and 0 <= code <= 255 else None,
-                                   node if isinstance(node, str) and node.isprintable() and len(node) < 200 else "",
-                                   _epoch(files.get("started", {}).get("started")),
-                                   _epoch(files.get("finished", {}).get("finished")))
-    return records
+            files[name] = value
+    started, finished = files.get("started", {}), files.get("finished", {})
+    code, node, job_id = finished.get("exit_code"), started.get("node"), started.get("job_id")
+    return TaskRecord(task, "started" in files,
+                      code if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255 else None,
+                      node if isinstance(node, str) and node.isprintable() and len(node) < 200 else "",
+                      _epoch(started.get("started")), _epoch(finished.get("finished")),
+                      job_id if isinstance(job_id, str) and JOB_ID_RE.match(job_id) else "")
 
 
 def _epoch(value: Any) -> float | None:

@@ -1,18 +1,23 @@
-"""The batch script of a cluster job, as pure text (what `--dry-run` prints and what `sbatch` receives).
+"""The batch script of a cluster job: its validated values (what the login node renders and `sbatch` receives;
+`--dry-run` prints the same rendering).
 
 One job is one `sbatch --array=0-(N-1)` submission; array task i runs the task command on shard i and writes
 only under ``<job dir>/tasks/<i>/``. The script writes the task's own record there first (``started.json``:
 job id, task id, node, start time) and, when the command returns, ``finished.json`` with its exit status —
 each through a temporary name and a rename, so a task killed by the scheduler leaves no finished record and
-its results are never taken for complete. Every value reaching the script is validated or ``shlex.quote``d.
+its results are never taken for complete. Every value reaching the script is validated here and
+``shlex.quote``d by the rendering (``host_script.batch_script_text``).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import posixpath
 import re
-import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 
 from orchestrator.core.errors import InputError
 from orchestrator.core.slurm_section import SlurmSection
@@ -71,8 +76,9 @@ def sbatch_options(section: SlurmSection) -> list[str]:
     return options + list(section.extra_sbatch)
 
 
-def batch_script(section: SlurmSection, request: BatchRequest) -> str:
-    """The whole batch script for REQUEST on the cluster described by SECTION."""
+def batch_spec(section: SlurmSection, request: BatchRequest) -> dict:
+    """The validated values of REQUEST's batch script on the cluster described by SECTION: the keyword
+    arguments of ``host_script.batch_script_text``, which renders the script on the login node (pure)."""
     if not JOB_NAME_RE.match(request.name):
         raise InputError(f"cluster job name {request.name!r}: expected letters, digits, '_', '.', '-'")
     if not request.job_dir.startswith(section.shared.rstrip("/") + "/") or "%" in request.job_dir \
@@ -84,42 +90,29 @@ def batch_script(section: SlurmSection, request: BatchRequest) -> str:
     for key, value in request.env.items():
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key) or "\n" in value or "\x00" in value:
             raise InputError(f"cluster job environment {key!r}: expected a shell identifier and a one-line value")
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={request.name}",
-             f"#SBATCH --array={array_spec(request.tasks, section.max_parallel)}",
-             f"#SBATCH --output={request.job_dir}/tasks/%a/slurm.log",
-             f"#SBATCH --chdir={request.job_dir}"]
-    lines += [f"#SBATCH {option}" for option in sbatch_options(section)]
-    command = " ".join(_with_placeholders(arg) for arg in request.command)
-    lines += [
-        "set -u",
-        f"job_dir={shlex.quote(request.job_dir)}",
-        'task="${SLURM_ARRAY_TASK_ID:?not an array task}"',
-        'task_dir="$job_dir/tasks/$task"',
-        'mkdir -p "$task_dir" && rm -f "$task_dir/finished.json"',
-        *[f"export {key}={shlex.quote(value)}" for key, value in sorted(request.env.items())],
-        # The task's own record: which job, which node, when (the controller cross-checks it with Slurm's).
-        'printf \'{"job_id": "%s", "array_job_id": "%s", "task": %d, "node": "%s", "started": %s}\\n\' '
-        '"${SLURM_JOB_ID}" "${SLURM_ARRAY_JOB_ID}" "$task" "${SLURMD_NODENAME:-unknown}" "$(date +%s.%N)" '
-        '> "$task_dir/.started.json.tmp" && mv "$task_dir/.started.json.tmp" "$task_dir/started.json"',
-        f"cd {shlex.quote(request.cwd)} || exit 1" if request.cwd else 'cd "$task_dir" || exit 1',
-        command,
-        "status=$?",
-        'printf \'{"exit_code": %d, "finished": %s}\\n\' "$status" "$(date +%s.%N)" '
-        '> "$task_dir/.finished.json.tmp" && mv "$task_dir/.finished.json.tmp" "$task_dir/finished.json"',
-        'exit "$status"',
-    ]
-    return "\n".join(lines) + "\n"
+    if request.cwd is not None and ("\n" in request.cwd or not request.cwd.startswith("/")):
+        raise InputError(f"cluster job directory {request.cwd!r}: expected an absolute one-line path")
+    return {"name": request.name, "array": array_spec(request.tasks, section.max_parallel),
+            "job_dir": request.job_dir, "options": sbatch_options(section), "command": list(request.command),
+            "env": dict(request.env), "cwd": request.cwd}
 
 
-def _with_placeholders(arg: str) -> str:
-    """ARG quoted for bash, with ``{task}`` and ``{task_dir}`` left to expand from the task's variables."""
-    pieces = re.split(r"(\{task\}|\{task_dir\})", arg)
-    out = []
-    for piece in pieces:
-        if piece == "{task}":
-            out.append('"$task"')
-        elif piece == "{task_dir}":
-            out.append('"$task_dir"')
-        elif piece:
-            out.append(shlex.quote(piece))
-    return "".join(out) or "''"
+def render(spec: dict) -> str:
+    """The batch script SPEC describes, rendered here by the login node's own function (for --dry-run)."""
+    return _host_script().batch_script_text(**spec)
+
+
+def batch_script(section: SlurmSection, request: BatchRequest) -> str:
+    """The whole batch script for REQUEST on the cluster described by SECTION, as sbatch will receive it."""
+    return render(batch_spec(section, request))
+
+
+@functools.cache
+def _host_script() -> ModuleType:
+    """cluster/host_script.py as a module (stdlib only; its rendering needs nothing from the host prelude)."""
+    path = Path(__file__).with_name("host_script.py")
+    spec = importlib.util.spec_from_file_location("dfo_cluster_host_script", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

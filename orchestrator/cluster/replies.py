@@ -143,3 +143,49 @@ def _exit(cluster: str, value: str) -> tuple[int, int]:
     if not match or int(match.group(1)) > 255 or int(match.group(2)) > 255:
         raise HostError(cluster, f"Slurm reported a malformed exit code {value[:40]!r}")
     return int(match.group(1)), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class CommandReply:
+    """A Slurm command's answer as host_script.py hands it back: exit code, stdout, stderr tail."""
+
+    exit_code: int
+    out: str
+    err: str
+
+
+def command_reply(cluster: str, what: str, value: object) -> CommandReply:
+    """``[exit code, stdout, stderr]`` from the login node, checked for shape and size."""
+    if (not isinstance(value, list) or len(value) != 3 or not isinstance(value[0], int)
+            or isinstance(value[0], bool) or not -255 <= value[0] <= 255
+            or not all(isinstance(v, str) and len(v) <= (1 << 20) for v in value[1:])):
+        raise HostError(cluster, f"{what}: the login node's answer is not [exit code, stdout, stderr]")
+    return CommandReply(value[0], value[1], value[2])
+
+
+def parse_sacct(cluster: str, array_job_id: str, text: str, job_tasks: dict[str, int]) -> dict[int, TaskState]:
+    """``sacct -X -n -P -o JobID,JobIDRaw,State,ExitCode,NodeList``. Accounting names a task ``ARRAY_TASK``;
+    the job completion log (``sacct -c``) names it by its own job id only, mapped through JOB_TASKS (job id ->
+    task, as the tasks recorded them). A pending remainder (``ARRAY_[2-3]``) and other jobs are skipped."""
+    tasks: dict[int, TaskState] = {}
+    for line in text.splitlines()[:10000]:
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) != 5:
+            raise HostError(cluster, f"sacct line with {len(parts)} fields, expected 5: {line[:80]!r}")
+        job, raw, state, exit_code, node = parts
+        match = re.match(r"^([0-9]{1,12})_([0-9]{1,4})\Z", job)
+        if match and match.group(1) == array_job_id:
+            index = int(match.group(2))
+        elif not match and raw in job_tasks:
+            index = job_tasks[raw]
+        else:
+            continue
+        code, signal = _exit(cluster, exit_code)
+        tasks[index] = TaskState(task=index, job_id=_field(cluster, "job id", raw, JOB_ID_RE),
+                                 array_job_id=array_job_id, state=_state(cluster, state),
+                                 node="" if node in ("", "None assigned", "(null)") else
+                                 _field(cluster, "node", node, NODE_RE),
+                                 exit_code=code, signal=signal)
+    return tasks

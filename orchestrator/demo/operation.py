@@ -31,6 +31,7 @@ from orchestrator.core.errors import OperationError
 from orchestrator.core.events import Events
 from orchestrator.core.host_text import fmt_number
 from orchestrator.core.inventory import load_inventory
+from orchestrator.demo.cluster_story import ClusterRuns, cluster_evals, start_cluster
 from orchestrator.demo.engine_story import FIXTURES, DemoPlan, demo_plan
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
@@ -66,6 +67,7 @@ class DemoOutcome:
     seconds: float
     kept: bool
     sampled: Run | None = None  # the same eval at T = 1 (none in the engine story)
+    cluster: ClusterRuns | None = None  # --cluster slurm: the array's merged run (= run) and ct129 alone
 
     def temperature_lines(self) -> list[str]:
         """τ at T = 0 beside τ at T = 1 per drafter (empty without the sampled eval)."""
@@ -84,15 +86,20 @@ def _build_fixtures(connector: Connector, host: str, python: str, out: str, what
 
 
 def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: bool = False,
-             samples: int | None = 6, max_new_tokens: int = 96, engine: str | None = None) -> DemoOutcome:
+             samples: int | None = 6, max_new_tokens: int = 96, engine: str | None = None,
+             cluster: str | None = None) -> DemoOutcome:
     started = time.monotonic()
     made, root = root is None, root or private_dir("dfo-demo-")
     events.step(tag="demo", text=f"start sandbox hosts kpro6 and ct129 (real sshd) in {root}")
     box = Sandbox(root, keep=keep)
     box.start()
+    slurm = None
     try:
         _report_isolation(box, events)
-        inv = load_inventory(box.inventory_path)
+        inventory_path = box.inventory_path
+        if cluster:  # --cluster slurm: a real Slurm whose login node is ct129 (inventory host hpc)
+            slurm, inventory_path = start_cluster(box, root, events)
+        inv = load_inventory(inventory_path)
         with Connector(inv) as connector:
             events.step(tag="demo", text="deploy the payload to both hosts")
             raise_failures("deploy", deploy(connector, ["kpro6", "ct129"], root=default_payload_root(),
@@ -111,6 +118,10 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
                 threads=1,  # tiny models gain nothing from threads; on 2 busy cores they lose a lot
                 engine=engine,  # the eval finds the engine venv where provision put it (Host.engine_venv)
                 engine_concurrency=plan.engine_concurrency, engine_k=plan.engine_k)
+            if cluster:
+                runs = cluster_evals(connector, request, inv, runs_dir, events)
+                return DemoOutcome(run=runs.merged, sandbox_root=root, seconds=time.monotonic() - started,
+                                   kept=keep, cluster=runs)
             events.step(tag="demo", text="dfo eval --host ct129 --target …/" + plan.target.rsplit("/", 1)[-1] + " "
                         + " ".join(f"--drafter {d.name}={d.host + ':' if d.host else ''}…/"
                                    + "/".join(d.path.split("/")[-2:]) for d in plan.drafters)
@@ -131,6 +142,8 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
                 sampled = start_eval(connector, plan_eval(hot, inv), runs_dir=runs_dir, events=events)
                 follow_and_collect(connector, sampled, events=events)
     finally:
+        if slurm is not None:
+            slurm.stop()
         box.stop()
         remove_temporary_root(root, made, keep)
     return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep, sampled=sampled)

@@ -42,7 +42,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _conf(root: Path, address: str, ctld_port: int, slurmd_port: int) -> str:
+def _conf(root: Path, address: str, ctld_port: int, slurmd_port: int, min_job_age: int = 600) -> str:
     return f"""ClusterName=dfosandbox
 SlurmctldHost=localhost
 SlurmctldAddr={address}
@@ -63,7 +63,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={root}/log/jobcomp.txt
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1,bf_interval=1
 SelectType=select/cons_tres
@@ -71,7 +72,7 @@ SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
 InactiveLimit=0
-MinJobAge=600
+MinJobAge={min_job_age}
 KillWait=1
 OverTimeLimit=0
 MessageTimeout=5
@@ -86,6 +87,7 @@ class SandboxSlurm:
     root: Path
     netns: str | None = None
     address: str = "127.0.0.1"
+    min_job_age: int = 600  # seconds slurmctld remembers a finished job (then only sacct knows it)
     processes: list[subprocess.Popen] = field(default_factory=list)
 
     def _client(self, argv: list[str]) -> list[str]:
@@ -106,7 +108,7 @@ class SandboxSlurm:
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self.conf.write_text(_conf(self.root, self.address, _free_port(), _free_port()))
+        self.conf.write_text(_conf(self.root, self.address, _free_port(), _free_port(), self.min_job_age))
         log = open(self.root / "log" / "daemons.out", "ab")
         run = self.root / "run"
         self.processes.append(subprocess.Popen(
@@ -149,12 +151,19 @@ class SandboxSlurm:
 
 class LocalLoginSession:
     """The sandbox cluster's login node is this machine: commands run in bash with the sandbox's SLURM_CONF.
-    Same ``run`` shape as a control session, so the cluster operations run unchanged."""
+    Same ``run`` and ``python`` shapes as a control session, so the cluster operations run unchanged."""
 
     name = "cluster"
+    interpreter = "python3"
 
     def __init__(self, slurm: SandboxSlurm):
         self.slurm = slurm
+        self.session = self  # cluster.operation's LoginSession shape: hostcall runs through .session
+        self.env: dict[str, str] = {}  # SLURM_CONF is in every command's environment already
+
+    def python(self, script: str, *args: str, python: str = "python3", **kwargs) -> CommandResult:
+        """SCRIPT run by PYTHON on the login node, sent on stdin (as a control session's ``python``)."""
+        return self.run([python, "-", *args], stdin=script.encode(), **kwargs)
 
     def run(self, command, *, stdin: bytes | None = None, check: bool = True, timeout: float | None = None,
             env: dict[str, str] | None = None) -> CommandResult:
@@ -167,3 +176,33 @@ class LocalLoginSession:
         if check and not result.ok:
             raise HostError(self.name, f"`{line[:80]}` exited with {result.exit_code}: {result.err_text[-300:]}")
         return result
+
+
+def start_in_sandbox(box, root: Path) -> SandboxSlurm:
+    """A sandbox Slurm whose login node is BOX's ct129 (its daemons under ROOT); raises with the reason it
+    cannot run here."""
+    reason = missing_reason()
+    if reason:
+        raise RuntimeError(reason)
+    ct129 = box.host("ct129")
+    return SandboxSlurm(root, netns=ct129.netns, address=ct129.gateway or "127.0.0.1").start()
+
+
+def cluster_inventory(box, slurm: SandboxSlurm, dest: Path, *, name: str = "hpc") -> Path:
+    """BOX's inventory plus cluster host NAME: ct129's SSH, workdir (its release and venv) and paths, the
+    sandbox's SLURM_CONF in its env, and a slurm: section whose shared folder is ct129's root (partition debug,
+    ten-minute tasks); plus NAME-serial, the same cluster one task at a time. Written to DEST."""
+    from orchestrator.core.inventory import load_inventory
+
+    text = Path(box.inventory_path).read_text()
+    ct129 = load_inventory(box.inventory_path).host("ct129")
+    host = (f"  {name}:\n    address: {ct129.address}\n    port: {ct129.port}\n    user: {ct129.user}\n"
+            f"    identity_file: {ct129.identity_file}\n    known_hosts: {ct129.known_hosts}\n"
+            f"    workdir: {ct129.workdir}\n    python: {ct129.python}\n    gpu: false\n"
+            f"    paths:\n      checkpoints: {ct129.paths.checkpoints}\n      models: {ct129.paths.models}\n"
+            f"    env:\n      SLURM_CONF: {slurm.conf}\n"
+            f"    slurm:\n      shared: {box.hosts['ct129'].root_dir}\n      partition: debug\n"
+            "      time_limit: '10'\n")
+    serial = host.replace(f"  {name}:\n", f"  {name}-serial:\n", 1) + "      max_parallel: 1\n"
+    dest.write_text(text + host + serial)
+    return dest

@@ -39,10 +39,13 @@ def script_source(script: Path | tuple[Path, ...], func: str, kwargs: dict) -> s
 
 
 def call(session, script: Path | tuple[Path, ...], func: str, python: str = "python3", timeout: float | None = None,
-         **kwargs):
-    """Run ``func(**kwargs)`` from SCRIPT on the host and return its result (a host error names the feature)."""
+         host_env: dict[str, str] | None = None, **kwargs):
+    """Run ``func(**kwargs)`` from SCRIPT on the host and return its result (a host error names the feature).
+    HOST_ENV is exported for the script (its values sent on stdin, e.g. a cluster's SLURM_CONF)."""
     where = f"{(script if isinstance(script, Path) else script[-1]).parent.name}.{func}"
-    result = session.python(script_source(script, func, kwargs), python=python, check=False, timeout=timeout)
+    extra = {"env": host_env} if host_env else {}
+    result = session.python(script_source(script, func, kwargs), python=python, check=False, timeout=timeout,
+                            **extra)
     marker = result.text.rfind(RESULT_MARKER)
     if marker < 0:
         detail = (result.err_text or result.text).strip()[-1500:]

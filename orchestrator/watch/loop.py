@@ -101,6 +101,7 @@ class WatchConfig:
     plot_last: int | None = None           # tau_vs_step.png: the last N checkpoints only
     resident: bool = True                  # a resident eval worker when the eval allows it
     worker_idle: float | None = None       # seconds the worker waits for a checkpoint (default from --interval)
+    shards: int | None = None              # a Slurm cluster eval host: array tasks per eval (cluster/watch_step.py)
 
     @property
     def idle_exit(self) -> float:
@@ -225,7 +226,7 @@ class Watcher:
         self.series: dict = {}
         self._said_no_plots = False
         self.resident = Resident(connector, self.folder, cfg.runs_dir, events, idle=cfg.idle_exit,
-                                 prompts_file=cfg.prompts_file) if cfg.resident else None
+                                 prompts_file=cfg.prompts_file) if cfg.resident and cfg.shards is None else None
         self.strip = ResidentStrip(connector, self.folder, events, host=cfg.source_host, source_root=cfg.folder,
                                    idle=cfg.idle_exit) if cfg.resident else None
 
@@ -312,7 +313,7 @@ class Watcher:
             self._say("evaluating the baselines once: " + ", ".join(d.label() for d in cfg.request.drafters))
             plan = plan_eval(cfg.request, self.connector.inventory, prompts_digest=cfg.prompts_digest)
             run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,
-                             prompts_file=cfg.prompts_file)
+                             prompts_file=cfg.prompts_file, shards=cfg.shards or 1)
             run = follow_and_collect(self.connector, run, events=self.events)
             results, samples = run.results(), run.samples()
             cached = {"key": key, "run": run.name, "labels": sorted(d.label() for d in cfg.request.drafters),
@@ -346,7 +347,7 @@ class Watcher:
                 run = self.resident.hand_over(plan, self.strip)
             else:
                 run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,
-                                 prompts_file=cfg.prompts_file, stripper=self.strip)
+                                 prompts_file=cfg.prompts_file, stripper=self.strip, shards=cfg.shards or 1)
         except JobRefused as exc:  # the GPU is busy: not the checkpoint's fault; look again later
             self.events.warn(f"{exc.message}; will try {ckpt.name} again")
             if previous is None:

@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator.core.inventory import load_inventory
 from orchestrator.core.slurm_section import SlurmSection
-from orchestrator.testing.slurm import LocalLoginSession, SandboxSlurm, missing_reason
+from orchestrator.testing.slurm import LocalLoginSession, SandboxSlurm, missing_reason, start_in_sandbox
+from orchestrator.testing.slurm import cluster_inventory as cluster_inventory_file
 from orchestrator.transport import Connector
 
 
@@ -19,9 +20,7 @@ def slurm(sandbox, tmp_path_factory: pytest.TempPathFactory):
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
-    ct129 = sandbox.host("ct129")
-    cluster = SandboxSlurm(tmp_path_factory.mktemp("slurm"), netns=ct129.netns,
-                           address=ct129.gateway or "127.0.0.1").start()
+    cluster = start_in_sandbox(sandbox, tmp_path_factory.mktemp("slurm"))
     yield cluster
     cluster.stop()
 
@@ -38,22 +37,9 @@ def section(slurm: SandboxSlurm) -> SlurmSection:
 
 @pytest.fixture(scope="session")
 def cluster_inventory(sandbox, slurm: SandboxSlurm, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sandbox's inventory plus host `hpc`: ct129's SSH and workdir (its release and venv, when the eval
-    fixtures built them) with a slurm: section whose shared folder is ct129's root, and the sandbox's SLURM_CONF."""
-    text = Path(sandbox.inventory_path).read_text()
-    ct129 = load_inventory(sandbox.inventory_path).host("ct129")
-    shared = sandbox.hosts["ct129"].root_dir
-    text += (f"  hpc:\n    address: {ct129.address}\n    port: {ct129.port}\n    user: {ct129.user}\n"
-             f"    identity_file: {ct129.identity_file}\n    known_hosts: {ct129.known_hosts}\n"
-             f"    workdir: {ct129.workdir}\n    python: {ct129.python}\n    gpu: false\n"
-             f"    paths:\n      checkpoints: {ct129.paths.checkpoints}\n      models: {ct129.paths.models}\n"
-             f"    env:\n      SLURM_CONF: {slurm.conf}\n"
-             f"    slurm:\n      shared: {shared}\n      partition: debug\n      time_limit: '10'\n")
-    # The same cluster, one task at a time: a test cancels task 1 while it is still pending.
-    text += text[text.index("  hpc:\n"):].replace("  hpc:\n", "  hpc-serial:\n", 1) + "      max_parallel: 1\n"
-    path = tmp_path_factory.mktemp("cluster-inventory") / "inventory.yaml"
-    path.write_text(text)
-    return path
+    """The sandbox's inventory plus host `hpc` (ct129's SSH and workdir, with a slurm: section) and
+    `hpc-serial` (the same, one task at a time: a test cancels task 1 while it is still pending)."""
+    return cluster_inventory_file(sandbox, slurm, tmp_path_factory.mktemp("cluster-inventory") / "inventory.yaml")
 
 
 @pytest.fixture

@@ -91,3 +91,37 @@ def test_replies_are_typed_and_hostile_text_is_refused():
     assert shown[1].killed_by_scheduler and shown[1].signal == 15 and not shown[1].active
     with pytest.raises(HostError, match="exit code"):
         parse_scontrol("c", "7", "JobId=8 ArrayJobId=7 ArrayTaskId=1 JobState=FAILED ExitCode=999999:0\n")
+
+
+def _cluster_inventory(tmp_path: Path, checkpoints: str) -> Path:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  hpc:\n    address: login1\n    workdir: /shared/dfo\n"
+                    f"    paths:\n      checkpoints: {checkpoints}\n    slurm:\n      shared: /shared\n"
+                    "  box:\n    address: box1\n    workdir: /srv/dfo\n")
+    return path
+
+
+def test_watch_on_a_cluster_needs_its_relay_folder_on_the_shared_filesystem(tmp_path: Path):
+    from orchestrator.cluster.watch_step import cluster_shards
+    from orchestrator.evaluation.plan import EvalRequest
+
+    request = EvalRequest(hosts=["hpc"], target="/shared/models/t", drafters=[], samples=8)
+    inv = load_inventory(_cluster_inventory(tmp_path, "/shared/ckpts"))
+    assert cluster_shards(inv, "hpc", 2, request, None) == 2
+    assert cluster_shards(inv, "box", 1, request, None) is None
+    with pytest.raises(InputError, match="box is not a Slurm cluster"):
+        cluster_shards(inv, "box", 2, request, None)
+    with pytest.raises(InputError, match="more than the 8 prompt"):
+        cluster_shards(inv, "hpc", 9, request, None)
+    outside = load_inventory(_cluster_inventory(tmp_path, "/home/me/ckpts"))
+    with pytest.raises(InputError, match="would not reach the compute nodes"):
+        cluster_shards(outside, "hpc", 2, request, None)
+
+
+def test_an_engine_eval_is_refused_on_a_cluster_before_anything_connects(tmp_path: Path):
+    from cli_runner import dfo
+
+    path = _cluster_inventory(tmp_path, "/shared/ckpts")
+    proc = dfo("eval", "--host", "hpc", "--shards", "2", "--target", "/shared/models/t", "--drafter",
+               "z=/shared/models/d", "--engine", "vllm", "--dry-run", inventory=path, runs=tmp_path / "runs")
+    assert proc.returncode == 2 and "does not run inside a Slurm task" in proc.stderr

@@ -22,12 +22,6 @@ STILL_SENDING = {
     "relay/cipher.py": "`true` over the bulk ssh probes whether the host accepts a cipher",
     "relay/strip.py": "starts the deployed payload's strip-checkpoint command through the host's shell",
     "demo/operation.py": "a port probe inside a sandbox host's network namespace: a local process, not sent over SSH",
-    "cluster/operation.py": "Slurm's own commands (sbatch, squeue, scontrol, scancel) and the task-record reader run "
-                            "as quoted lines on the login node: to move into a cluster host_script.py through hostcall",
-    "cluster/plan.py": "the batch script sbatch runs on a compute node is a shell script by Slurm's design (every "
-                       "value in it quoted; it is sent on sbatch's stdin, never on a command line)",
-    "cluster/probe.py": "`check --connect`'s Slurm probe (sbatch --version, sinfo, a test job, cat of its token) runs "
-                        "as argv on the login node: to move into the same cluster host_script.py",
 }
 _SENDS = {"run", "python", "exec_command"}  # HostSession / paramiko channel methods (subprocess.* is local)
 _BULK = {"ssh_argv", "bulk_argv", "untar_argv"}
