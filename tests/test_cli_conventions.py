@@ -11,9 +11,12 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +81,44 @@ def write_series(runs: Path, name: str, doc: dict | str) -> None:
     (folder / "series.json").write_text(doc if isinstance(doc, str) else json.dumps(doc), encoding="utf-8")
 
 
+@pytest.fixture(scope="module")
+def broken_ports() -> dict[str, int]:
+    """Loopback ports that accept a connection but are no SSH server: one closes it, one answers as a web
+    server, one says nothing (threads of this process; they end with it)."""
+
+    def serve(answer) -> int:
+        listener = socket.create_server(("127.0.0.1", 0))
+        held: list[socket.socket] = []  # the silent port keeps its connections open
+
+        def loop() -> None:
+            while True:
+                conn, _ = listener.accept()
+                answer(conn, held)
+
+        threading.Thread(target=loop, daemon=True).start()
+        return listener.getsockname()[1]
+
+    def http(conn: socket.socket, held: list) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        conn.close()
+
+    return {"closed": serve(lambda conn, held: conn.close()), "notssh": serve(http),
+            "silent": serve(lambda conn, held: held.append(conn))}
+
+
+def broken_inventory(folder: Path, ports: dict[str, int]) -> Path:
+    """An inventory whose hosts are the broken ports, with a fresh known_hosts (nothing trusted yet)."""
+    hosts = {name: {"address": "127.0.0.1", "port": port, "user": "dfo", "known_hosts": str(folder / "known_hosts"),
+                    "workdir": "/tmp/dfo", "roles": ["train", "eval"],
+                    "paths": {"checkpoints": "/ck", "models": "/m"}} for name, port in ports.items()}
+    (folder / "known_hosts").write_text("", encoding="utf-8")
+    path = folder / "broken.yaml"
+    path.write_text(json.dumps({"hosts": hosts}), encoding="utf-8")  # YAML reads JSON
+    return path
+
+
 @pytest.fixture
-def state(tmp_path, monkeypatch) -> dict[str, str]:
+def state(tmp_path, monkeypatch, broken_ports) -> dict[str, str]:
     """A runs folder (DFO_RUNS_DIR) with good and damaged runs and series; names to put into the table."""
     runs = tmp_path / "runs"
     monkeypatch.setenv("DFO_RUNS_DIR", str(runs))
@@ -109,7 +148,9 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
     write_series(runs, "badstep", bad_step)
     inventory = tmp_path / "inventory.yaml"  # the repository's, to edit
     inventory.write_text(Path(TEAM["DFO_INVENTORY"]).read_text(encoding="utf-8"), encoding="utf-8")
-    return {"inventory": str(inventory), "runs": str(runs), "good": good.name,
+    return {"inventory": str(inventory), "broken": str(broken_inventory(tmp_path, broken_ports)),
+            **{f"{name}_port": str(port) for name, port in broken_ports.items()},
+            "runs": str(runs), "good": good.name,
             "bad_record": bad_record.name, "bad_results": bad_results.name, "foreign": foreign.name}
 
 
@@ -250,6 +291,18 @@ CASES = [
      {"DFO_INVENTORY": "{inventory}"}, 2, [(ERR, "hosts.ct129.serve_url: expected an http:// or https:// URL")]),
     ("inventory-set-jump-to-itself", ["inventory", "set", "ct129.proxy_jump", "ct129"],
      {"DFO_INVENTORY": "{inventory}"}, 2, [(ERR, "proxy_jump loop through ct129 -> ct129")]),
+    # a port that accepts the connection but is no SSH server: what was seen, for every command that connects
+    # (the host table of `inventory check` and `deploy` is on stdout)
+    *[(f"{kind}-port-{argv[0]}", ["--connect-timeout", "1", *argv], {"DFO_INVENTORY": "{broken}"}, 1,
+       [(OUT if argv[0] in ("inventory", "deploy") else ERR, f"{kind}: 127.0.0.1:{{{kind}_port}} {seen}")])
+      for kind, seen in (("closed", "closed the connection before sending an SSH banner (closed)"),
+                         ("notssh", "is not SSH: it answered 'HTTP/1.1 200 OK'"),
+                         ("silent", "is silent: it accepted the connection but sent no SSH banner within 1s"))
+      for argv in (["inventory", "check", "--connect", "--host", kind],
+                   ["eval", "--host", kind, "--target", "/m/t", "--drafter", "a=/d/a"],
+                   ["deploy", "--host", kind],
+                   ["relay-checkpoint", f"{kind}:/ck/step_1.pt", f"{kind}:/d/"],
+                   ["watch", f"{kind}:/ck", "--host", kind, "--target", "/m/t", "--once"])],
     # completion: each shell's own script, a refusal for others, option values from their registries
     ("show-completion-zsh", ["--show-completion", "zsh"], {}, 0, [(OUT, "#compdef dfo")]),
     ("show-completion-fish", ["--show-completion", "fish"], {}, 0, [(OUT, "complete --command dfo")]),
@@ -382,3 +435,18 @@ def test_a_command_loads_only_its_own_module():
              "; print(sorted(m for m in sys.modules if m.startswith('orchestrator.cli.') and m.endswith('_cmd')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['orchestrator.cli.runs_cmd']"
+
+
+def test_ssh_library_log_stays_off_the_terminal_unless_dfo_debug(broken_ports, tmp_path):
+    """What a user's terminal shows (a real process: pytest's own log capture would hide paramiko's log here)."""
+    env = {**os.environ, "DFO_INVENTORY": str(broken_inventory(tmp_path, broken_ports)), "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "orchestrator", "--connect-timeout", "1", "inventory", "check", "--connect"]
+    quiet = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    shown = quiet.stdout + quiet.stderr
+    assert quiet.returncode == 1, shown
+    assert "Traceback" not in shown and "paramiko" not in shown.lower() and "Exception (client)" not in shown, shown
+    for phrase in ("(closed)", "is not SSH", "is silent"):
+        assert phrase in shown, shown
+    debug = subprocess.run(argv + ["--host", "closed"], capture_output=True, text=True, timeout=120,
+                           env={**env, "DFO_DEBUG": "1"})
+    assert "Error reading SSH protocol banner" in debug.stderr, debug.stderr  # paramiko's own log line
