@@ -450,3 +450,40 @@ def test_ssh_library_log_stays_off_the_terminal_unless_dfo_debug(broken_ports, t
     debug = subprocess.run(argv + ["--host", "closed"], capture_output=True, text=True, timeout=120,
                            env={**env, "DFO_DEBUG": "1"})
     assert "Error reading SSH protocol banner" in debug.stderr, debug.stderr  # paramiko's own log line
+
+
+# ------------------------------------------------------------------------------ narrow terminals
+
+
+def full_results() -> dict:
+    """Results with every column of the run table: conventions, DDTree, positions, benchmark datasets."""
+    metrics = {"tau_macro": 6.55, "tau_micro": 6.61, "samples": 48, "rounds": 1234,
+               "per_position": [{"k": k, "p": round(0.95 - 0.1 * k, 2)} for k in range(1, 9)],
+               "tree": {"topk": {"k": 8, "tau_macro": 7.12}},
+               "conventions": {"zlab": {"tau_macro": 6.43, "exact": True}, "vllm": {"tau_micro": 6.37, "exact": False}},
+               "by_dataset": {"humaneval": {"tau_macro": {"value": 6.91, "ci": [6.71, 7.11]}},
+                              "gsm8k": {"tau_macro": {"value": 5.93, "ci": [5.73, 6.13]}}}}
+    return {"drafters": {"z-lab/Qwen3.6-27B-DFlash": {"metrics": metrics, "timings": {"eval_s": 812.4}},
+                         "ours-step-2000": {"metrics": {**metrics, "tau_macro": 5.02}, "timings": {"eval_s": 799.0}}}}
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_a_narrow_terminal_folds_the_run_table_and_shows_every_figure(dfo, state, columns):
+    from orchestrator.evaluation.report import summary_table
+
+    run = new_run(Path(state["runs"]), ["ct129"], {"request": {}})
+    write_json_atomic(run.results_path, full_results())
+    run.set(status="succeeded")
+    table = summary_table(full_results())
+    cells = {str(cell) for column in table.columns for cell in column.cells}
+    assert {"6.55", "5.02", "≥6.37", "7.12", "0.85", "1234", "812.4", "6.91 [6.71, 7.11]", "5.93 [5.73, 6.13]"} <= cells
+    result = dfo(["runs", "show", run.name], {"COLUMNS": columns})
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert max(len(line) for line in lines) <= int(columns)
+    for cell in cells:
+        assert any(cell in line for line in lines), f"{cell!r} is not shown at COLUMNS={columns}:\n{result.out}"
+    listed = dfo(["runs", "list"], {"COLUMNS": columns})
+    assert listed.code == 0 and max(len(line) for line in listed.out.splitlines()) <= int(columns)
+    for figure in ("z-lab/Qwen3.6-27B-DFlash", "6.55", "ours-step-2000", "5.02", run.name):  # 4 columns: they wrap
+        assert figure in listed.out, listed.out
