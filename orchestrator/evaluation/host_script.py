@@ -5,7 +5,7 @@ import os
 
 
 def input_facts(paths, workdir, list_gpus):
-    """Which of PATHS do not exist, which are empty (a file of 0 bytes, a folder with nothing in it); the free
+    """Which of PATHS do not exist, which are files of 0 bytes; the free
     bytes at WORKDIR (when given); the GPUs `nvidia-smi -L` lists (when LIST_GPUS)."""
     facts = {"missing": [p for p in paths if not os.path.exists(p)], "empty": [p for p in paths if _empty(p)]}
     if workdir is not None:
@@ -17,7 +17,7 @@ def input_facts(paths, workdir, list_gpus):
 
 def _empty(path):
     try:
-        return os.path.getsize(path) == 0 if os.path.isfile(path) else os.path.isdir(path) and not os.listdir(path)
+        return os.path.isfile(path) and os.path.getsize(path) == 0
     except OSError:
         return False
 

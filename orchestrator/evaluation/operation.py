@@ -91,8 +91,9 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
     role = {plan.request.target: "target"}
     for d in plan.request.drafters:
         role[d.path] = f"drafter '{d.name}'"
-    for name, path in parse_named(plan.request.dataset_files, "--dataset-file"):
-        role[posixpath.normpath(path)] = f"--dataset-file {name}"
+    datasets = {posixpath.normpath(path): name for name, path in parse_named(plan.request.dataset_files,
+                                                                              "--dataset-file")}
+    role.update({path: f"--dataset-file {name}" for path, name in datasets.items()})
     for host, o in outcomes.items():
         facts = o.result
         for path in facts["missing"]:
@@ -101,8 +102,9 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
                                 f"with `dfo provision --host {host} --engine vllm`")
                 continue
             problems.append(f"{host}: {role.get(path, 'input')} {path} does not exist")
-        for path in facts["empty"]:  # an empty rows file or model folder would fail only after the deploy
-            problems.append(f"{host}: {role.get(path, 'input')} {path} is empty")
+        for path in facts["empty"]:  # an empty rows file would fail only after the deploy
+            if path in datasets:
+                problems.append(f"{host}: {role[path]} {path} is empty")
         free = facts.get("free_bytes")
         if free is not None and free < MIN_FREE_BYTES:
             problems.append(f"{host}: only {free / 2**30:.1f} GiB free at {connector.inventory.hosts[host].workdir} "
