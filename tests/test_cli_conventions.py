@@ -283,6 +283,11 @@ CASES = [
     # plans print commands a user can paste: shell-quoted
     ("eval-plan-is-shell-quoted", ["eval", "--host", "ct129", "--target", "/m/my model", "--drafter", "a=/d/a",
                                    "--dry-run"], TEAM, 0, [(OUT, "--target '/m/my model'")]),
+    # watch: a retry count in its range, a drafter spec where the eval reads it
+    ("watch-retry-failed-negative", [*WATCH, "--retry-failed", "-1"], TEAM,
+     2, [(ERR, "--retry-failed -1: expected 0 to 100 retries")]),
+    ("watch-drafter-spec-relative", [*WATCH, "--drafter-spec", "spec.json"], TEAM,
+     2, [(ERR, "--drafter-spec 'spec.json': expected an absolute path on the eval host")]),
     # folders a command writes later are checked by writing, before anything moves
     ("watch-tensorboard-not-writable", [*WATCH, "--tensorboard", "/proc/dfo-tensorboard"], TEAM,
      2, [(ERR, "--tensorboard /proc/dfo-tensorboard: cannot write there")]),
