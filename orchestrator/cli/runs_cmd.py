@@ -26,6 +26,7 @@ from orchestrator.evaluation.profile import (
 )
 from orchestrator.evaluation.report import drafter_rows
 from orchestrator.evaluation.runs import find_run, runs_root, scan_runs
+from orchestrator.ui.fold import Folded
 
 runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull.",
                        no_args_is_help=True)
@@ -59,16 +60,16 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
         app_ctx.print_json({"runs": rows})
         return
     table = Table(title=Text(str(runs_root(runs_dir))), title_justify="left")
-    for col in ("run", "status", "hosts", "τ macro (committed)"):
-        table.add_column(col)
+    for col in ("run", "status", "hosts", "τ macro (committed)"):  # a run id is never cut (it is what one types)
+        table.add_column(col, no_wrap=col == "run")
     for r in rows:  # drafter names and figures are the eval host's: Text cells, "?" for a τ that is no number
         hosts = r["hosts"] if isinstance(r["hosts"], list) else []
         status = Text(str(r["status"]))
         if "error" in r and r["status"] != "unreadable":
             status.append(" (results unreadable)", style="red")
         table.add_row(Text(str(r["run"])), status, Text(",".join(map(str, hosts))),
-                      Text("  ".join(f"{n} {_f(t)}" for n, t in r["tau_macro"].items())))
-    app_ctx.out.print(table)
+                      Text("\n".join(f"{n} {_f(t)}" for n, t in r["tau_macro"].items())))
+    app_ctx.out.print(Folded(table))
     for r in rows:
         if "error" in r:
             app_ctx.err.print(Text.assemble(("unreadable:", "red"), f" {r['error']}"))
@@ -198,7 +199,7 @@ def compare_cmd(ctx: typer.Context,
                  *[f"{_f((other.get(c) or {}).get('a'))}→{_f((other.get(c) or {}).get('b'))}"
                    for c in ("zlab-2604", "vllm")], row.get("note", "")]
         table.add_row(*(Text(str(cell)) for cell in cells))  # drafter names are the hosts': never markup
-    app_ctx.out.print(table)
+    app_ctx.out.print(Folded(table))
     for line in dataset_lines(report) + report.get("notes", []):
         app_ctx.out.print(Text(f"  {line}"))
 

@@ -20,6 +20,7 @@ from orchestrator.evaluation.runs import runs_root
 from orchestrator.relay.plan import parse_endpoint
 from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
+from orchestrator.watch.checkpoint_spec import check_drafter_spec
 from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, check_config, drafter_name, first_check
 from orchestrator.watch.selection import Options, RoundPlan
 from remote_payload.eval.options import WATCH
@@ -49,6 +50,13 @@ def watch_cmd(
                                   "folder's metadata)."),
     every: Optional[int] = typer.Option(None, "--every", metavar="N", help="Only steps that are multiples of N."),
     newest: bool = typer.Option(False, "--newest", help="Only the newest settled checkpoint."),
+    retry_failed: int = typer.Option(0, "--retry-failed", metavar="N",
+                                     help="Try a checkpoint whose eval failed again on later looks, up to N more "
+                                     "times (0: only once the trainer rewrites it)."),
+    drafter_spec: Optional[str] = typer.Option(None, "--drafter-spec", metavar="FILE",
+                                               help="Spec sidecar on the eval host (JSON/YAML: block_size, "
+                                               "mask_token_id, target_layer_ids, rope_theta) for checkpoints that "
+                                               "carry none; given to every checkpoint's eval."),
     settle: float = typer.Option(30.0, "--settle", metavar="SECONDS",
                                  help="Quiet time (size and mtime) before a checkpoint counts as written."),
     interval: float = typer.Option(60.0, "--interval", metavar="SECONDS", help="Time between looks at the folder."),
@@ -102,7 +110,8 @@ def watch_cmd(
         app_ctx.events.info(resident_note(eval_host))
     cfg = WatchConfig(series=series or posixpath.basename(folder) or "series", source_host=endpoint.host,
                       folder=folder, request=request, runs_dir=runs_root(runs_dir).resolve(),
-                      options=Options(settle=settle, every=every, newest=newest), pattern=pattern,
+                      options=Options(settle=settle, every=every, newest=newest, retry_failed=retry_failed),
+                      pattern=pattern, drafter_spec=check_drafter_spec(drafter_spec),
                       step_from=step_from, prompts_file=prompts.file, prompts_digest=prompts.digest,
                       prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result,
                       tensorboard=writable_folder(tensorboard_dir, "--tensorboard") if tensorboard_dir else None,

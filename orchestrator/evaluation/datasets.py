@@ -64,10 +64,13 @@ def plan_datasets(datasets: list[str], suite: str | None, dataset_files: list[st
             continue
         try:
             local, _ = package_source(spec.adapter)
-            prompts, record = load_one(spec, str(local))
         except PayloadError as exc:
             raise InputError(str(exc), hint=f"or export {spec.adapter.hub_id} on a machine with hub access "
                              f"and give --dataset-file {spec.name}=PATH (docs/datasets.md)") from None
+        try:
+            prompts, record = load_one(spec, str(local))
+        except PayloadError as exc:
+            raise InputError(str(exc)) from None
         bundled = spec.adapter.bundled is not None  # every host has the payload's own rows: nothing to upload
         out.append(PlannedDataset(spec.name, None, None if bundled else local, record["source"]["sha256"],
                                   conversations(prompts), bundled))

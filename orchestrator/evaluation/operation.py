@@ -48,6 +48,7 @@ from orchestrator.relay.operation import RelayOptions, relay
 from orchestrator.relay.strip import Stripper
 from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
 from orchestrator.transport.hostlock import host_lock
+from remote_payload.eval.options import parse_named
 
 ENGINE_DIR = "engine"  # the payload's engine logs, inside a host's pulled results
 MIN_FREE_BYTES = 2 * 2**30  # results are small, but the feature cache of a real target is not
@@ -90,6 +91,9 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
     role = {plan.request.target: "target"}
     for d in plan.request.drafters:
         role[d.path] = f"drafter '{d.name}'"
+    datasets = {posixpath.normpath(path): name for name, path in parse_named(plan.request.dataset_files,
+                                                                              "--dataset-file")}
+    role.update({path: f"--dataset-file {name}" for path, name in datasets.items()})
     for host, o in outcomes.items():
         facts = o.result
         for path in facts["missing"]:
@@ -98,6 +102,9 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
                                 f"with `dfo provision --host {host} --engine vllm`")
                 continue
             problems.append(f"{host}: {role.get(path, 'input')} {path} does not exist")
+        for path in facts["empty"]:  # an empty rows file would fail only after the deploy
+            if path in datasets:
+                problems.append(f"{host}: {role[path]} {path} is empty")
         free = facts.get("free_bytes")
         if free is not None and free < MIN_FREE_BYTES:
             problems.append(f"{host}: only {free / 2**30:.1f} GiB free at {connector.inventory.hosts[host].workdir} "
@@ -116,6 +123,8 @@ def _input_facts(host: str, reply: object, paths: list[str]) -> dict[str, Any]:
     if not isinstance(reply, dict) or not isinstance(reply.get("missing"), list):
         raise HostError(host, f"input_facts: unexpected reply from the host: {str(reply)[:200]}")
     facts: dict[str, Any] = {"missing": [p for p in paths if p in reply["missing"]]}
+    empty = reply.get("empty")
+    facts["empty"] = [p for p in paths if p in empty] if isinstance(empty, list) else []
     if "free_bytes" in reply:
         free = reply["free_bytes"]
         facts["free_bytes"] = free if isinstance(free, int) and not isinstance(free, bool) and free >= 0 else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
+import logging
 import os
 import shlex
 import socket
@@ -250,6 +251,60 @@ class HostSession:
             pass
 
 
+BANNER_FAILURES = ("Error reading SSH protocol banner", "Indecipherable protocol version")  # paramiko's words
+SEEN_BYTES = 200
+
+
+def _banner_error(host: ResolvedHost, exc: Exception, bannerless: bool) -> HostError | None:
+    """A port that accepted the connection but did not greet as an SSH server: closed, not SSH, or silent.
+
+    paramiko reports all three as one banner error (or, when the client's own timeout ends first, as "no existing
+    session"); the cause it chained (a timeout, an end of stream) and, for an end of stream, one more look at the
+    port say which it was."""
+    text = str(exc)
+    if not isinstance(exc, paramiko.SSHException) or not bannerless:
+        return None
+    where = f"{host.hostname}:{host.port}"
+    port_hint = f"check 'address' and 'port' of {host.name} in the inventory (or its ssh_config entry)"
+    if text.startswith(BANNER_FAILURES[1]):  # lines were read, none of them an SSH banner
+        line = text.split('"', 1)[1].rstrip('"') if '"' in text else text
+        return ConnectionLost(host.name, f"{where} is not SSH: it answered {_printable(line)}", hint=port_hint)
+    silent = ConnectionLost(
+        host.name, f"{where} is silent: it accepted the connection but sent no SSH banner within "
+        f"{host.connect_timeout:g}s", hint=port_hint + "; if the host is only slow, raise --connect-timeout")
+    # The client stopped waiting before the banner read did, or the banner read timed out.
+    if not text.startswith(BANNER_FAILURES[0]) or isinstance(exc.__context__, (socket.timeout, TimeoutError)):
+        return silent
+    # An end of stream: the peer closed, or this side did (another connection's failure ended the command).
+    seen = _first_bytes(host) if host.proxy_jump is None else b""
+    if seen is None:
+        return silent
+    if seen and not seen.startswith(b"SSH-"):  # an SSH banner now: the first connection was refused
+        return ConnectionLost(host.name, f"{where} is not SSH: it answered {_printable(seen)}", hint=port_hint)
+    return ConnectionLost(host.name, f"{where} closed the connection before sending an SSH banner (closed)",
+                          hint=port_hint + "; sshd may also be refusing this client (MaxStartups, "
+                          "AllowUsers, tcp wrappers, fail2ban)")
+
+
+def _first_bytes(host: ResolvedHost) -> bytes | None:
+    """What the port sends first when connected to directly: b"" when it closes (or cannot be reached), None
+    when it says nothing within the connect timeout."""
+    try:
+        with socket.create_connection((host.hostname, host.port), timeout=host.connect_timeout) as sock:
+            return sock.recv(SEEN_BYTES)
+    except (socket.timeout, TimeoutError):
+        return None
+    except OSError:
+        return b""
+
+
+def _printable(seen: bytes | str) -> str:
+    """The first line a port sent, as a quoted string a terminal shows safely (it came from another machine)."""
+    text = seen.decode("utf-8", "replace") if isinstance(seen, bytes) else seen
+    line = (text.strip().splitlines() or [""])[0][:80]
+    return repr(line)
+
+
 def _short(cmd: str, limit: int = 160) -> str:
     return cmd if len(cmd) <= limit else cmd[: limit - 1] + "…"
 
@@ -261,6 +316,7 @@ def connect(
     on_trust: Callable[[str], None] | None = None,
 ) -> HostSession:
     """Open a verified SSH session to ``host``; every failure becomes a HostError that says why."""
+    quiet_paramiko()
     gateway = None
     if host.proxy_jump is not None:
         gateway = connect(host.proxy_jump, trust_new=trust_new, on_trust=on_trust).connection
@@ -294,16 +350,30 @@ def connect(
     except HostError:
         raise
     except (paramiko.SSHException, OSError) as exc:  # socket errors and timeouts are OSErrors
-        raise _open_error(host, keys, exc) from None
+        transport = conn.client.get_transport()  # without a server banner, its remote_version stays empty
+        raise _open_error(host, keys, exc, bannerless=transport is not None and not transport.remote_version) from None
     elapsed = time.monotonic() - started
     conn.transport.set_keepalive(KEEPALIVE_SECONDS)
     auth = conn.transport.auth_handler.auth_method if conn.transport.auth_handler else "?"
     return HostSession(host, conn, auth, elapsed)
 
 
-def _open_error(host: ResolvedHost, keys: list[str], exc: Exception) -> HostError:
+def quiet_paramiko() -> None:
+    """Keep paramiko's own log (a failed handshake is logged with its traceback) off the terminal: dfo says what
+    happened once, in its words. With DFO_DEBUG=1 the log stays on, as paramiko writes it."""
+    log = logging.getLogger("paramiko")
+    debug = os.environ.get("DFO_DEBUG") == "1"
+    log.propagate = debug
+    if not debug and not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+
+
+def _open_error(host: ResolvedHost, keys: list[str], exc: Exception, bannerless: bool = False) -> HostError:
     """Why a connection could not be opened, for a person (checked from the most specific case down)."""
     where = f"{host.hostname}:{host.port}"
+    banner = _banner_error(host, exc, bannerless)
+    if banner is not None:
+        return banner
     if isinstance(exc, paramiko.BadHostKeyException):
         return HostError(
             host.name,

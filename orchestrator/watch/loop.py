@@ -51,6 +51,7 @@ from orchestrator.jobs.operation import JobRefused
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
 from orchestrator.watch import tensorboard
+from orchestrator.watch.checkpoint_spec import with_drafter_spec
 from orchestrator.watch.discovery import STEP_FROM, Checkpoint, is_entry_name, parse_listing
 from orchestrator.watch.hooks import run_hook
 from orchestrator.watch.measures import (
@@ -102,6 +103,7 @@ class WatchConfig:
     resident: bool = True                  # a resident eval worker when the eval allows it
     worker_idle: float | None = None       # seconds the worker waits for a checkpoint (default from --interval)
     shards: int | None = None              # a Slurm cluster eval host: array tasks per eval (cluster/watch_step.py)
+    drafter_spec: str | None = None        # spec sidecar on the eval host for checkpoints without one
 
     @property
     def idle_exit(self) -> float:
@@ -131,7 +133,8 @@ class WatchConfig:
 
     def checkpoint_request(self, name: str, path: str) -> EvalRequest:
         """The eval of one checkpoint (the baselines are evaluated apart, once)."""
-        return replace(self.request, drafters=[DrafterRef(name, self.source_host, path)])
+        request = replace(self.request, drafters=[DrafterRef(name, self.source_host, path)])
+        return with_drafter_spec(request, name, self.drafter_spec)
 
 
 def check_config(cfg: WatchConfig, inventory: Inventory) -> EvalPlan:
@@ -169,6 +172,7 @@ def first_check(connector: Connector, cfg: WatchConfig, stand_in: EvalPlan) -> t
         if cfg.request.drafters else stand_in
     stand_in_path = stand_in.request.drafters[0].path  # the one input that does not exist
     checks = {h: [p for p in paths if p != stand_in_path] for h, paths in inputs.checks.items()}
+    checks.setdefault(cfg.eval_host, []).extend([cfg.drafter_spec] if cfg.drafter_spec else [])
     preflight(connector, replace(inputs, checks={h: paths for h, paths in checks.items() if paths}))
     return scan_folder(connector, cfg, (found or {}).get("checkpoints", {}))
 

@@ -50,7 +50,9 @@ from remote_payload.resident import TEST_EXIT_ENV, WORKER_GONE
 
 RECORD = "worker.json"
 STRIP_RECORD = "strip-worker.json"
-UNSUPPORTED = ("--diagnose", "--online-check")  # payload arguments a worker does not serve
+# Payload arguments a worker does not serve: a drafter spec is keyed by the checkpoint's name, which the worker's
+# settings (fixed when it starts) cannot know.
+UNSUPPORTED = ("--diagnose", "--online-check", "--drafter-spec")
 
 
 def supported(plan: EvalPlan) -> str | None:
@@ -61,7 +63,7 @@ def supported(plan: EvalPlan) -> str | None:
     if req.engine or req.reference in ENGINES:
         return "an engine runs in one-off eval jobs"
     if any(a.split("=", 1)[0] in UNSUPPORTED for a in req.payload_args):
-        return "--diagnose / --online-check run in one-off eval jobs"
+        return "--diagnose / --online-check / --drafter-spec run in one-off eval jobs"
     return None
 
 
@@ -148,6 +150,8 @@ class Resident(_ResidentJob):
     def ensure(self, stand_in: EvalPlan) -> bool:
         """A worker serves STAND_IN's settings (started now when none runs); False: use one-off jobs this time."""
         if self.disabled or supported(stand_in) is not None:
+            if not self.disabled:
+                self.stop()  # a worker an earlier watcher of this series left would hold the GPU lock
             return False
         if self._checked and self.record is not None:
             return True

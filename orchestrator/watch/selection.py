@@ -3,7 +3,9 @@
 A checkpoint is *settled* when the training host's clock says its size and mtime have been quiet for
 ``settle`` seconds (a directory: its newest file). A settled checkpoint that is not yet in the series is
 evaluated, subject to ``every`` (only steps that are multiples of N) or ``newest`` (only the newest one).
-A checkpoint that failed is tried again only if the trainer rewrote it since (other size or mtime). The
+A checkpoint that failed is tried again if the trainer rewrote it since (other size or mtime), and, with
+``retry_failed`` N (``--retry-failed N``), on each later look until it has had N attempts more than its first
+(a host that was down, a relay cut off: failures that need no new checkpoint to pass). The
 relay's own source-change check backs this up: a file that changes while it is read stops the relay.
 """
 
@@ -14,14 +16,19 @@ from dataclasses import dataclass, field
 from orchestrator.core.errors import InputError
 from orchestrator.watch.discovery import Checkpoint, Listing
 
+MAX_RETRIES = 100
+
 
 @dataclass(frozen=True)
 class Options:
     settle: float = 30.0
     every: int | None = None
     newest: bool = False
+    retry_failed: int = 0  # attempts a failed, unchanged checkpoint gets after its first
 
     def __post_init__(self):
+        if not 0 <= self.retry_failed <= MAX_RETRIES:
+            raise InputError(f"--retry-failed {self.retry_failed}: expected 0 to {MAX_RETRIES} retries")
         if self.settle < 0:
             raise InputError("--settle must be 0 or more seconds")
         if self.every is not None and self.every < 1:
@@ -46,6 +53,13 @@ class RoundPlan:
                 "done": self.done}
 
 
+def may_retry(entry: dict, options: Options) -> bool:
+    """Whether a failed checkpoint gets another attempt: fewer attempts so far than 1 + --retry-failed."""
+    attempts = entry.get("attempts")
+    done = attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 1
+    return done <= options.retry_failed
+
+
 def quiet_for(ckpt: Checkpoint, host_now: float) -> float:
     return host_now - ckpt.mtime
 
@@ -61,8 +75,9 @@ def plan_round(listing: Listing, entries: dict[str, dict], options: Options) -> 
             continue
         if e and e["status"] == "evaluating":
             continue  # reattached above
-        if e and e["status"] == "failed" and e.get("observed") == c.observed:
-            plan.skipped.append((c, f"failed before and unchanged since: {e.get('error', '?')}"))
+        if e and e["status"] == "failed" and e.get("observed") == c.observed and not may_retry(e, options):
+            spent = f"; its {options.retry_failed} retries are spent" if options.retry_failed else ""
+            plan.skipped.append((c, f"failed before and unchanged since{spent}: {e.get('error', '?')}"))
             continue
         if options.every and c.step % options.every:
             plan.skipped.append((c, f"step {c.step} is not a multiple of --every {options.every}"))

@@ -268,9 +268,10 @@ def training_spec(spec_file, embedded: dict | None, checkpoint: Path) -> tuple[d
     return None, "", None
 
 
-NO_SPEC = ("has no drafter spec: no 'config' entry, no spec.json/spec.yaml beside it and none given; pass a spec "
-           "sidecar (JSON/YAML with block_size, mask_token_id, target_layer_ids, rope_theta) via --drafter-spec / "
-           "--spec")
+NO_SPEC = ("has no drafter spec: no 'config' entry, no spec.json/spec.yaml beside it and none given; give a spec "
+           "sidecar (JSON/YAML with block_size, mask_token_id, target_layer_ids, rope_theta), a file on the eval "
+           "host: `dfo watch --drafter-spec FILE`, `dfo eval --payload-arg=--drafter-spec=NAME=FILE` (here: "
+           "--drafter-spec NAME=FILE, or strip-checkpoint --spec FILE)")
 
 
 def load_drafter(path: str | os.PathLike, spec_file: str | os.PathLike | None = None,

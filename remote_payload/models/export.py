@@ -139,7 +139,7 @@ def _vocab_size(spec_dict: dict, weights: dict) -> int | None:
 def _incomplete_config(weights: dict) -> dict:
     """What the weights alone say, for a strip made without a spec (the eval then needs --drafter-spec)."""
     cfg = {"dfo_incomplete": "no drafter spec was available when stripping; give one at eval time with "
-                             "--drafter-spec NAME=SPECFILE"}
+                             "--drafter-spec NAME=SPECFILE (dfo watch: --drafter-spec SPECFILE)"}
     shapes = weight_shapes(weights)
     try:
         arch = _arch({}, shapes, "weights")

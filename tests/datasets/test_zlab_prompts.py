@@ -132,6 +132,33 @@ def test_rows_of_another_schema_are_refused_naming_the_row_and_field(tmp_path):
         load_one(parse_spec("math500"), str(notjson))
 
 
+@pytest.mark.parametrize("name, field, value, phrase", [
+    ("gsm8k", "question", 5, "field 'question' must be a string, found int"),
+    ("humaneval", "prompt", None, "field 'prompt' must be a string, found NoneType"),
+    ("mt-bench", "prompt", "one string", "field 'prompt' must be a list of the user turns, found str"),
+])
+def test_a_field_of_the_wrong_type_is_named_with_the_file_and_the_row(tmp_path, name, field, value, phrase):
+    rows = [dict(r) for r in ROWS[name]]
+    rows[1][field] = value
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(PayloadError) as err:
+        load_one(parse_spec(name), str(path))
+    assert f"dataset {name} ({path}) row 2" in str(err.value) and phrase in str(err.value), str(err.value)
+
+
+def test_a_count_above_the_rows_is_refused_unless_the_suite_or_the_server_rule_set_it(tmp_path):
+    files = write_sets(tmp_path)
+    rows = len(ROWS["humaneval"])
+    with pytest.raises(PayloadError) as err:
+        load_one(parse_spec("humaneval@100000"), str(files["humaneval"]))
+    assert f"holds {rows} row(s), so the eval would run {rows}, not 100000" in str(err.value)
+    (suite_spec,) = [s for s in dataset_specs([], "zlab") if s.name == "humaneval"]  # @164 on a smaller file
+    assert len(load_one(suite_spec, str(files["humaneval"]))[0]) == rows
+    wrapped, _ = load_one(parse_spec(f"humaneval@{rows + 1}"), str(files["humaneval"]), selection="zlab-server")
+    assert len(wrapped) == rows + 1
+
+
 def test_rows_are_found_in_a_hub_cache_folder_and_read_gzipped(tmp_path):
     """A folder in the hub cache's layout (snapshots/REV/CONFIG/SPLIT-*.…); the digest is of the bytes read."""
     snap = tmp_path / "datasets--openai--gsm8k" / "snapshots" / "abc123" / "main"

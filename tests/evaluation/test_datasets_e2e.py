@@ -48,16 +48,26 @@ def test_humaneval_at_8_is_zlabs_selection_of_the_package_rows(sandbox, eval_hos
     assert shown.returncode == 0 and "humaneval τ [CI]" in shown.stdout, shown.stdout
 
 
+def test_a_missing_or_empty_dataset_file_is_refused_before_anything_moves(sandbox, eval_hosts, tmp_path):
+    folder = sandbox.hosts["ct129"].models / "exported-datasets"  # the sandbox hosts share this filesystem
+    files = write_sets(folder)
+    (folder / "empty.jsonl").write_text("")
+    given = [a for name in SUITE[:-1] for a in ("--dataset-file", f"{name}={files[name]}")]
+    runs = tmp_path / "runs"
+    for path, seen in ((f"{folder}/empty.jsonl", "is empty"), (f"{folder}/none.jsonl", "does not exist")):
+        proc = dfo(sandbox, "eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter",
+                   f"zlab={eval_hosts['zlab']}", "--suite", "zlab", *given, "--dataset-file", f"mt-bench={path}",
+                   runs=runs)
+        assert proc.returncode == 2 and f"ct129: --dataset-file mt-bench {path} {seen}" in proc.stderr, \
+            proc.stderr[-2000:]
+        assert "nothing was uploaded or relayed" in proc.stderr
+
+
 def test_suite_zlab_with_exported_files_on_the_eval_host(sandbox, eval_hosts, tmp_path):
     folder = sandbox.hosts["ct129"].models / "exported-datasets"  # the sandbox hosts share this filesystem
     files = write_sets(folder)
     given = [a for name in SUITE for a in ("--dataset-file", f"{name}={files[name]}")]
     runs = tmp_path / "runs"
-    missing = dfo(sandbox, "eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter",
-                  f"zlab={eval_hosts['zlab']}", "--suite", "zlab", *given[:-1], f"mt-bench={folder}/none.jsonl",
-                  runs=runs)
-    assert missing.returncode == 2 and f"ct129: input {folder}/none.jsonl does not exist" in missing.stderr, \
-        missing.stderr[-2000:]
     run_dir, results, samples = _eval(sandbox, eval_hosts, runs, "--suite", "zlab", *given, "--max-new-tokens", "12")
     assert [d["name"] for d in results["settings"]["datasets"]] == SUITE and results["settings"]["suite"] == "zlab"
     for record in results["settings"]["datasets"]:

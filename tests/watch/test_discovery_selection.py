@@ -119,6 +119,18 @@ def test_in_flight_attempts_are_resumed_and_failures_retried_only_when_the_file_
     assert [c.name for c in relaying.evaluate] == ["step_100.pt", "step_200.pt", "step_300.pt"]  # redone
 
 
+def test_retry_failed_gives_a_failed_unchanged_checkpoint_n_more_attempts_then_skips_it():
+    doc = parse(listing(f("step_100.pt"), f("step_200.pt"), f("step_300.pt")))
+    state = entries(**{name: "failed" for name in ("step_100.pt", "step_200.pt", "step_300.pt")})
+    for name, attempts in (("step_100.pt", 1), ("step_200.pt", 2), ("step_300.pt", 3)):
+        state[name]["attempts"] = attempts
+    plan = plan_round(doc, state, Options(settle=0, retry_failed=2))
+    assert [c.name for c in plan.evaluate] == ["step_100.pt", "step_200.pt"]  # attempts 2 and 3 of 1 + 2
+    assert [(c.name, why) for c, why in plan.skipped] == [
+        ("step_300.pt", "failed before and unchanged since; its 2 retries are spent: bad zip")]
+    assert plan_round(doc, state, Options(settle=0)).evaluate == []  # the default: no retry
+
+
 def test_every_n_and_newest():
     doc = parse(listing(*(f(f"step_{s}.pt") for s in (500, 1000, 1500, 2000))))
     every = plan_round(doc, {}, Options(settle=0, every=1000))
@@ -131,7 +143,8 @@ def test_every_n_and_newest():
 
 
 @pytest.mark.parametrize("kwargs,message", [({"settle": -1}, "--settle"), ({"every": 0}, "--every must"),
-                                            ({"every": 2, "newest": True}, "exclude each other")])
+                                            ({"every": 2, "newest": True}, "exclude each other"),
+                                            ({"retry_failed": -1}, "--retry-failed -1: expected 0 to 100")])
 def test_bad_options_are_input_errors(kwargs, message):
     with pytest.raises(InputError, match=message):
         Options(**kwargs)

@@ -244,3 +244,25 @@ def test_keep_keeps_the_stripped_copy_a_failed_relay_left(sandbox, eval_hosts, t
     assert "failed: step_5.pt (step 5):" in " ".join(run.stderr.split())
     assert series(tmp_path / "runs", "keep")["checkpoints"]["step_5.pt"]["status"] == "failed"
     assert left.is_dir()
+
+
+def test_a_checkpoint_without_a_spec_fails_naming_watch_s_option_and_is_retried_with_it(sandbox, eval_hosts, tmp_path):
+    """A trainer that saves no spec: the eval's error names `dfo watch --drafter-spec FILE`; without
+    --retry-failed the failed, unchanged checkpoint is left alone; with it and the spec the next look evaluates it
+    again (the bound on retries: tests/watch/test_discovery_selection.py)."""
+    folder = sandbox.hosts["kpro6"].checkpoints / f"nospec-{tmp_path.name[-12:]}"
+    ckpt = settled_checkpoint(eval_hosts, folder, 50)
+    spec = tmp_path / "run-spec.json"  # on the eval host (the sandbox hosts share this filesystem)
+    (folder / "spec.json").rename(spec)
+    runs, name, target = tmp_path / "runs", "nospec", ["--target", eval_hosts["target"]]
+    first = watch(sandbox, runs, folder, name, *target)
+    assert first.returncode == 1, first.stderr[-3000:]
+    e = series(runs, name)["checkpoints"]["step_50.pt"]
+    assert e["status"] == "failed" and e["attempts"] == 1 and "`dfo watch --drafter-spec FILE`" in e["error"], e
+    watch(sandbox, runs, folder, name, *target)  # no retry asked: skipped, unchanged since
+    assert series(runs, name)["checkpoints"]["step_50.pt"]["attempts"] == 1
+    retried = watch(sandbox, runs, folder, name, *target, "--drafter-spec", str(spec), "--retry-failed", "1")
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    e = series(runs, name)["checkpoints"]["step_50.pt"]
+    assert e["status"] == "done" and e["attempts"] == 2 and e["measures"]["tau_macro"]["value"] > 0, e
+    assert ckpt.exists()

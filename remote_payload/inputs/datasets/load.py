@@ -48,6 +48,12 @@ def load_one(spec: DatasetSpec, file: str | None, start: int = 0, selection: str
         raise PayloadError(f"dataset {spec.name}: {exc}") from None
     for i, row in enumerate(source.rows):
         adapter.check_row(row, f"dataset {spec.name} ({_short(source.files)}) row {i + 1}")
+    if spec.count is not None and spec.count > len(source.rows) and selection != SERVER and not spec.from_suite:
+        # z-lab's transformers rule takes every row then: a count the user gave is refused rather than run short
+        # (a suite's count follows z-lab's rule; the server rule wraps and measures rows again, as z-lab's does)
+        raise PayloadError(f"dataset {spec.text()}: {_short(source.files)} holds {len(source.rows)} row(s), so the "
+                           f"eval would run {len(source.rows)}, not {spec.count}: give @{len(source.rows)} or less, "
+                           f"or no @N for every row")
     chosen = select_rows(source.rows, spec.count, rule=selection, concurrency=concurrency)
     prompts: list[Prompt] = []
     row_ids: list[str] = []

