@@ -12,6 +12,10 @@ Sections, each saved as soon as it is measured (``real_size.py`` builds the mode
 - ``sampled_rule``: the sampled rule's exact estimator at T = 1 on the same sample (the target's law from one
   teacher-forced pass, the drafter's law at every anchor, the per-(anchor, slot) reductions, the
   forward/backward), beside the greedy rule's chain cost above;
+- ``dflash2_drafter``: the same draft pass and chain replay for a DFlash2 drafter of the same layers (the
+  convolutions and the candidate selector added: ``real_size.DFLASH2_FIELDS``), beside the DFlash chain; no
+  DDTree (not defined for DFlash2);
+- ``dflash2_sampled_rule``: the sampled rule's estimator for that drafter (the selector's law at every slot);
 - ``sizes``: feature bytes per token (and what a cache file adds).
 
 With random weights nothing is accepted, so every replay visits every anchor: the replay figures are the upper
@@ -85,11 +89,9 @@ def measure_decode(target, size: dict) -> dict:
             "seconds_per_token": per_token, "tokens_per_s": 1 / per_token}
 
 
-def measure_drafter(runtime, spec, feats, topk: int, tree: dict, out: dict, save=lambda: None) -> None:
-    """Draft pass + replays over one sample, for the chain (top-1) and for the eval's pass with the tree; into ``out``,
-    saved after the chain."""
+def measure_chain(runtime, spec, feats, out: dict) -> None:
+    """The top-1 draft pass (after a warm-up on a short sample) and the chain replay over one sample, into ``out``."""
     from remote_payload.eval.offline import draft_sample, replay
-    from remote_payload.metrics.tree import sample_tree_rounds
 
     tokens, P = feats.tokens, feats.prompt_len
     draft_sample(runtime, feats.layers, tokens[:P + 2 * spec.block_size], P)  # warm-up on a short sample
@@ -100,7 +102,17 @@ def measure_drafter(runtime, spec, feats, topk: int, tree: dict, out: dict, save
     chain_replay_s = time.perf_counter() - t0
     out["chain"] = {"draft_s": chain.seconds, "replay_s": chain_replay_s, "rounds": len(rounds),
                     "tokens_per_s": out["anchors"] / (chain.seconds + chain_replay_s)}
+
+
+def measure_drafter(runtime, spec, feats, topk: int, tree: dict, out: dict, save=lambda: None) -> None:
+    """Draft pass + replays over one sample, for the chain (top-1) and for the eval's pass with the tree; into ``out``,
+    saved after the chain."""
+    from remote_payload.eval.offline import draft_sample, replay
+    from remote_payload.metrics.tree import sample_tree_rounds
+
+    measure_chain(runtime, spec, feats, out)
     save()
+    tokens, P = feats.tokens, feats.prompt_len
     both = draft_sample(runtime, feats.layers, tokens, P, topk=topk)
     t0 = time.perf_counter()
     replay(both)
@@ -184,4 +196,25 @@ def run(part: Part, mode: str, device: str, kernel: str, work: Path) -> None:
     if not part.ok("drafter"):
         return
     with part.section("sampled_rule") as out:
+        measure_sampled_rule(target, runtime, feats, out)
+    del runtime  # one drafter on the device at a time
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    measure_dflash2(part, target, feats, toy, part.data["sections"].get("drafter", {}))
+
+
+def measure_dflash2(part: Part, target, feats, toy: bool, dflash: dict) -> None:
+    """The DFlash2 drafter of the same layers: its chain beside DFlash's, then its sampled-rule estimator."""
+    runtime = None
+    with part.section("dflash2_drafter") as out:
+        spec, runtime = real_size.drafter_runtime(real_size.dflash2_config(toy), target)
+        out.update(drafter_parameters=sum(p.numel() for p in runtime.model.parameters()),
+                   dflash2_fields=real_size.DFLASH2_FIELDS)
+        measure_chain(runtime, spec, feats, out)
+        base = (dflash.get("chain") or {}).get("tokens_per_s")
+        if base:
+            out["chain_rate_vs_dflash"] = out["chain"]["tokens_per_s"] / base
+    if runtime is None or not part.ok("dflash2_drafter"):
+        return
+    with part.section("dflash2_sampled_rule") as out:
         measure_sampled_rule(target, runtime, feats, out)

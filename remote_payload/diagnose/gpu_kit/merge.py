@@ -72,7 +72,12 @@ def summary(steps: dict, proj: dict | None) -> dict:
            "decode_tokens_per_s": dec.get("tokens_per_s"),
            "drafter_chain_tokens_per_s": (dr.get("chain") or {}).get("tokens_per_s"),
            "drafter_ddtree_tokens_per_s": (dr.get("ddtree") or {}).get("tokens_per_s"),
-           "feature_bytes_per_token": sec("cost", "sizes").get("feature_bytes_per_token")}
+           "feature_bytes_per_token": sec("cost", "sizes").get("feature_bytes_per_token"),
+           "sampled_rule_s": sec("cost", "sampled_rule").get("total_s"),
+           "dflash2_chain_tokens_per_s": (sec("cost", "dflash2_drafter").get("chain") or {}).get("tokens_per_s"),
+           "dflash2_chain_vs_dflash": sec("cost", "dflash2_drafter").get("chain_rate_vs_dflash"),
+           "dflash2_sampled_rule_s": sec("cost", "dflash2_sampled_rule").get("total_s"),
+           "dflash2_sampled_rule_check_error": sec("cost", "dflash2_sampled_rule").get("check_error")}
     if proj is not None:
         out["zlab_suite_hours"] = proj["total"]["hours"]
         out["zlab_suite_cache_gib"] = proj["total"]["cache_gib"]
@@ -123,6 +128,12 @@ def markdown(report: dict) -> str:
               f"{_num(s['drafter_chain_tokens_per_s'], '{:.0f}')} / DDTree-8 "
               f"{_num(s['drafter_ddtree_tokens_per_s'], '{:.0f}')} tok/s, "
               f"{_num(s['feature_bytes_per_token'], '{:,}')} feature bytes per token"]
+    if s.get("dflash2_chain_tokens_per_s") is not None:
+        lines.append(f"- DFlash2 drafter of the same layers: chain {_num(s['dflash2_chain_tokens_per_s'], '{:.0f}')} "
+                     f"tok/s ({_num(s['dflash2_chain_vs_dflash'], '{:.2f}')}× DFlash's); sampled-rule estimator "
+                     f"{_num(s['dflash2_sampled_rule_s'], '{:.2f}')} s per sample (DFlash "
+                     f"{_num(s['sampled_rule_s'], '{:.2f}')} s), check error "
+                     f"{_num(s['dflash2_sampled_rule_check_error'], '{:.1e}')}")
     if "zlab_suite_hours" in s:
         lines.append(f"- z-lab suite (upper bound, every answer at max-new): {_num(s['zlab_suite_hours'], '{:.1f}')} h,"
                      f" cache {_num(s['zlab_suite_cache_gib'], '{:.1f}')} GiB")

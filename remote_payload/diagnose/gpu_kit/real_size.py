@@ -31,6 +31,10 @@ TOY_DRAFTER = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                    layer_types=["sliding_attention", "full_attention"],
                    dflash_config={"mask_token_id": 5, "target_layer_ids": [1, 3, 5]})
 INIT_STD = 0.02
+# DFlash2's modules at the published DFlash2 drafters' settings (two taps, groups of 16 channels, a selector of
+# rank 256 walking the top 16): added to the DFlash configuration above, the layers stay the same, so what the
+# two drafters' costs differ by is the convolutions and the selector.
+DFLASH2_FIELDS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 
 
 def target_config(toy: bool) -> dict:
@@ -47,6 +51,13 @@ def drafter_config(toy: bool) -> dict:
     cfg = json.loads(DRAFTER_CONFIG.read_text())
     if toy:
         cfg.update(copy.deepcopy(TOY_DRAFTER))
+    return cfg
+
+
+def dflash2_config(toy: bool) -> dict:
+    cfg = drafter_config(toy)
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"] = {**cfg["dflash_config"], **DFLASH2_FIELDS}
     return cfg
 
 
@@ -77,14 +88,16 @@ def build_target(config: dict, device: str, dtype: str, work: Path):
                   kernel_path=path_used, kernel_details=details, digest={}, device_map=None)
 
 
-def random_drafter_weights(spec, device: str, dtype, seed: int = 0) -> dict:
-    """Random weights of the drafter ``spec`` made on ``device`` (names and shapes from a meta-device module)."""
+def random_drafter_weights(spec, device: str, dtype, seed: int = 0, vocab: int | None = None) -> dict:
+    """Random weights of the drafter ``spec`` made on ``device`` (names and shapes from a meta-device module;
+    ``vocab``: the target's vocabulary, which a DFlash2 selector's codebooks have one row per token of)."""
     import torch
 
     from remote_payload.models.drafter import DFlashDrafter
 
     with torch.device("meta"):
-        shapes = {k: v.shape for k, v in DFlashDrafter(spec).state_dict().items() if not k.startswith("rotary_emb.")}
+        module = DFlashDrafter(spec, vocab)
+        shapes = {k: v.shape for k, v in module.state_dict().items() if not k.startswith("rotary_emb.")}
     gen = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for name, shape in shapes.items():
@@ -104,7 +117,7 @@ def drafter_runtime(config: dict, target, seed: int = 0):
     from remote_payload.models.spec import from_zlab
 
     spec = from_zlab(config, {}, DRAFTER_CONFIG.name)
-    weights = random_drafter_weights(spec, target.device, target.dtype, seed)
+    weights = random_drafter_weights(spec, target.device, target.dtype, seed, vocab=target.config.vocab_size)
     model = target.model
     with torch.device(target.device):  # the runtime's module is made on the device, not in host memory first
         runtime = DrafterRuntime(loaded_from(spec, weights), model.get_input_embeddings(),

@@ -91,6 +91,13 @@ def test_smoke_figures_have_the_gpu_runs_shape(smoke):
     for key in ("extraction", "decode"):
         assert cost[key]["tokens_per_s"] > 0
     assert cost["drafter"]["chain"]["tokens_per_s"] > 0 and cost["drafter"]["ddtree"]["k"] == 8
+    # the DFlash2 drafter of the same layers: a bigger module (convolutions, selector codebooks over the vocabulary),
+    # its chain beside DFlash's, its sampled-rule estimator passing the total-probability check
+    d2 = cost["dflash2_drafter"]
+    assert d2["drafter_parameters"] > cost["drafter"]["drafter_parameters"] and d2["chain"]["tokens_per_s"] > 0
+    assert d2["chain_rate_vs_dflash"] > 0 and "ddtree" not in d2
+    assert cost["dflash2_sampled_rule"]["check_error"] <= cost["dflash2_sampled_rule"]["tolerance"]
+    assert report["summary"]["dflash2_chain_vs_dflash"] == d2["chain_rate_vs_dflash"]
     total = report["projection"]["total"]
     assert all(total[k] is not None for k in ("reference_s", "extraction_s", "drafter_eval_s", "total_s"))
     tokens = sum(d["tokens"] for d in json.loads((KIT / "data" / "zlab_suite_tokens.json").read_text())["datasets"]
