@@ -21,6 +21,8 @@ from orchestrator.relay.plan import parse_endpoint
 from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
 from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, check_config, drafter_name, first_check
+from orchestrator.watch.proxies import DEFAULT_PROXIES
+from orchestrator.watch.proxy_step import proxy_options
 from orchestrator.watch.selection import Options, RoundPlan
 from remote_payload.eval.options import WATCH
 
@@ -75,6 +77,15 @@ def watch_cmd(
     worker_idle: Optional[float] = typer.Option(None, "--worker-idle", metavar="SECONDS",
                                                 help="The resident worker stops after this long without a "
                                                 "checkpoint (default: 3 x --interval + 120, at least 300)."),
+    proxy_logdir: Optional[str] = typer.Option(None, "--proxy-logdir", metavar="DIR",
+                                               help="The trainer's logdir on the training host: its TensorBoard "
+                                               "event files, trainer_state.json and *.jsonl logs, read after each "
+                                               "checkpoint; the proxy's value at the checkpoint's step is recorded "
+                                               "beside τ and an alert is raised when τ stops following it."),
+    proxy: list[str] = typer.Option([], "--proxy", metavar="TAG",
+                                    help="A logged tag or key that counts as the trainer's proxy for τ (repeatable: "
+                                    "the first one logged is used); '-TAG' where lower is better (a loss). Default: "
+                                    + ", ".join(DEFAULT_PROXIES) + ". Alone it reads the checkpoint folder."),
     options: dict = DECLARED,
     json_out: bool = typer.Option(False, "--json", help="With --once/--dry-run: print the outcome as JSON."),
     runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Where run folders and series go (default ./runs or $DFO_RUNS_DIR)."),
@@ -99,7 +110,7 @@ def watch_cmd(
                       prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result,
                       tensorboard=writable_folder(tensorboard_dir, "--tensorboard") if tensorboard_dir else None,
                       tensorboard_logdir=tensorboard_logdir, plot_last=plot_last, resident=resident,
-                      worker_idle=worker_idle)
+                      worker_idle=worker_idle, proxy=proxy_options(proxy_logdir, proxy, folder))
     stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
     # Then the first checks on the hosts, in every mode: --detach leaves only once they passed.
     plan, ignored = first_check(app_ctx.connector, cfg, stand_in)
