@@ -179,6 +179,8 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
         app_ctx.print_json({"dry_run": True, "series": cfg.series, "source": cfg.source, **plan.as_dict(),
                             "ignored": [{"name": n, "why": w} for n, w in ignored],
                             "baselines": {"drafters": baselines, "cached": cached},
+                            "proxy": {"logdir": cfg.proxy.logdir, "proxies": list(cfg.proxy.proxies)} if cfg.proxy
+                            else None,
                             "eval_args": {name: p.jobs[0].args for name, p in evals.items()}})
         return
     # Checkpoint names (and why one is waited for or ignored) come from the training host's listing: Text.
@@ -190,6 +192,9 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
     if baselines:
         out.print(Text("baselines: " + ", ".join(baselines)
                        + (" (cached: reused)" if cached else " (evaluated once before the first checkpoint)")))
+    if cfg.proxy:
+        out.print(Text(f"after each checkpoint: the trainer's proxy (the first logged of {', '.join(cfg.proxy.proxies)}) "
+                       f"from {cfg.source_host}:{cfg.proxy.logdir}, checked against τ"))
     for c in plan.evaluate:
         out.print(Text(f"evaluate step {c.step} ({c.step_source}): {c.name} → drafter {drafter_name(c)}: "
                        f"strip on {cfg.source_host}, relay to {cfg.eval_host}, eval, pull"

@@ -342,7 +342,9 @@ class Watcher:
         request = cfg.checkpoint_request(drafter_name(ckpt), ckpt.path)
         if self.proxy is not None and (alerted := take_diagnosis(self.series, ckpt.name, self._publish)):
             self._say(f"{ckpt.name} runs with --diagnose (after the proxy alert at step {alerted['step']})")
-            request, resident = replace(request, diagnose=True), False  # a resident worker does not diagnose
+            request, resident = replace(request, diagnose=True), False  # a resident worker does not diagnose,
+            if self.resident is not None:                               # and its GPU lock would refuse the job
+                self.resident.stop()
         started = time.monotonic()
         try:
             plan = plan_eval(request, self.connector.inventory, prompts_digest=cfg.prompts_digest)
