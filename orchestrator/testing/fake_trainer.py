@@ -9,6 +9,9 @@ with pauses, straight to its final name, as trainers do, so a watcher can find i
 spreads that step's writing over ``--slow-seconds`` (a file a watcher is sure to find half-written).
 ``--wait-for PATH`` (repeatable) holds the second, third, … file back until the first, second, … PATH
 exists (tests sequence the trainer with it).
+``--proxy-logdir DIR`` logs a proxy the way trainers do (``train/acc_0`` in a TensorBoard event file, at each
+step before its checkpoint), one that keeps improving; with ``--worse-from STEP`` the checkpoints from STEP on
+get noisier again (worse drafters) while that proxy still climbs: the run a proxy alert is for.
 The log (one JSON line per event) says when each file started and was complete, with its sha256.
 """
 
@@ -111,6 +114,15 @@ def write_slowly(path: Path, data: bytes, chunks: int, delay: float) -> None:
             time.sleep(delay)
 
 
+def noise_at(step: int, honest: list[int], good: list[int], args: argparse.Namespace) -> float:
+    """Less noise step by step down to none (the trained weights) over the honest steps; after them, more noise
+    at every step (a run that breaks)."""
+    if step in honest:
+        rank = honest.index(step)
+        return args.max_noise * (1 - rank / (len(honest) - 1)) if len(honest) > 1 else 0.0
+    return args.worse_noise * (good.index(step) - len(honest) + 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--source", required=True, type=Path, help="a trained drafter checkpoint.pt")
@@ -126,9 +138,15 @@ def main() -> None:
     ap.add_argument("--wait-for", type=Path, action="append", default=[],
                     help="before file i + 1, wait until the i-th --wait-for path exists")
     ap.add_argument("--log", type=Path, required=True)
+    ap.add_argument("--proxy-logdir", type=Path, help="log the trainer's proxy (train/acc_0) into this TensorBoard "
+                    "logdir, at each step before its checkpoint is written")
+    ap.add_argument("--worse-from", type=int, help="from this step on the checkpoints get worse (noise grows by "
+                    "--worse-noise a step) while the logged proxy keeps improving")
+    ap.add_argument("--worse-noise", type=float, default=0.5)
     args = ap.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
     good = [s for s in steps if s not in args.corrupt]
+    honest = [s for s in good if args.worse_from is None or s < args.worse_from]
     spec_file = args.source.parent / "spec.json"
     spec = json.loads(spec_file.read_text()) if spec_file.exists() else None
     args.out.mkdir(parents=True, exist_ok=True)
@@ -139,9 +157,9 @@ def main() -> None:
         if step in args.corrupt:
             data = hashlib.sha256(str(step).encode()).digest() * 4096
         else:
-            rank = good.index(step)
-            scale = args.max_noise * (1 - rank / (len(good) - 1)) if len(good) > 1 else 0.0
-            data = noisy_checkpoint(args.source, step, scale, spec)
+            data = noisy_checkpoint(args.source, step, noise_at(step, honest, good, args), spec)
+        if args.proxy_logdir is not None:  # a saturating training curve: it never stops improving
+            log_proxy(args.proxy_logdir, "train/acc_0", step, 0.3 + 0.4 * (1 - 0.5 ** (i + 1)))
         path = args.out / f"step_{step}.pt"
         _log(args.log, event="start", name=path.name, step=step, bytes=len(data))
         delay = args.slow_seconds / args.chunks if step in args.slow else args.chunk_delay

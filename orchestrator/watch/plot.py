@@ -59,7 +59,8 @@ def _draw(plt: Any, series: dict, done: list[dict], *, of: int) -> Any:
             ax.fill_between([s for s, _ in banded], [c[0] for _, c in banded], [c[1] for _, c in banded],
                             color=color, alpha=0.18, linewidth=0, label=f"{label} 95% CI")
     _dataset_curves(ax, steps, done)
-    _baselines(ax, (series.get("baselines") or {}).get("drafters") or {}, k)
+    proxied = any(isinstance(e.get("proxy"), dict) for e in done)
+    _baselines(ax, (series.get("baselines") or {}).get("drafters") or {}, k, inside=proxied)
     extra = _proxy_axis(ax, done)
     failed = [e for e in failures(series) if e["step"] >= steps[0]]
     if failed:  # at the foot of the plot: a failed checkpoint has no τ
@@ -114,8 +115,9 @@ def _dataset_curves(ax, steps: list[int], done: list[dict]) -> None:
                     color=f"C{(i + 2) % 10}", label=f"{clean(name)} τ macro")
 
 
-def _baselines(ax, base: dict, k: int) -> None:
-    """Horizontal lines, labelled at the right edge; labels closer than ~4% of the axis are spread apart."""
+def _baselines(ax, base: dict, k: int, *, inside: bool = False) -> None:
+    """Horizontal lines, labelled at the right edge (``inside`` it when a second axis has its ticks there); labels
+    closer than ~4% of the axis are spread apart."""
     dashes = ["--", ":", "-.", (0, (5, 1, 1, 1))]
     labels = []
     for i, (name, m) in enumerate(base.items()):
@@ -132,5 +134,7 @@ def _baselines(ax, base: dict, k: int) -> None:
     for v, text, color in sorted(labels):
         y = max(v, placed[-1] + gap) if placed else v
         placed.append(y)
-        ax.annotate(text, xy=(1.0, v), xycoords=("axes fraction", "data"), xytext=(1.01, y),
-                    textcoords=("axes fraction", "data"), va="center", fontsize=8, color=color)
+        ax.annotate(text, xy=(1.0, v), xycoords=("axes fraction", "data"), xytext=(0.99 if inside else 1.01, y),
+                    textcoords=("axes fraction", "data"), va="bottom" if inside else "center",
+                    ha="right" if inside else "left", fontsize=8,
+                    color=color)
