@@ -56,13 +56,13 @@ def series_markdown(series: dict, *, plotted: bool) -> str:
         lines.append("")
     entries = sorted(series["checkpoints"].values(), key=lambda e: e["step"])
     lines += summary_lines(series)
+    proxied = any(e.get("proxy") for e in entries)
+    lines += proxy_lines(entries) if proxied else []
     shown = entries[-MD_ROWS:]
     lines += ["## Checkpoints" + (f" (the latest {len(shown)} of {len(entries)})" if len(shown) < len(entries)
                                   else ""), ""]
     if len(shown) < len(entries):
         lines += [f"Earlier ones: `dfo series show {md_text(series['name'])} --all`, or series.json.", ""]
-    proxied = any(e.get("proxy") for e in entries)
-    lines += proxy_lines(entries) if proxied else []
     lines += ["| step | checkpoint | τ macro | τ micro | DDTree-8 | p1 | p2 | p3 | p4 | verdict | run |"
               + (" proxy |" if proxied else ""),
               "|---:|---|---|---|---|---:|---:|---:|---:|---|---|" + ("---:|" if proxied else "")]
