@@ -145,3 +145,25 @@ def test_an_old_series_reads_as_before_and_a_bad_proxy_field_is_named(tmp_path):
     series_state.save(folder, s)
     with pytest.raises(InputError, match=r"checkpoints\.step_100\.pt\.proxy: expected"):
         series_state.load_series(folder)
+
+
+def test_the_on_result_payload_carries_the_proxy_and_its_alert(connector, tmp_path):
+    from orchestrator.evaluation.plan import EvalRequest
+    from orchestrator.watch.loop import WatchConfig, Watcher
+
+    got = tmp_path / "hook.json"
+    cfg = WatchConfig(series="run7", source_host="kpro6", folder="/x", request=EvalRequest(hosts=["ct129"], target="/x",
+                      drafters=[]), runs_dir=tmp_path / "runs", resident=False, on_result=f"cat > {got}",
+                      proxy=ProxyOptions("/tb"))
+    watcher = Watcher(connector, cfg, QuietEvents())
+    watcher.series = series_state.new_series("run7", source="kpro6:/x", eval_host="ct129", settings={})
+    e = series_data.entry(600, 1.9)
+    e["proxy"] = {"name": "train/acc_0", "value": 0.9, "logged_step": 600, "source": "tensorboard",
+                  "logdir": "kpro6:/tb"}
+    e["proxy_check"] = {"predicted": 3.2, "z": -7.0, "disagrees": True}
+    e["proxy_alert"] = {"kind": "diverge", "since": 400, "text": "τ and the proxy part: …"}
+    watcher.series["checkpoints"][e["name"]] = e
+    watcher._hook(e)
+    payload = json.loads(got.read_text())
+    assert payload["proxy"]["name"] == "train/acc_0" and payload["proxy_check"]["disagrees"] is True
+    assert payload["proxy_alert"]["since"] == 400
