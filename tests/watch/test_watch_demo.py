@@ -35,6 +35,7 @@ def test_the_watch_demo_runs_twice_and_writes_tensorboard_events(tmp_path):
         assert got["dflash/tau_macro"] == [(p["step"], round(p["tau_macro"]["value"], 4)) for p in s["steps"]]
         assert {"dflash/ddtree_8", "dflash/p1", "dflash/p4", "dflash_baseline/zlab", "dflash_baseline/random"} \
             <= set(got)
+        assert got["dflash_proxy/train_acc_0"] == [(p["step"], round(p["proxy"]["value"], 4)) for p in s["steps"]]
     assert "demo finished" in second.stderr and "demo-run7" in second.stdout
     shown = " ".join(second.stdout.split())
     assert "alert step 600" in shown and "train/acc_0 from TensorBoard events" in shown
