@@ -17,7 +17,8 @@ from orchestrator.evaluation.runs import runs_root
 from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
 from orchestrator.watch.plot import write_plot
-from orchestrator.watch.render import fmt_ci, series_markdown, summary_text, verdict_cell
+from orchestrator.watch.proxy_step import source_text
+from orchestrator.watch.render import alert_texts, fmt_ci, proxy_value, series_markdown, summary_text, verdict_cell
 
 SHOW_LAST = 30  # rows `series show` prints unless --all / --last N
 
@@ -109,8 +110,9 @@ def render_series(app_ctx: AppContext, folder, doc: dict, *, last: int | None = 
     title = f"series {doc['name']}: {doc['source']} on {doc['eval_host']}"
     if len(shown) < len(entries):
         title += f" (the latest {len(shown)} of {len(entries)}; --all for every one)"
+    proxy = next((e["proxy"] for e in reversed(entries) if e.get("proxy")), None)
     table = Table("step", "checkpoint", "τ macro [95% CI]", "τ micro", "DDTree-8 [95% CI]", "p1", "verdict",
-                  title=Text(title))
+                  *(["proxy"] if proxy else []), title=Text(title))
     for e in shown:
         if e["status"] == "done":
             m = e["measures"]
@@ -120,8 +122,14 @@ def render_series(app_ctx: AppContext, folder, doc: dict, *, last: int | None = 
         else:
             detail = e.get("error") if e["status"] == "failed" else "in progress"
             cells = [e["step"], e["name"], e["status"], "", "", "", detail]
+        if proxy:
+            cells.append(proxy_value(e))
         table.add_row(*(Text(str(cell)) for cell in cells))
     out.print(table)
+    if proxy:
+        out.print(Text(f"proxy: {source_text(proxy)} ('!': τ more than 2.5 SE below what the proxy predicts)"))
+        for line in alert_texts(entries):
+            out.print(Text.assemble(("alert ", "bold red"), line))
     for bname, m in ((doc.get("baselines") or {}).get("drafters") or {}).items():
         out.print(Text(f"  baseline {bname}: τ macro {fmt_ci(m['tau_macro'])}, DDTree-8 {fmt_ci(m['ddtree'])}"))
     pid = supervisor.running_pid(folder)

@@ -22,6 +22,8 @@ from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
 from orchestrator.watch.checkpoint_spec import check_drafter_spec
 from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, check_config, drafter_name, first_check
+from orchestrator.watch.proxies import DEFAULT_PROXIES
+from orchestrator.watch.proxy_step import proxy_options
 from orchestrator.watch.selection import Options, RoundPlan
 from remote_payload.eval.options import WATCH
 
@@ -86,6 +88,15 @@ def watch_cmd(
     shards: int = typer.Option(1, "--shards", metavar="N", help="On a Slurm cluster eval host (slurm: in the "
                                "inventory): each checkpoint's eval is one array job of N tasks (docs/clusters.md); "
                                "no resident worker there."),
+    proxy_logdir: Optional[str] = typer.Option(None, "--proxy-logdir", metavar="DIR",
+                                               help="The trainer's logdir on the training host: its TensorBoard "
+                                               "event files, trainer_state.json and *.jsonl logs, read after each "
+                                               "checkpoint; the proxy's value at the checkpoint's step is recorded "
+                                               "beside τ and an alert is raised when τ stops following it."),
+    proxy: list[str] = typer.Option([], "--proxy", metavar="TAG",
+                                    help="A logged tag or key that counts as the trainer's proxy for τ (repeatable: "
+                                    "the first one logged is used); '-TAG' where lower is better (a loss). Default: "
+                                    + ", ".join(DEFAULT_PROXIES) + ". Alone it reads the checkpoint folder."),
     options: dict = DECLARED,
     json_out: bool = typer.Option(False, "--json", help="With --once/--dry-run: print the outcome as JSON."),
     runs_dir: Optional[str] = typer.Option(None, "--runs-dir", metavar="DIR", help="Where run folders and series go (default ./runs or $DFO_RUNS_DIR)."),
@@ -116,7 +127,8 @@ def watch_cmd(
                       prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result,
                       tensorboard=writable_folder(tensorboard_dir, "--tensorboard") if tensorboard_dir else None,
                       tensorboard_logdir=tensorboard_logdir, plot_last=plot_last, resident=resident,
-                      worker_idle=worker_idle, shards=on_cluster)
+                      worker_idle=worker_idle, shards=on_cluster,
+                      proxy=proxy_options(proxy_logdir, proxy, folder))
     stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
     # Then the first checks on the hosts, in every mode: --detach leaves only once they passed.
     plan, ignored = first_check(app_ctx.connector, cfg, stand_in)
@@ -185,6 +197,8 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
         app_ctx.print_json({"dry_run": True, "series": cfg.series, "source": cfg.source, **plan.as_dict(),
                             "ignored": [{"name": n, "why": w} for n, w in ignored],
                             "baselines": {"drafters": baselines, "cached": cached},
+                            "proxy": {"logdir": cfg.proxy.logdir, "proxies": list(cfg.proxy.proxies)} if cfg.proxy
+                            else None,
                             "eval_args": {name: p.jobs[0].args for name, p in evals.items()}})
         return
     # Checkpoint names (and why one is waited for or ignored) come from the training host's listing: Text.
@@ -196,6 +210,9 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
     if baselines:
         out.print(Text("baselines: " + ", ".join(baselines)
                        + (" (cached: reused)" if cached else " (evaluated once before the first checkpoint)")))
+    if cfg.proxy:
+        out.print(Text(f"after each checkpoint: the trainer's proxy (the first logged of {', '.join(cfg.proxy.proxies)}) "
+                       f"from {cfg.source_host}:{cfg.proxy.logdir}, checked against τ"))
     for c in plan.evaluate:
         out.print(Text(f"evaluate step {c.step} ({c.step_source}): {c.name} → drafter {drafter_name(c)}: "
                        f"strip on {cfg.source_host}, relay to {cfg.eval_host}, eval, pull"

@@ -1,11 +1,14 @@
 """`dfo demo --watch`: a fake training run on kpro6 and `dfo watch` following it to the τ-over-steps plot.
 
 The sandbox hosts, payload, venvs and fixtures are set up as for `dfo demo`; then a fake trainer on kpro6
-(orchestrator/testing/fake_trainer.py, run as a detached job) writes step_100.pt … step_400.pt into
-``checkpoints/run7/``, each file slowly and each a less noisy copy of the trained fixture drafter, and
-the watcher evaluates each one as it settles, with z-lab's and a random drafter as fixed baselines, through
-a resident eval worker on ct129 (``resident=False``: one eval job per checkpoint, as before), and writes τ as
-TensorBoard scalars into the series folder's ``tensorboard/`` and into the fake trainer's logdir on kpro6.
+(orchestrator/testing/fake_trainer.py, run as a detached job) writes step_100.pt … step_700.pt into
+``checkpoints/run7/``, each file slowly: up to step_400 each a less noisy copy of the trained fixture drafter,
+from step_500 on a noisier one each (a run that breaks), while the proxy it logs in ``run7/tb/`` (train/acc_0,
+TensorBoard) climbs throughout. The watcher evaluates each checkpoint as it settles, reads the proxy beside
+its τ and raises the proxy alert on the broken stretch (the checkpoint after the alert runs with --diagnose).
+z-lab's and a random drafter are fixed baselines; the evals go through a resident eval worker on ct129
+(``resident=False``: one eval job per checkpoint, as before), and τ goes as TensorBoard scalars into the series
+folder's ``tensorboard/`` and into the fake trainer's logdir on kpro6.
 
 Every demo makes a new sandbox (its paths are new), so its series ``demo-run7`` starts afresh each time: a
 series an earlier demo left is kept under ``demo-run7-<when it was created>``.
@@ -33,11 +36,13 @@ from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
 from orchestrator.watch.loop import WatchConfig, Watcher
+from orchestrator.watch.proxy_step import ProxyOptions
 from orchestrator.watch.selection import Options
 from remote_payload.scratch import private_dir
 
 TRAINER = Path(__file__).resolve().parents[1] / "testing" / "fake_trainer.py"
-STEPS = (100, 200, 300, 400)
+STEPS = (100, 200, 300, 400, 500, 600, 700)
+WORSE_FROM = 500  # from here the fake trainer's checkpoints get worse while its logged proxy still climbs
 SERIES = "demo-run7"
 # The demo's fixtures less the DFlash2 drafter, which the watch story does not evaluate (half a minute of training
 # on the host saved).
@@ -76,13 +81,14 @@ def set_aside_earlier(runs_dir: Path) -> Path | None:
     return target
 
 
-def _start_trainer(connector: Connector, box: Sandbox, python: str, folder: str) -> str:
+def _start_trainer(connector: Connector, box: Sandbox, python: str, folder: str, logdir: str) -> str:
     kpro6 = box.hosts["kpro6"]
     script = posixpath.join(str(kpro6.workdir), "fake_trainer.py")
     connector.session("kpro6").put(TRAINER, script)
     source = posixpath.join(str(kpro6.checkpoints), "trained-drafter", "checkpoint.pt")
     argv = [python, script, "--source", source, "--out", folder, "--steps", ",".join(map(str, STEPS)),
             "--chunks", "4", "--chunk-delay", "0.5", "--gap", "5", "--max-noise", "0.16",
+            "--proxy-logdir", logdir, "--worse-from", str(WORSE_FROM), "--worse-noise", "0.5",
             "--log", posixpath.join(folder, "trainer.log")]
     return launch_job(connector, "kpro6", argv, lock=None, job_name="demo fake trainer").job_id
 
@@ -109,11 +115,14 @@ def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, 
             for host, out in (("ct129", models), ("kpro6", ckpts)):
                 _build_fixtures(connector, host, pythons[host], out, WATCH_FIXTURES[host], events)
             folder = posixpath.join(ckpts, "run7")
-            events.step(tag="demo", text=f"start a fake trainer on kpro6 writing step_100.pt … step_400.pt "
-                        f"into {folder}")
-            trainer = _start_trainer(connector, box, pythons["kpro6"], folder)
+            logdir = posixpath.join(folder, "tb")
+            events.step(tag="demo", text=f"start a fake trainer on kpro6 writing step_{STEPS[0]}.pt … "
+                        f"step_{STEPS[-1]}.pt into {folder} and its train/acc_0 into {logdir}; from step "
+                        f"{WORSE_FROM} its checkpoints get worse while train/acc_0 keeps climbing")
+            trainer = _start_trainer(connector, box, pythons["kpro6"], folder, logdir)
             events.step(tag="demo", text=f"dfo watch kpro6:{folder}/ --host ct129 --target …/target "
-                        "--drafter zlab=…/zlab-drafter --drafter random=…/random-drafter --pattern 'step_*.pt'")
+                        "--drafter zlab=…/zlab-drafter --drafter random=…/random-drafter --pattern 'step_*.pt' "
+                        f"--proxy-logdir {logdir}")
             request = EvalRequest(hosts=["ct129"], target=posixpath.join(models, "target"),
                                   drafters=[DrafterRef("zlab", None, posixpath.join(models, "zlab-drafter")),
                                             DrafterRef("random", None, posixpath.join(models, "random-drafter"))],
@@ -121,7 +130,7 @@ def run_watch_demo(*, events: Events, runs_dir: Path, root: Path | None = None, 
             tb_local = series_state.series_dir(runs_dir, SERIES) / "tensorboard"
             cfg = WatchConfig(series=SERIES, source_host="kpro6", folder=folder, request=request, runs_dir=runs_dir,
                               options=Options(settle=2), pattern="step_*.pt", once=True, resident=resident,
-                              tensorboard=tb_local, tensorboard_logdir=posixpath.join(folder, "tb"))
+                              tensorboard=tb_local, tensorboard_logdir=logdir, proxy=ProxyOptions(logdir))
             watcher = Watcher(connector, cfg, events)
             try:
                 while True:  # --once rounds, as cron would run them, until the trainer is through

@@ -65,6 +65,7 @@ from orchestrator.watch.measures import (
 )
 from orchestrator.watch.plot import write_plot
 from orchestrator.watch.probe import list_folder, remove_relayed, remove_stripped, strip_key
+from orchestrator.watch.proxy_step import ProxyOptions, ProxyWatch, take_diagnosis
 from orchestrator.watch.render import series_markdown
 from orchestrator.watch.resident import Resident, ResidentStrip, worker_gone
 from orchestrator.watch.selection import Options, RoundPlan, plan_round
@@ -104,6 +105,7 @@ class WatchConfig:
     worker_idle: float | None = None       # seconds the worker waits for a checkpoint (default from --interval)
     shards: int | None = None              # a Slurm cluster eval host: array tasks per eval (cluster/watch_step.py)
     drafter_spec: str | None = None        # spec sidecar on the eval host for checkpoints without one
+    proxy: ProxyOptions | None = None      # the trainer's own numbers, checked against τ (proxy_step.py)
 
     @property
     def idle_exit(self) -> float:
@@ -233,6 +235,7 @@ class Watcher:
                                  prompts_file=cfg.prompts_file) if cfg.resident and cfg.shards is None else None
         self.strip = ResidentStrip(connector, self.folder, events, host=cfg.source_host, source_root=cfg.folder,
                                    idle=cfg.idle_exit) if cfg.resident else None
+        self.proxy = ProxyWatch(connector, cfg.source_host, cfg.proxy, events, self._publish) if cfg.proxy else None
 
     # -- the loop
 
@@ -342,6 +345,11 @@ class Watcher:
         self._publish(e)
         self._say(f"{ckpt.name} (step {ckpt.step}, from the {ckpt.step_source}; attempt {e['attempts']})")
         request = cfg.checkpoint_request(drafter_name(ckpt), ckpt.path)
+        if self.proxy is not None and (alerted := take_diagnosis(self.series, ckpt.name, self._publish)):
+            self._say(f"{ckpt.name} runs with --diagnose (after the proxy alert at step {alerted['step']})")
+            request, resident = replace(request, diagnose=True), False  # a resident worker does not diagnose,
+            if self.resident is not None:                               # and its GPU lock would refuse the job
+                self.resident.stop()
         started = time.monotonic()
         try:
             plan = plan_eval(request, self.connector.inventory, prompts_digest=cfg.prompts_digest)
@@ -422,12 +430,15 @@ class Watcher:
                           metadata_step=_metadata_step(results, name), notify_pending=bool(self.cfg.on_result))
         removed = self._cleanup(e)
         self._remove_stripped(e)
+        alert = self.proxy.after(self.series, e) if self.proxy is not None else None
         self._publish(e)
         self._render()
         tree = measures["ddtree"]
         self.events.success(f"{e['name']} step {e['step']}: τ macro {_fmt(measures['tau_macro']['value'])}, "
                             f"DDTree-{tree.get('k')} {_fmt(tree['value'] or 0)} → {verdict_text(verdict)}"
                             + (f"; removed {removed}" if removed else ""))
+        if alert is not None:
+            self.events.warn(f"step {e['step']}: {e['proxy_alert']['text']} (the next checkpoint runs with --diagnose)")
         self._tensorboard([e])
         test_point("recorded")
         self._hook(e)
@@ -522,6 +533,7 @@ class Watcher:
         result = {"series": self.cfg.series, "series_dir": str(self.folder), "source": self.cfg.source,
                   "checkpoint": e["name"], "step": e["step"], "status": e["status"], "run": e.get("run"),
                   "measures": e.get("measures"), "verdict": e.get("verdict"), "error": e.get("error"),
+                  "proxy": e.get("proxy"), "proxy_check": e.get("proxy_check"), "proxy_alert": e.get("proxy_alert"),
                   "baselines": (self.series.get("baselines") or {}).get("drafters")}
         outcome = run_hook(self.cfg.on_result, result)
         e["on_result"] = outcome

@@ -59,7 +59,9 @@ def _draw(plt: Any, series: dict, done: list[dict], *, of: int) -> Any:
             ax.fill_between([s for s, _ in banded], [c[0] for _, c in banded], [c[1] for _, c in banded],
                             color=color, alpha=0.18, linewidth=0, label=f"{label} 95% CI")
     _dataset_curves(ax, steps, done)
-    _baselines(ax, (series.get("baselines") or {}).get("drafters") or {}, k)
+    proxied = any(isinstance(e.get("proxy"), dict) for e in done)
+    _baselines(ax, (series.get("baselines") or {}).get("drafters") or {}, k, inside=proxied)
+    extra = _proxy_axis(ax, done)
     failed = [e for e in failures(series) if e["step"] >= steps[0]]
     if failed:  # at the foot of the plot: a failed checkpoint has no τ
         ax.plot([e["step"] for e in failed], [0.04] * len(failed), "x", color="tab:red", markersize=9,
@@ -72,9 +74,33 @@ def _draw(plt: Any, series: dict, done: list[dict], *, of: int) -> Any:
     ax.ticklabel_format(axis="x", style="plain", useOffset=False)
     ax.grid(alpha=0.3)
     # Below the axes: inside, it would hide the bands it explains.
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=5, frameon=False, fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles + extra[0], labels + extra[1], loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=5,
+              frameon=False, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _proxy_axis(ax, done: list[dict]) -> tuple[list, list]:
+    """The trainer's proxy on a second y axis (as logged), its alerts as red marks on τ; returns the legend's
+    extra handles and labels."""
+    pts = [(e["step"], e["proxy"]) for e in done if isinstance(e.get("proxy"), dict)]
+    if not pts:
+        return [], []
+    name = str(pts[-1][1].get("name", "proxy"))
+    tag = name.lstrip("-")
+    ax2 = ax.twinx()
+    ax2.plot([s for s, _ in pts], [p["value"] for _, p in pts], marker="^" if len(pts) <= MARKERS_UP_TO else None,
+             color="tab:green", linewidth=1.4, linestyle="-.", label=f"{clean(tag)} (trainer, right axis)")
+    ax2.set_ylabel(f"trainer's proxy: {clean(tag)}" + (" (lower is better)" if name.startswith("-") else ""))
+    alerts = [e for e in done if isinstance(e.get("proxy_alert"), dict) and e["measures"]["tau_macro"].get("value")
+              is not None]
+    if alerts:
+        ax.plot([e["step"] for e in alerts], [e["measures"]["tau_macro"]["value"] for e in alerts], "o",
+                markersize=13, markerfacecolor="none", markeredgecolor="tab:red", markeredgewidth=2,
+                label="proxy alert")
+    handles, labels = ax2.get_legend_handles_labels()
+    return handles, labels
 
 
 def _dataset_curves(ax, steps: list[int], done: list[dict]) -> None:
@@ -89,8 +115,9 @@ def _dataset_curves(ax, steps: list[int], done: list[dict]) -> None:
                     color=f"C{(i + 2) % 10}", label=f"{clean(name)} τ macro")
 
 
-def _baselines(ax, base: dict, k: int) -> None:
-    """Horizontal lines, labelled at the right edge; labels closer than ~4% of the axis are spread apart."""
+def _baselines(ax, base: dict, k: int, *, inside: bool = False) -> None:
+    """Horizontal lines, labelled at the right edge (``inside`` it when a second axis has its ticks there); labels
+    closer than ~4% of the axis are spread apart."""
     dashes = ["--", ":", "-.", (0, (5, 1, 1, 1))]
     labels = []
     for i, (name, m) in enumerate(base.items()):
@@ -107,5 +134,7 @@ def _baselines(ax, base: dict, k: int) -> None:
     for v, text, color in sorted(labels):
         y = max(v, placed[-1] + gap) if placed else v
         placed.append(y)
-        ax.annotate(text, xy=(1.0, v), xycoords=("axes fraction", "data"), xytext=(1.01, y),
-                    textcoords=("axes fraction", "data"), va="center", fontsize=8, color=color)
+        ax.annotate(text, xy=(1.0, v), xycoords=("axes fraction", "data"), xytext=(0.99 if inside else 1.01, y),
+                    textcoords=("axes fraction", "data"), va="bottom" if inside else "center",
+                    ha="right" if inside else "left", fontsize=8,
+                    color=color)

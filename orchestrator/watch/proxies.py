@@ -85,13 +85,35 @@ def at_checkpoints(values: list[tuple[int, float]], steps: list[int]) -> dict[in
     return out
 
 
-def read_proxies(connector: Connector, host: str, logdir: str, proxies: list[str] | tuple[str, ...]
-                 ) -> dict[str, list[tuple[int, float]]]:
-    """The proxies' logged values under LOGDIR on HOST (validated; empty when none was logged)."""
+SOURCES = {"tensorboard": "TensorBoard events", "trainer_state.json": "trainer_state.json", "jsonl": "JSONL log"}
+
+
+def parse_sources(doc: object, series: dict[str, list[tuple[int, float]]]) -> dict[str, str]:
+    """{proxy: kind of log it came from} for the proxies in SERIES (an unknown kind reads "log")."""
+    sources = doc.get("sources") if isinstance(doc, dict) else None
+    sources = sources if isinstance(sources, dict) else {}
+    out = {}
+    for p in series:
+        kind = sources.get(tag_of(p))
+        out[p] = kind if isinstance(kind, str) and kind in SOURCES else "log"
+    return out
+
+
+def fetch(connector: Connector, host: str, logdir: str, proxies: list[str] | tuple[str, ...]
+          ) -> tuple[dict[str, list[tuple[int, float]]], dict[str, str]]:
+    """The proxies' logged values under LOGDIR on HOST (validated; empty when none was logged) and the kind of
+    log each came from."""
     python = connector.inventory.hosts[host].python
     doc = hostcall.call(connector.session(host), HOST_SCRIPT, "read_proxies", python=python, timeout=120,
                         logdir=logdir, tags=sorted({tag_of(p) for p in proxies}), max_bytes=MAX_BYTES,
                         max_records=MAX_RECORDS)
     if isinstance(doc, dict) and "error" in doc:
         raise InputError(f"{host}: {str(doc['error'])[:300]}")
-    return parse_proxies(doc, proxies, host)
+    series = parse_proxies(doc, proxies, host)
+    return series, parse_sources(doc, series)
+
+
+def read_proxies(connector: Connector, host: str, logdir: str, proxies: list[str] | tuple[str, ...]
+                 ) -> dict[str, list[tuple[int, float]]]:
+    """The proxies' logged values under LOGDIR on HOST (validated; empty when none was logged)."""
+    return fetch(connector, host, logdir, proxies)[0]

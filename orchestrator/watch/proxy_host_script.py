@@ -162,14 +162,18 @@ def _read_jsonl(path, max_bytes):
 
 
 def read_proxies(logdir, tags, max_bytes, max_records, max_files=64):
-    """The values of TAGS logged under LOGDIR: {"series": {tag: [[step, value], …]}, "files": […]}.
+    """The values of TAGS logged under LOGDIR: {"series": {tag: [[step, value], …]}, "files": […],
+    "sources": {tag: "tensorboard" | "trainer_state.json" | "jsonl"}}.
 
     Event files, trainer_state.json (the newest: its log_history holds the whole run) and *.jsonl files,
     at most two folders down; each tag keeps its last MAX_RECORDS values by step."""
     wanted = set(tags)
     found: dict = {}
+    kinds: dict = {}  # tag -> the kind of log it was last read from
     files: list = []
     states = []
+    if not os.path.isdir(logdir):  # os.walk would say nothing
+        return {"error": "%s is not a folder on this host" % logdir}
     base_depth = logdir.rstrip("/").count("/")
     try:
         walk = list(os.walk(logdir))
@@ -184,12 +188,12 @@ def read_proxies(logdir, tags, max_bytes, max_records, max_files=64):
                 continue
             try:
                 if name.startswith("events.out.tfevents."):
-                    rows = read_event_file(path, max_bytes)
+                    rows, kind = read_event_file(path, max_bytes), "tensorboard"
                 elif name == "trainer_state.json":
                     states.append((os.stat(path).st_mtime, path))
                     continue
                 elif name.endswith(".jsonl"):
-                    rows = _read_jsonl(path, max_bytes)
+                    rows, kind = _read_jsonl(path, max_bytes), "jsonl"
                 else:
                     continue
             except OSError:
@@ -198,6 +202,7 @@ def read_proxies(logdir, tags, max_bytes, max_records, max_files=64):
             for tag, step, value in rows:
                 if tag in wanted:
                     found.setdefault(tag, {})[step] = value
+                    kinds[tag] = kind
     if states:
         path = max(states)[1]
         if os.path.getsize(path) <= max_bytes:
@@ -211,8 +216,10 @@ def read_proxies(logdir, tags, max_bytes, max_records, max_files=64):
                 for tag, step, value in _log_rows(state["log_history"]):
                     if tag in wanted:
                         found.setdefault(tag, {})[step] = value
+                        kinds[tag] = "trainer_state.json"
     series = {}
     for tag, by_step in found.items():
         pairs = sorted((s, v) for s, v in by_step.items() if isinstance(v, float) and math.isfinite(v))
         series[tag] = [[s, v] for s, v in pairs[-max_records:]]
-    return {"logdir": logdir, "series": series, "files": files}
+    return {"logdir": logdir, "series": series, "files": files,
+            "sources": {tag: kinds[tag] for tag in series}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from orchestrator.core.host_text import fmt_number, md_code, md_text
 from orchestrator.watch.measures import verdict_text
+from orchestrator.watch.proxy_step import source_text
 
 MD_ROWS = 50         # checkpoints in series.md's table: the latest ones (series.json and `series show --all` hold all)
 MD_REGRESSIONS = 20  # regressions listed, the latest first
@@ -55,26 +56,32 @@ def series_markdown(series: dict, *, plotted: bool) -> str:
         lines.append("")
     entries = sorted(series["checkpoints"].values(), key=lambda e: e["step"])
     lines += summary_lines(series)
+    proxied = any(e.get("proxy") for e in entries)
+    lines += proxy_lines(entries) if proxied else []
     shown = entries[-MD_ROWS:]
     lines += ["## Checkpoints" + (f" (the latest {len(shown)} of {len(entries)})" if len(shown) < len(entries)
                                   else ""), ""]
     if len(shown) < len(entries):
         lines += [f"Earlier ones: `dfo series show {md_text(series['name'])} --all`, or series.json.", ""]
-    lines += ["| step | checkpoint | τ macro | τ micro | DDTree-8 | p1 | p2 | p3 | p4 | verdict | run |",
-              "|---:|---|---|---|---|---:|---:|---:|---:|---|---|"]
+    lines += ["| step | checkpoint | τ macro | τ micro | DDTree-8 | p1 | p2 | p3 | p4 | verdict | run |"
+              + (" proxy |" if proxied else ""),
+              "|---:|---|---|---|---|---:|---:|---:|---:|---|---|" + ("---:|" if proxied else "")]
+    tail = " |" if proxied else ""
     for e in shown:
         if e["status"] == "done":
             m = e["measures"]
             lines.append(f"| {md_text(e['step'])} | {md_text(e['name'])} | {fmt_ci(m['tau_macro'])} | "
                          f"{fmt_ci(m['tau_micro'])} | {fmt_ci(m['ddtree'])} | "
                          + " | ".join(_p(m["p"], k) for k in range(1, 5))
-                         + f" | {md_text(verdict_cell(e))} | {md_code(e['run'], in_table=True)} |")
+                         + f" | {md_text(verdict_cell(e))} | {md_code(e['run'], in_table=True)} |"
+                         + (f" {proxy_cell(e)} |" if proxied else ""))
         elif e["status"] == "failed":
             lines.append(f"| {md_text(e['step'])} | {md_text(e['name'])} | failed | | | | | | | "
                          f"{_one_line(e.get('error'))} | "
-                         f"{md_code(e['run'], in_table=True) if e.get('run') else ''} |")
+                         f"{md_code(e['run'], in_table=True) if e.get('run') else ''} |" + tail)
         else:
-            lines.append(f"| {md_text(e['step'])} | {md_text(e['name'])} | {md_text(e['status'])} … | | | | | | | | |")
+            lines.append(f"| {md_text(e['step'])} | {md_text(e['name'])} | {md_text(e['status'])} … | | | | | | | | |"
+                         + tail)
     lines.append("")
     drops = [e for e in entries if e["status"] == "done" and (e.get("verdict") or {}).get("regression")]
     if drops:
@@ -86,6 +93,43 @@ def series_markdown(series: dict, *, plotted: bool) -> str:
     if plotted:
         lines += ["![τ over training steps](tau_vs_step.png)", ""]
     return "\n".join(lines)
+
+
+def proxy_value(e: dict) -> str:
+    """The proxy's value at a checkpoint, '!' marking one whose τ disagrees with it."""
+    proxy, checked = e.get("proxy"), e.get("proxy_check")
+    if not proxy:
+        return "–"
+    return fmt_number(proxy["value"], ".4g") + (" !" if isinstance(checked, dict) and checked.get("disagrees") else "")
+
+
+def proxy_cell(e: dict) -> str:
+    return md_text(proxy_value(e))
+
+
+def alert_texts(entries: list[dict]) -> list[str]:
+    """Each proxy alert as one line: where it fired, what it says, which checkpoint was diagnosed."""
+    out = []
+    for e in entries:
+        alert = e.get("proxy_alert")
+        if isinstance(alert, dict):
+            diagnosed = alert.get("diagnosed_in")
+            out.append(f"step {e['step']} ({e['name']}): {alert['text']}"
+                       + (f"; {diagnosed} evaluated with --diagnose" if diagnosed else ""))
+    return out
+
+
+def proxy_lines(entries: list[dict]) -> list[str]:
+    """series.md's section on the trainer's proxy: what it is, and its alerts."""
+    latest = next(e["proxy"] for e in reversed(entries) if e.get("proxy"))
+    lines = ["## The trainer's proxy", "",
+             md_text(f"Proxy: {source_text(latest)}, the value logged at each checkpoint's step (else the last one "
+                     "logged since the previous checkpoint). Each checkpoint's τ is checked against the τ a line "
+                     "fitted on the earlier agreeing checkpoints predicts from the proxy; '!' marks one more than "
+                     "2.5 standard errors below it, two in a row raise an alert."), ""]
+    alerts = alert_texts(entries)
+    lines += [*(f"- **alert** {md_text(a)}" for a in alerts), ""] if alerts else ["No alert.", ""]
+    return lines
 
 
 def summary(series: dict) -> dict:

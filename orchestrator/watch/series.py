@@ -185,6 +185,20 @@ def _entry_problem(e: object) -> str | None:
         return _expected(".verdict", "an object with verdict " + "/".join(VERDICTS), v)
     if v and v.get("verdict") != "first" and not (_is_stat_ci(v.get("ci")) and _is_number(v.get("delta"))):
         return _expected(".verdict", "delta and ci as numbers (or null)", v)
+    return _proxy_problem(e)
+
+
+def _proxy_problem(e: dict) -> str | None:
+    """The optional fields of `dfo watch --proxy-logdir` (a series written without them reads as before)."""
+    proxy = e.get("proxy")
+    if proxy is not None and not (isinstance(proxy, dict) and isinstance(proxy.get("name"), str)
+                                  and _is_number(proxy.get("value")) and proxy.get("value") is not None
+                                  and _is_int(proxy.get("logged_step"))):
+        return _expected(".proxy", "{name, value, logged_step, source, logdir}", proxy)
+    alert = e.get("proxy_alert")
+    if alert is not None and not (isinstance(alert, dict) and isinstance(alert.get("text"), str)
+                                  and _is_int(alert.get("since"))):
+        return _expected(".proxy_alert", "{kind, since, text, …}", alert)
     return None
 
 
@@ -379,7 +393,9 @@ def points(series: dict) -> list[dict]:
         m = e["measures"]
         out.append({"step": e["step"], "checkpoint": e["name"], "run": e["run"], "tau_macro": m["tau_macro"],
                     "tau_micro": m["tau_micro"], "ddtree": m["ddtree"], "p": m["p"],
-                    "verdict": (e.get("verdict") or {}).get("verdict")})
+                    "verdict": (e.get("verdict") or {}).get("verdict"),
+                    **({"proxy": e["proxy"]} if e.get("proxy") else {}),
+                    **({"proxy_alert": e["proxy_alert"]} if e.get("proxy_alert") else {})})
     return out
 
 

@@ -12,8 +12,10 @@ once, in one file, when a watcher starts with it.
 
 Scalars (``scalars``): ``dflash/tau_macro`` (committed convention), ``dflash/tau_micro``,
 ``dflash/tau_zlab-2604`` and ``dflash/tau_vllm`` (the other conventions, when the run had them),
-``dflash/ddtree_<k>``, ``dflash/p1``..``p4``, ``dflash_dataset/<dataset>`` (τ macro per benchmark dataset)
-and ``dflash_baseline/<name>`` (each baseline's τ macro, a flat line at every step).
+``dflash/ddtree_<k>``, ``dflash/p1``..``p4``, ``dflash_dataset/<dataset>`` (τ macro per benchmark dataset),
+``dflash_baseline/<name>`` (each baseline's τ macro, a flat line at every step) and, with --proxy-logdir,
+``dflash_proxy/<tag>`` (the trainer's proxy at the checkpoint's step); a proxy alert is a text summary
+``dflash/proxy_alert`` at the step where it fired.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def scalars(entry: dict, baselines: dict | None = None) -> list[tuple[str, float
         out.append((f"dflash_dataset/{_tag_part(name)}", (d.get("tau_macro") or {}).get("value")))
     for name, b in sorted(((baselines or {}).get("drafters") or {}).items()):
         out.append((f"dflash_baseline/{_tag_part(name)}", (b.get("tau_macro") or {}).get("value")))
+    proxy = entry.get("proxy")
+    if isinstance(proxy, dict):  # the trainer's proxy as it logged it, beside τ in dfo's own run
+        out.append((f"dflash_proxy/{_tag_part(str(proxy.get('name', '')).lstrip('-'))}", proxy.get("value")))
     return [(tag, float(v)) for tag, v in out if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
@@ -85,8 +90,13 @@ def event_bytes(entries: list[dict], baselines: dict | None = None, now: float |
 
     wall = now if now is not None else time.time()
     events = [event_pb2.Event(wall_time=wall, file_version="brain.Event:2")]
+    from tensorboardX.summary import text
+
     for e in entries:
         values = [summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in scalars(e, baselines)]
+        alert = e.get("proxy_alert")
+        if isinstance(alert, dict):  # TensorBoard's Text tab, at the step where the alert fired
+            values += list(text("dflash/proxy_alert", str(alert.get("text"))).value)
         events.append(event_pb2.Event(wall_time=wall, step=int(e["step"]), summary=summary_pb2.Summary(value=values)))
     return b"".join(_record(ev.SerializeToString()) for ev in events)
 

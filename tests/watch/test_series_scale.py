@@ -163,6 +163,8 @@ def _read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     for path in sorted(folder.glob("events.out.tfevents.*")):
         for event in EventFileLoader(str(path)).Load():
             for value in event.summary.value:
+                if value.tensor.string_val:  # a text summary (the proxy alert), no scalar
+                    continue
                 number = value.simple_value if value.HasField("simple_value") else \
                     value.tensor.float_val[0]  # TensorBoard's loader turns simple values into tensors
                 out.setdefault(value.tag, []).append((event.step, round(number, 4)))

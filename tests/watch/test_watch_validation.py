@@ -38,6 +38,8 @@ BAD_WATCH = [
     ("series name", [*OK, "--series", "../x"], 2, "series name '../x'"),
     ("bad baseline", [*OK, "--drafter", "nothing"], 2, "expected NAME=[HOST:]PATH"),
     ("prompts bad line", [*OK, "--prompts", "{bad}"], 2, "bad.jsonl line 2: needs \"messages\""),
+    ("relative proxy logdir", [*OK, "--proxy-logdir", "tb/run7"], 2, "--proxy-logdir 'tb/run7': expected an absolute"),
+    ("empty proxy tag", [*OK, "--proxy", "-"], 2, "--proxy: proxy '-' is not a tag name"),
 ]
 
 
