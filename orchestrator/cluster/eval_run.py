@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,15 @@ from orchestrator.cluster.operation import (
 )
 from orchestrator.cluster.plan import BatchRequest, task_dir
 from orchestrator.cluster.replies import TaskState
+from orchestrator.core.confine import check_component
 from orchestrator.core.errors import InputError, OperationError
 from orchestrator.core.events import Events
+from orchestrator.core.host_text import decode_json
 from orchestrator.core.slurm_section import SlurmSection, workdir_inside_shared
+from remote_payload.eval.options import ENGINES  # the serving engines (--engine, --reference ENGINE)
 
 MAX_SHARDS = 1000
+ENGINE_DIR = "engine"  # a task's engine server logs, under its results folder (as on an SSH host)
 
 
 def eval_task_command(argv: list[str], shards: int) -> tuple[str, ...]:
@@ -52,15 +57,19 @@ def check_shards(shards: int, samples: int | None, prompt_count: int | None) -> 
 
 def check_cluster_eval(inventory: Any, host: str, shards: int, request: Any, prompt_count: int | None,
                        relays: bool = False) -> None:
-    """What an eval on cluster HOST needs before anything connects (pure): a shard count that fits the prompts,
-    no engine stage (it does not run inside a Slurm task yet) and, when drafters are relayed to it (RELAYS),
-    a relay folder on the shared filesystem."""
-    if getattr(request, "engine", None):
-        raise InputError(f"--engine {request.engine} on {host}: the engine stage does not run inside a Slurm task "
-                         "yet", hint="evaluate offline on the cluster (without --engine), or use --engine on an SSH "
-                         "eval host")
+    """What an eval on cluster HOST needs before anything connects (pure): a shard count that fits the prompts
+    and, when drafters are relayed to it (RELAYS), a relay folder on the shared filesystem. The engine stage
+    (--engine, --reference ENGINE) needs nothing more: each task's payload starts its own server on its compute
+    node's loopback, on a port it picks free there, with a key it draws itself (never in the batch script, argv
+    or the task's output), from the engine venv that `dfo provision --engine` built on the shared filesystem."""
     check_shards(shards, request.samples, prompt_count)
     h = inventory.hosts[host]
+    engine = getattr(request, "engine", None) or (request.reference if request.reference in ENGINES else None)
+    if engine and not workdir_inside_shared(h.engine_venv_for(engine), h.slurm.shared):
+        raise InputError(f"{host}: the {engine} engine venv {h.engine_venv_for(engine)} is not inside slurm.shared "
+                         f"{h.slurm.shared}: the compute nodes would not find it",
+                         hint="set paths.engine_venv to a folder on the cluster's shared filesystem (or leave it "
+                         "unset: <workdir>/engines/ENGINE)")
     folder = h.paths.checkpoints or posixpath.join(h.workdir, "checkpoints")
     if relays and not workdir_inside_shared(folder, h.slurm.shared):
         raise InputError(f"{host}: paths.checkpoints {folder} is not inside slurm.shared {h.slurm.shared}: the "
@@ -139,14 +148,35 @@ def pull_tasks(connector: Any, host: str, job: dict, dest: Path, events: Events)
                              hint="re-run only those tasks with `dfo runs pull RUN --resume`")
     parts: dict[str, Path] = {}
     session = connector.session(host)
+    logs = dest.parent / "logs"  # the engine logs beside the job logs, as an SSH host's are
+    logs.mkdir(exist_ok=True)
     for task in tasks:
         local = dest / f"{host}[{task}]"
         local.mkdir(parents=True, exist_ok=True)
+        results = posixpath.join(task_dir(slurm["job_dir"], task), "results")
         for name in ("results.json", "samples.jsonl"):
-            session.get(posixpath.join(task_dir(slurm["job_dir"], task), "results", name), local / name)
+            session.get(posixpath.join(results, name), local / name)
+        for name in engine_logs(host, local / "results.json"):
+            (local / ENGINE_DIR).mkdir(exist_ok=True)
+            session.get(posixpath.join(results, ENGINE_DIR, name), local / ENGINE_DIR / name)
+            shutil.copyfile(local / ENGINE_DIR / name, logs / f"{host}[{task}]-{name}")
         parts[f"{host}[{task}]"] = local
     events.info(f"  {host}: results of {len(tasks)} task(s) pulled")
     return parts
+
+
+def engine_logs(host: str, results_json: Path) -> list[str]:
+    """The engine servers' log names a task's results list (``engine.logs``: --engine / --reference ENGINE),
+    each one plain name component (the names come from the cluster: data until checked)."""
+    try:
+        results = decode_json(results_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []  # the merge names the unreadable file
+    engine = results.get("engine") if isinstance(results, dict) else None
+    names = engine.get("logs") if isinstance(engine, dict) else None
+    if not isinstance(names, list):
+        return []
+    return [check_component(name, host=host, what="engine log name") for name in names[:100]]
 
 
 def part_jobs(host: str, job: dict) -> dict[str, dict]:

@@ -12,8 +12,9 @@ import subprocess
 
 MAX_TEXT = 1 << 20  # bytes of a command's stdout handed back
 RECORD_BYTES = 512  # a task's started.json / finished.json is a one-line JSON object
-DIGITS = re.compile(r"^[0-9]{1,12}$")
-TARGET = re.compile(r"^[0-9]{1,12}(_[0-9]{1,4})?$")
+# \Z, not $: "$" also matches before a trailing newline, and "123\n" is no job id.
+DIGITS = re.compile(r"^[0-9]{1,12}\Z")
+TARGET = re.compile(r"^[0-9]{1,12}(_[0-9]{1,4})?\Z")
 SACCT_FIELDS = "JobID,JobIDRaw,State,ExitCode,NodeList"
 
 
@@ -185,7 +186,7 @@ def probe(partition, options, shared, token, wait_s):
     states = set(line.strip() for line in facts["sinfo"][1].splitlines() if line.strip())
     if states != {"up"}:
         return facts
-    if not re.match(r"^[0-9a-f]{16}$", token):
+    if not re.match(r"^[0-9a-f]{16}\Z", token):
         raise RuntimeError("probe token must be 16 hex digits")
     path = os.path.join(shared, ".dfo-probe-" + token)
     facts["job"] = _run(["sbatch", "--wait", "--quiet", "--job-name=dfo-probe", "--time=1", "--output=/dev/null"]

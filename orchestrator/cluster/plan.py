@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from orchestrator.core.errors import InputError
-from orchestrator.core.slurm_section import SlurmSection
+from orchestrator.core.slurm_section import SHARED_RE, SlurmSection
 
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 MAX_TASKS = 1000
@@ -81,10 +81,10 @@ def batch_spec(section: SlurmSection, request: BatchRequest) -> dict:
     arguments of ``host_script.batch_script_text``, which renders the script on the login node (pure)."""
     if not JOB_NAME_RE.match(request.name):
         raise InputError(f"cluster job name {request.name!r}: expected letters, digits, '_', '.', '-'")
-    if not request.job_dir.startswith(section.shared.rstrip("/") + "/") or "%" in request.job_dir \
-            or "\n" in request.job_dir or posixpath.normpath(request.job_dir) != request.job_dir:
+    if not request.job_dir.startswith(section.shared.rstrip("/") + "/") or not SHARED_RE.match(request.job_dir) \
+            or posixpath.normpath(request.job_dir) != request.job_dir:
         raise InputError(f"cluster job folder {request.job_dir!r} must be a normalised path inside "
-                         f"slurm.shared ({section.shared}) without '%'")
+                         f"slurm.shared ({section.shared}) of letters, digits and _.,+@=/- only")
     if not request.command:
         raise InputError("a cluster job needs a command")
     for key, value in request.env.items():

@@ -29,6 +29,9 @@ GRES_RE = re.compile(r"^[A-Za-z0-9_]+(?::[A-Za-z0-9_.-]+)?(?::[0-9]{1,3})?(?:,[A
                      r"(?::[0-9]{1,3})?)*\Z")
 # One extra `#SBATCH` line: --option or --option=value, the value of safe characters only.
 EXTRA_RE = re.compile(r"^--[a-z][a-z0-9-]{0,40}(?:=[A-Za-z0-9_.,:@%+/=-]{1,200})?\Z")
+# The shared folder: it is written into `#SBATCH --output=` and `--chdir=` lines, where a space would start
+# another option and sbatch expands '%'.
+SHARED_RE = re.compile(r"^/[A-Za-z0-9_.,+@=/-]{0,400}\Z")
 # Options dfo sets itself: an extra line may not override where the job writes or what it runs.
 RESERVED_OPTIONS = frozenset({"--array", "--output", "--error", "--chdir", "--wrap", "--job-name", "--parsable",
                               "--export", "--input", "--open-mode", "--wait"})
@@ -60,9 +63,9 @@ def _extra(value: Any) -> Any:
 def _shared(value: Any) -> Any:
     if not isinstance(value, str) or not value.startswith("/"):
         raise PydanticCustomError("abs_path", "expected an absolute path on the cluster's shared filesystem")
-    if any(c in value for c in "\n\x00%"):
-        raise PydanticCustomError("abs_path", "the shared path may not contain a newline, a NUL or '%' "
-                                  "(sbatch expands '%' in file names)")
+    if not SHARED_RE.match(value):
+        raise PydanticCustomError("abs_path", "the shared path may hold letters, digits and _.,+@=/- only (it is "
+                                  "written into #SBATCH lines, which sbatch splits at spaces; '%' it expands)")
     return posixpath.normpath(value)
 
 

@@ -118,10 +118,59 @@ def test_watch_on_a_cluster_needs_its_relay_folder_on_the_shared_filesystem(tmp_
         cluster_shards(outside, "hpc", 2, request, None)
 
 
-def test_an_engine_eval_is_refused_on_a_cluster_before_anything_connects(tmp_path: Path):
+def test_an_engine_eval_on_a_cluster_runs_one_engine_per_task_with_no_port_or_key_in_the_batch_script(
+        tmp_path: Path):
     from cli_runner import dfo
 
     path = _cluster_inventory(tmp_path, "/shared/ckpts")
     proc = dfo("eval", "--host", "hpc", "--shards", "2", "--target", "/shared/models/t", "--drafter",
                "z=/shared/models/d", "--engine", "vllm", "--dry-run", inventory=path, runs=tmp_path / "runs")
-    assert proc.returncode == 2 and "does not run inside a Slurm task" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    script = proc.stdout[proc.stdout.index("#!/bin/bash"):]
+    assert "--engine vllm --engine-python /shared/dfo/engines/vllm/bin/python" in script
+    assert "each task starts its own engine server on its compute node's loopback" in proc.stdout
+    for secret_or_port in ("API_KEY", "api-key", "api_key", "--port"):  # both are chosen inside each task
+        assert secret_or_port not in script
+
+
+def test_an_engine_venv_the_compute_nodes_cannot_see_is_refused_before_anything_connects(tmp_path: Path):
+    from cli_runner import dfo
+
+    path = _cluster_inventory(tmp_path, "/shared/ckpts")
+    path.write_text(path.read_text().replace("      checkpoints: /shared/ckpts\n",
+                                             "      checkpoints: /shared/ckpts\n      engine_venv: /home/me/vllm\n"))
+    proc = dfo("eval", "--host", "hpc", "--shards", "2", "--target", "/shared/models/t", "--drafter",
+               "z=/shared/models/d", "--engine", "vllm", "--dry-run", inventory=path, runs=tmp_path / "runs")
+    assert proc.returncode == 2 and "engine venv /home/me/vllm is not inside slurm.shared" in proc.stderr
+
+
+def test_job_ids_are_digits_on_the_login_node_too_and_no_hidden_newline_passes():
+    import importlib.util
+
+    import orchestrator.cluster as cluster
+
+    # host_script.py as the login node runs it (stdlib only), checking what the controller sends it
+    spec = importlib.util.spec_from_file_location("cluster_host_script", Path(cluster.__file__).with_name(
+        "host_script.py"))
+    assert spec is not None and spec.loader is not None
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    assert host._job_id("1234") == "1234"
+    for bad in ("1234\n", "12 34", "-1", "1234;id", ""):
+        with pytest.raises(RuntimeError, match="must be digits"):
+            host._job_id(bad)
+        with pytest.raises(RuntimeError, match="must be digits"):
+            host.states(bad)
+    with pytest.raises(RuntimeError, match="scancel target"):
+        host.cancel("1234_0\n")
+
+
+@pytest.mark.parametrize("shared", ["/shared/a --qos=high", "/shared/'x'", "/shared/a\tb", "/shared/%u"])
+def test_the_shared_folder_cannot_add_sbatch_options(shared):
+    """The shared folder is written into #SBATCH --output/--chdir lines, which sbatch splits at spaces."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="letters, digits"):
+        SlurmSection(shared=shared)
+    with pytest.raises(InputError, match="letters, digits"):
+        batch_script(SECTION, BatchRequest("x", "/shared/team/j --qos=high", (0,), ("true",)))
