@@ -219,3 +219,15 @@ def test_soft_capping_comes_before_the_output_multiplier_as_in_vllm(loaded, runt
     assert not torch.allclose(rt.logits(h), 3.0 * torch.tanh(4.0 * raw / 3.0), atol=1e-3)
     vals, _ = rt.selector.candidates(rt.logits(h))
     assert float(vals.abs().max()) <= 12.0 + 1e-4  # the cap scaled by the multiplier bounds the selector's input
+
+
+def test_topk_above_the_selectors_k_is_named(loaded):
+    from remote_payload.eval.drafters import topk_above_selector
+
+    k = loaded["dflash2"].spec.dflash2.selector_top_k
+    assert topk_above_selector(loaded["dflash2"].spec, "d2", k) is None
+    assert topk_above_selector(loaded["zlab"].spec, "z", k + 8) is None  # a DFlash drafter has every rank
+    note = topk_above_selector(loaded["dflash2"].spec, "d2", k + 8)
+    assert note == (f"--topk {k + 8}: drafter 'd2' is DFlash2, its selector walks the top {k} candidates of each "
+                    f"slot, so ranks {k + 1}..{k + 8} do not exist for it (kept as id -1, never a match); its figures "
+                    "use rank 1 only and are unaffected")
