@@ -254,7 +254,8 @@ def run_engine(ctx: EvalContext, eng: EngineRun) -> None:
             ctx.results[drafter].summary["engine"] = drafter_engine(ctx, eng, drafter)
         except (EngineError, PayloadError) as exc:
             ctx.results[drafter].summary["engine"] = {"engine": name, "error": str(exc)}
-            ctx.warn(f"engine {name} for drafter '{drafter}' failed: {_first_line(exc)} (log in {ENGINE_DIR}/)")
+            where = f" (log in {ENGINE_DIR}/)" if drafter in eng.servers else ""  # refused before a server started
+            ctx.warn(f"engine {name} for drafter '{drafter}' failed: {_first_line(exc)}{where}")
     eng.seconds += time.perf_counter() - started
 
 
