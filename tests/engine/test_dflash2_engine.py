@@ -81,3 +81,23 @@ def test_dfo_refuses_before_starting_a_server_with_the_engines_reason(engine_pyt
     with pytest.raises(PayloadError, match="V2 model runner.*Model Runner V2 requires Triton"):
         engine_dflash2.before_start(VLLM, _config(engine_python, engine_fixtures, dflash2_folder,
                                                   VLLM_USE_V2_MODEL_RUNNER="1"), "d2", "0.32.0")
+
+
+def test_the_engine_stage_refuses_the_drafter_before_any_server(engine_python, engine_fixtures, dflash2_folder):
+    """drafter_engine itself (the stage run_engine calls per drafter): the refusal comes before _serve, so no
+    server is recorded for the drafter, and the error names the drafter and vLLM's reason."""
+    from types import SimpleNamespace
+
+    from remote_payload.eval.engine_stage import EngineRun, drafter_engine
+    from remote_payload.eval.settings import EvalSettings
+    from remote_payload.models.checkpoint import load_drafter
+
+    settings = EvalSettings(target=str(engine_fixtures / "target"), drafters=[("d2", str(dflash2_folder))],
+                            engine="vllm", engine_python=engine_python, dtype="float32", threads=1)
+    vocab = json.loads((engine_fixtures / "target" / "config.json").read_text())["vocab_size"]
+    ctx = SimpleNamespace(settings=settings, drafters={"d2": load_drafter(dflash2_folder)},
+                          target_config=SimpleNamespace(path=engine_fixtures / "target", vocab_size=vocab))
+    eng = EngineRun(version="0.32.0", served_name="dfo-test", max_model_len=512)
+    with pytest.raises(PayloadError, match=r"drafter 'd2' is a DFlash2 drafter .*Model Runner V1 does not support"):
+        drafter_engine(ctx, eng, "d2")
+    assert eng.servers == {}
