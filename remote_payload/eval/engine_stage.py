@@ -17,7 +17,8 @@ reply field of any of them.
   speedup table (tokens/s plain vs dflash, mean acceptance length, time per output token per level), the
   agreement with the offline figures in the ``vllm`` convention (``metrics.engine_agreement``) and the
   samples whose per-step acceptance differs from the offline rounds (outside the rule or differing: a
-  warning line).
+  warning line). A DFlash2 drafter first goes through ``engine_dflash2`` (refused before its server where the
+  engine would refuse it; the runner used and the per-prompt pairing with dfo's selector walk otherwise).
 
 Each server has its own random API key (``EngineServer.api_key``), sent on all its requests; the
 references client gets that key, never the user's ``$DFO_REFERENCE_API_KEY`` (meant for the server the
