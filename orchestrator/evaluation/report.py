@@ -247,6 +247,8 @@ def comparison_lines(results: dict) -> list[str]:
                 ci = stat.get("ci")
                 ci = ci if isinstance(ci, list) and len(ci) == 2 else [None, None]
                 parts.append(f"{label} {fmt_number(stat['delta'], '+.2f')} [{_fmt(ci[0])}, {_fmt(ci[1])}]")
+            elif key == "ddtree" and "DFlash2" in str(stat.get("note") or ""):
+                parts.append(str(stat["note"]))  # named, not silently missing
         if parts:
             verdict = pair.get("verdict")
             lines.append(f"{pair.get('b', '?')} − {pair.get('a', '?')} ({fmt_number(level, '.0%')} bootstrap CI "

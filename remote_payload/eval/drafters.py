@@ -89,11 +89,24 @@ def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
     return run
 
 
+def topk_above_selector(spec, name: str, topk: int) -> str | None:
+    """The warning for ``--topk`` above a DFlash2 drafter's selector K (None: nothing to say)."""
+    if spec.dflash2 is None or topk <= spec.dflash2.selector_top_k:
+        return None
+    k = spec.dflash2.selector_top_k
+    return (f"--topk {topk}: drafter '{name}' is DFlash2, its selector walks the top {k} candidates of each slot, so "
+            f"ranks {k + 1}..{topk} do not exist for it (kept as id -1, never a match); its figures use rank 1 only "
+            "and are unaffected")
+
+
 def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun, dict]:
     """Draft every anchor of every sample, replay chain and tree rounds; returns the run and, for the diagnosed
     samples, the top-1 drafts as the eval used them."""
     s, refs, stage = ctx.settings, ctx.references.refs, f"eval:{name}"
     ld = ctx.drafters[name]
+    note = topk_above_selector(ld.spec, name, s.topk)
+    if note is not None:
+        ctx.warn(note)
     dd = DrafterDiagnostics(name, ld.spec, metadata=ld.source.get("training_metadata")) if s.diagnose else None
     rounds_all: list = []
     by_k: list = []

@@ -17,7 +17,8 @@ reply field of any of them.
   speedup table (tokens/s plain vs dflash, mean acceptance length, time per output token per level), the
   agreement with the offline figures in the ``vllm`` convention (``metrics.engine_agreement``) and the
   samples whose per-step acceptance differs from the offline rounds (outside the rule or differing: a
-  warning line).
+  warning line). A DFlash2 drafter first goes through ``engine_dflash2`` (refused before its server where the
+  engine would refuse it; the runner used and the per-prompt pairing with dfo's selector walk otherwise).
 
 Each server has its own random API key (``EngineServer.api_key``), sent on all its requests; the
 references client gets that key, never the user's ``$DFO_REFERENCE_API_KEY`` (meant for the server the
@@ -53,7 +54,7 @@ from remote_payload.engines import registry
 from remote_payload.engines.run import EnginePrompt, positions_of, run_one, run_prompts, speedup_table, sweep
 from remote_payload.engines.server import EngineError, EngineServer, ServerConfig
 from remote_payload.errors import PayloadError
-from remote_payload.eval import stages
+from remote_payload.eval import engine_dflash2, stages
 from remote_payload.eval.context import EvalContext
 from remote_payload.inputs.sampling import draw_seed
 from remote_payload.metrics import engine_agreement
@@ -254,7 +255,8 @@ def run_engine(ctx: EvalContext, eng: EngineRun) -> None:
             ctx.results[drafter].summary["engine"] = drafter_engine(ctx, eng, drafter)
         except (EngineError, PayloadError) as exc:
             ctx.results[drafter].summary["engine"] = {"engine": name, "error": str(exc)}
-            ctx.warn(f"engine {name} for drafter '{drafter}' failed: {_first_line(exc)} (log in {ENGINE_DIR}/)")
+            where = f" (log in {ENGINE_DIR}/)" if drafter in eng.servers else ""  # refused before a server started
+            ctx.warn(f"engine {name} for drafter '{drafter}' failed: {_first_line(exc)}{where}")
     eng.seconds += time.perf_counter() - started
 
 
@@ -279,6 +281,9 @@ def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str) -> dict:
     mixed = len({a.kind for a in ld.spec.attn}) > 1
     # vLLM runs mixed sliding/full DFlash layers only on its V2 model runner (its error says so).
     env = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if mixed and _engine(ctx).name == "vllm" else None
+    # DFlash2: which runner, and does the engine run the selector? A refusal is ours, before any server starts.
+    d2 = (engine_dflash2.before_start(_engine(ctx), server_config(ctx, eng, str(folder), env), name, eng.version)
+          if ld.spec.dflash2 is not None else None)
     greedy = None
     with _serve(ctx, eng, name, server_config(ctx, eng, str(folder), env)) as server:
         run = _timed_run(ctx, server, name)
@@ -287,6 +292,9 @@ def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str) -> dict:
     block = (sampled_drafter_block(ctx, eng, name, run, greedy) if ctx.settings.sampled
              else drafter_block(ctx, eng, name, run))
     block.update(folder=str(folder), exported=exported, server=eng.servers[name])
+    if d2 is not None:
+        block["dflash2"] = engine_dflash2.after_run(ctx, name, block, d2, eng.servers[name]["log"],
+                                                    None if ctx.settings.sampled else offline_rounds(ctx, name)[0])
     per_k_timings(ctx, eng, name, block, server_config(ctx, eng, str(folder), env))
     if "synthetic" in ctx.settings.engine_check:
         synthetic_replay(ctx, eng, name, block, server_config(ctx, eng, str(folder), env))

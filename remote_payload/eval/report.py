@@ -72,7 +72,9 @@ def comparison(ctx: EvalContext, lines: list[dict]) -> dict | None:
     if len(ctx.results) < 2:
         return None
     return compare_drafters(lines, list(ctx.results), seed=ctx.settings.seed,
-                            block_sizes={n: r.summary["metrics"]["block_size"] for n, r in ctx.results.items()})
+                            block_sizes={n: r.summary["metrics"]["block_size"] for n, r in ctx.results.items()},
+                            tree_not_defined=[n for n, r in ctx.results.items()
+                                              if "not_defined" in (r.summary["metrics"].get("tree") or {})])
 
 
 def results_document(ctx: EvalContext, lines: list[dict], comparison: dict | None, diagnostics: dict | None) -> dict:

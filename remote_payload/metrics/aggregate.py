@@ -357,7 +357,9 @@ def _compare(first: dict, samples: list[dict], names: list[str], drafters: dict)
     return compare_drafters(samples, names,
                             block_sizes={n: drafters[n]["metrics"]["block_size"] for n in names},
                             resamples=prev.get("resamples", DEFAULT_RESAMPLES),
-                            confidence=prev.get("confidence", DEFAULT_CONFIDENCE), seed=prev.get("seed", 0))
+                            confidence=prev.get("confidence", DEFAULT_CONFIDENCE), seed=prev.get("seed", 0),
+                            tree_not_defined=[n for n in names
+                                              if "not_defined" in (drafters[n]["metrics"].get("tree") or {})])
 
 
 def _is_number(v) -> bool:

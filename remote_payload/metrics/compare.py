@@ -21,7 +21,7 @@ are not trusted.
 from __future__ import annotations
 
 from operator import add
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from remote_payload.errors import PayloadError
 from remote_payload.metrics.chain import sample_tau
@@ -114,8 +114,20 @@ def _gain(a: float | None, b: float | None) -> float:
     return b - a
 
 
+TREE_NOT_DEFINED_NOTE = "DDTree is not defined for DFlash2 ({names}): no tree figures are compared"
+
+
+def _tree_note(da: _Drafter, db: _Drafter, tree_k: set, not_defined: Collection[str]) -> str:
+    """Why a pair has no DDTree difference: a DFlash2 drafter by name, else what is missing."""
+    dflash2 = [d.name for d in (da, db) if d.name in not_defined]
+    if dflash2:
+        return TREE_NOT_DEFINED_NOTE.format(names=" and ".join(f"drafter '{n}'" for n in dflash2))
+    return "tree metrics use different k for the two drafters" if len(tree_k) > 1 else \
+        "no per-sample tree metrics for both drafters"
+
+
 def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed: int,
-          clusters: list[int] | None = None) -> dict:
+          clusters: list[int] | None = None, tree_not_defined: Collection[str] = ()) -> dict:
     used = [i for i in range(len(da.tau)) if da.tau[i] is not None and db.tau[i] is not None]
     n = len(used)
     P = min(da.block_size, db.block_size) - 1
@@ -169,8 +181,7 @@ def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed
         "ddtree": {"k": k, **(stat("ddtree", mean_of([da.tree_tau[i] for i in used]),
                                    mean_of([db.tree_tau[i] for i in used])) if have_tree else
                               {"delta": None, "ci": None,
-                               "note": ("tree metrics use different k for the two drafters" if len(tree_k) > 1
-                                        else "no per-sample tree metrics for both drafters")})},
+                               "note": _tree_note(da, db, tree_k, tree_not_defined)})},
         "per_position": [{"k": j + 1, **stat(f"p{j + 1}")} for j in range(P)],
     }
     pair["verdict"] = _verdict(da.name, db.name, cis.get("tau_macro"), cis.get("ddtree"), k)
@@ -179,8 +190,12 @@ def _pair(da: _Drafter, db: _Drafter, *, resamples: int, confidence: float, seed
 
 def compare_drafters(sample_lines: Sequence[dict], drafter_names: Sequence[str] | None = None, *,
                      block_sizes: Mapping[str, int], resamples: int = DEFAULT_RESAMPLES,
-                     confidence: float = DEFAULT_CONFIDENCE, seed: int = 0) -> dict:
+                     confidence: float = DEFAULT_CONFIDENCE, seed: int = 0,
+                     tree_not_defined: Collection[str] = ()) -> dict:
     """The comparison block: baseline = the first drafter, one pair per other drafter.
+
+    ``tree_not_defined``: the drafters (DFlash2) whose results say DDTree is not defined for them; a pair with one
+    names it instead of "no per-sample tree metrics".
 
     ``drafter_names`` defaults to the drafters of the first line, in order; ``block_sizes`` gives each
     drafter's block size (per-position acceptance needs B to know which rounds could reach depth k).
@@ -202,7 +217,8 @@ def compare_drafters(sample_lines: Sequence[dict], drafter_names: Sequence[str] 
     out: dict[str, Any] = {
         "baseline": base, "drafters": names, "confidence": confidence, "resamples": resamples, "seed": seed,
         "pairs": [_pair(per[base], per[b], resamples=resamples, confidence=confidence, seed=seed,
-                        clusters=clusters if grouped else None) for b in names[1:]],
+                        clusters=clusters if grouped else None, tree_not_defined=tree_not_defined)
+                  for b in names[1:]],
         "definition": _definition(resamples, confidence, seed)}
     if grouped:
         out["definition"] += (" At T > 0: the samples are draws, every drafter measured on the same draws (paired by "

@@ -314,11 +314,12 @@ class DrafterRuntime:
         """Draft-vocabulary logits (float32) for hidden rows [..., H]."""
         head_dev = self.head.weight.device
         out = self.head(h.to(head_dev, self.head.weight.dtype)).float()
-        if self.spec.output_multiplier != 1.0:
-            out = out * self.spec.output_multiplier
+        # vLLM's order (its LogitsProcessor, also the DFlash2 candidates' one): soft-cap, then the multiplier.
         if self.spec.logit_softcap:
             cap = self.spec.logit_softcap
             out = torch.tanh(out / cap) * cap
+        if self.spec.output_multiplier != 1.0:
+            out = out * self.spec.output_multiplier
         return out
 
     def _chunk_size(self, ctx_len: int) -> int:

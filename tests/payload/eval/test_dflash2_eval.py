@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from payload_helpers import json_lines, read_results
 
+from orchestrator.evaluation.report import comparison_lines
 from remote_payload.eval.drafters import TREE_NOT_DEFINED
 from remote_payload.metrics.aggregate import merge_shards
 
@@ -38,7 +39,11 @@ def test_a_dflash2_drafter_runs_the_eval_beside_a_dflash_one(fixture_dir, run_pa
     assert all(line["drafters"]["d2"]["tree"] is None for line in samples)
     (pair,) = results["comparison"]["pairs"]
     assert pair["ddtree"]["delta"] is None
+    assert pair["ddtree"]["note"] == "DDTree is not defined for DFlash2 (drafter 'd2'): no tree figures are compared"
+    (line,) = comparison_lines(results)
+    assert "DDTree is not defined for DFlash2 (drafter 'd2')" in line
 
     merged, _ = merge_shards([(results, samples)])
     mm = merged["drafters"]["d2"]["metrics"]
+    assert "not defined for DFlash2 (drafter 'd2')" in merged["comparison"]["pairs"][0]["ddtree"]["note"]
     assert mm["tree"] == {"not_defined": TREE_NOT_DEFINED} and mm["tau_macro"] == m["tau_macro"]

@@ -203,3 +203,31 @@ def test_a_stripped_dflash2_training_checkpoint_drafts_the_same(fixture_dir, tmp
     a = draft_sample(runtime_for(ld), feats.layers, ref.tokens, len(ref.prompt_ids), topk=3)
     b = draft_sample(runtime_for(again), feats.layers, ref.tokens, len(ref.prompt_ids), topk=3)
     assert torch.equal(a.topk_ids, b.topk_ids)
+
+
+def test_soft_capping_comes_before_the_output_multiplier_as_in_vllm(loaded, runtime_for):
+    """With both set, the selector's candidates are ranked on multiplier · cap · tanh(logit / cap) (vLLM's
+    LogitsProcessor for DFlash2's candidates), not on cap · tanh(multiplier · logit / cap)."""
+    import dataclasses
+
+    ld = loaded["dflash2"]
+    both = dataclasses.replace(ld, spec=dataclasses.replace(ld.spec, output_multiplier=4.0, logit_softcap=3.0))
+    plain, rt = runtime_for(ld), runtime_for(both)
+    h = torch.randn(2, 3, ld.spec.hidden_size, generator=torch.Generator().manual_seed(0))
+    raw = plain.logits(h)
+    assert torch.allclose(rt.logits(h), 4.0 * 3.0 * torch.tanh(raw / 3.0), atol=1e-5)
+    assert not torch.allclose(rt.logits(h), 3.0 * torch.tanh(4.0 * raw / 3.0), atol=1e-3)
+    vals, _ = rt.selector.candidates(rt.logits(h))
+    assert float(vals.abs().max()) <= 12.0 + 1e-4  # the cap scaled by the multiplier bounds the selector's input
+
+
+def test_topk_above_the_selectors_k_is_named(loaded):
+    from remote_payload.eval.drafters import topk_above_selector
+
+    k = loaded["dflash2"].spec.dflash2.selector_top_k
+    assert topk_above_selector(loaded["dflash2"].spec, "d2", k) is None
+    assert topk_above_selector(loaded["zlab"].spec, "z", k + 8) is None  # a DFlash drafter has every rank
+    note = topk_above_selector(loaded["dflash2"].spec, "d2", k + 8)
+    assert note == (f"--topk {k + 8}: drafter 'd2' is DFlash2, its selector walks the top {k} candidates of each "
+                    f"slot, so ranks {k + 1}..{k + 8} do not exist for it (kept as id -1, never a match); its figures "
+                    "use rank 1 only and are unaffected")
