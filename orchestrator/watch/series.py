@@ -315,9 +315,10 @@ def check_same_settings(series: dict, source: str, eval_host: str, settings: dic
             continue
         if key not in series["settings"] and key in defaults and settings.get(key) == defaults[key]:
             continue
-        if key == "drafter_spec" and not done_entries(series):
-            continue  # nothing evaluated yet to compare with: the spec the failed checkpoints lacked may come now
         if series["settings"].get(key) != settings.get(key):
+            if key == "drafter_spec" and not any(e.get("status") == "done" for e in
+                                                 (series.get("checkpoints") or {}).values()):
+                continue  # nothing evaluated yet to compare with: the spec the failed checkpoints lacked may come now
             diffs.append(f"{key} {series['settings'].get(key)!r} → {settings.get(key)!r}")
     if diffs:
         raise InputError(f"series {series['name']!r} was started with other settings: " + "; ".join(diffs),
