@@ -53,6 +53,15 @@ from remote_payload.eval.options import parse_named
 ENGINE_DIR = "engine"  # the payload's engine logs, inside a host's pulled results
 MIN_FREE_BYTES = 2 * 2**30  # results are small, but the feature cache of a real target is not
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")
+# What the pre-flight found in a --dataset-file that holds no rows (host_script.py's codes), as the error says it.
+NO_ROWS = {
+    "folder-empty": "is a folder with no rows file in it (.jsonl, .json, .jsonl.gz, .json.gz, .parquet or .arrow; "
+                    "also looked in its subfolders: CONFIG/, snapshots/REV/)",
+    "gzip-unreadable": "is not a readable gzip file",
+    "gzip-empty": "holds no rows: a gzip file that decompresses to nothing but whitespace",
+    "blank": "holds no rows: only blank lines",
+    "empty-array": "holds no rows: an empty JSON array",
+}
 
 
 class Detached(Exception):
@@ -73,13 +82,16 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
     operation (exit 1).
     """
     eval_hosts = set(plan.provision_hosts)
+    datasets = {posixpath.normpath(path): name for name, path in parse_named(plan.request.dataset_files,
+                                                                              "--dataset-file")}
 
     def check(host: str) -> dict[str, Any]:
         inv_host = connector.inventory.hosts[host]
         paths = plan.checks.get(host, [])
         reply = hostcall.call(connector.session(host), HOST_SCRIPT, "input_facts", python=inv_host.python,
                               timeout=120, paths=paths, workdir=inv_host.workdir if host in eval_hosts else None,
-                              list_gpus=host in eval_hosts and plan.request.device == "cuda")
+                              list_gpus=host in eval_hosts and plan.request.device == "cuda",
+                              rows=[p for p in paths if p in datasets])
         return _input_facts(host, reply, paths)
 
     outcomes = for_each_host(list(plan.checks), check)
@@ -91,8 +103,6 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
     role = {plan.request.target: "target"}
     for d in plan.request.drafters:
         role[d.path] = f"drafter '{d.name}'"
-    datasets = {posixpath.normpath(path): name for name, path in parse_named(plan.request.dataset_files,
-                                                                              "--dataset-file")}
     role.update({path: f"--dataset-file {name}" for path, name in datasets.items()})
     for host, o in outcomes.items():
         facts = o.result
@@ -105,6 +115,8 @@ def preflight(connector: Connector, plan: EvalPlan) -> dict[str, dict]:
         for path in facts["empty"]:  # an empty rows file would fail only after the deploy
             if path in datasets:
                 problems.append(f"{host}: {role[path]} {path} is empty")
+        for path, found in facts["no_rows"].items():
+            problems.append(f"{host}: {role[path]} {path} {NO_ROWS[found]}")
         free = facts.get("free_bytes")
         if free is not None and free < MIN_FREE_BYTES:
             problems.append(f"{host}: only {free / 2**30:.1f} GiB free at {connector.inventory.hosts[host].workdir} "
@@ -125,6 +137,8 @@ def _input_facts(host: str, reply: object, paths: list[str]) -> dict[str, Any]:
     facts: dict[str, Any] = {"missing": [p for p in paths if p in reply["missing"]]}
     empty = reply.get("empty")
     facts["empty"] = [p for p in paths if p in empty] if isinstance(empty, list) else []
+    no_rows = reply.get("no_rows")  # codes only: the host's words never reach the message
+    facts["no_rows"] = {p: no_rows[p] for p in paths if isinstance(no_rows, dict) and no_rows.get(p) in NO_ROWS}
     if "free_bytes" in reply:
         free = reply["free_bytes"]
         facts["free_bytes"] = free if isinstance(free, int) and not isinstance(free, bool) and free >= 0 else None

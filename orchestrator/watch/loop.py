@@ -126,12 +126,12 @@ class WatchConfig:
         kept = {o.field: getattr(r, o.field) for o in request_options()
                 if o.compared and (WATCH in o.commands or not o.commands)}
         return {**kept, "payload_args": list(r.payload_args), "prompts_sha256": self.prompts_digest,
-                "pattern": self.pattern, "step_from": self.step_from}
+                "pattern": self.pattern, "step_from": self.step_from, "drafter_spec": self.drafter_spec}
 
     def settings_defaults(self) -> dict:
         """The value each compared option has when not given (what a series started before it existed had)."""
-        return {o.field: o.request_default for o in request_options()
-                if o.compared and (WATCH in o.commands or not o.commands)}
+        return {**{o.field: o.request_default for o in request_options()
+                   if o.compared and (WATCH in o.commands or not o.commands)}, "drafter_spec": None}
 
     def checkpoint_request(self, name: str, path: str) -> EvalRequest:
         """The eval of one checkpoint (the baselines are evaluated apart, once)."""
@@ -194,7 +194,8 @@ def scan_folder(connector: Connector, cfg: WatchConfig, entries: dict[str, dict]
 
 def baselines_key(cfg: WatchConfig) -> str:
     labels = sorted(d.label() for d in cfg.request.drafters)
-    blob = json.dumps([cfg.eval_host, cfg.settings(), labels], sort_keys=True, default=str)
+    settings = {k: v for k, v in cfg.settings().items() if k != "drafter_spec"}  # the checkpoints' spec only
+    blob = json.dumps([cfg.eval_host, settings, labels], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -268,6 +269,7 @@ class Watcher:
         else:
             series_state.check_same_settings(found, cfg.source, cfg.eval_host, cfg.settings(),
                                          cfg.settings_defaults())
+            found["settings"]["drafter_spec"] = cfg.drafter_spec  # the same, or given before any was evaluated
             self.series = found
         series_state.save(self.folder, self.series)  # once per start: the journal folded in
         self._render()

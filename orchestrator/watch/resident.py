@@ -50,9 +50,11 @@ from remote_payload.resident import TEST_EXIT_ENV, WORKER_GONE
 
 RECORD = "worker.json"
 STRIP_RECORD = "strip-worker.json"
-# Payload arguments a worker does not serve: a drafter spec is keyed by the checkpoint's name, which the worker's
-# settings (fixed when it starts) cannot know.
-UNSUPPORTED = ("--diagnose", "--online-check", "--drafter-spec")
+# Payload arguments a worker does not serve.
+UNSUPPORTED = ("--diagnose", "--online-check")
+# A drafter spec is keyed by the checkpoint's name, which the worker's settings (fixed when it starts) cannot know:
+# it travels with each handover instead (and stays out of the worker's arguments and key).
+SPEC_FLAG = "--drafter-spec"
 
 
 def supported(plan: EvalPlan) -> str | None:
@@ -63,31 +65,44 @@ def supported(plan: EvalPlan) -> str | None:
     if req.engine or req.reference in ENGINES:
         return "an engine runs in one-off eval jobs"
     if any(a.split("=", 1)[0] in UNSUPPORTED for a in req.payload_args):
-        return "--diagnose / --online-check / --drafter-spec run in one-off eval jobs"
+        return "--diagnose / --online-check run in one-off eval jobs"
     return None
 
 
 def worker_args(eval_args: list[str], *, drafter_root: str, jobs_root: str, idle: float) -> list[str]:
-    """`eval-worker …` from a checkpoint's `eval …` arguments: the same options without the drafter and the
-    output folder (each handover brings its own), and the worker's folders."""
+    """`eval-worker …` from a checkpoint's `eval …` arguments: the same options without the drafter, its spec
+    and the output folder (each handover brings its own), and the worker's folders."""
     out, skip = ["eval-worker"], False
     for arg in eval_args[1:]:
         if skip:
             skip = False
             continue
-        if arg in ("--drafter", "--out"):
+        if arg in ("--drafter", "--out", SPEC_FLAG):
             skip = True
+            continue
+        if arg.startswith(SPEC_FLAG + "="):
             continue
         out.append(arg)
     return out + ["--worker-dir", "{job_dir}/worker", "--drafter-root", drafter_root, "--jobs-root", jobs_root,
                   "--idle-exit", f"{idle:g}"]
 
 
-def handover_args(name: str, path: str, worker_dir: str, relayed_files: list[dict]) -> list[str]:
+def handover_args(name: str, path: str, worker_dir: str, relayed_files: list[dict],
+                  spec: str | None = None) -> list[str]:
     args = ["eval-handover", "--worker-dir", worker_dir, "--drafter", f"{name}={path}"]
     for f in relayed_files:
         args += ["--sha256", f"{f.get('rel') or ''}={f.get('sha256')}"]
-    return args
+    return args + ([SPEC_FLAG, spec] if spec else [])
+
+
+def drafter_spec_of(eval_args: list[str], name: str) -> str | None:
+    """The spec file an eval's arguments give drafter NAME (`--drafter-spec NAME=FILE`, either form), or None."""
+    for i, arg in enumerate(eval_args):
+        value = arg[len(SPEC_FLAG) + 1:] if arg.startswith(SPEC_FLAG + "=") else \
+            eval_args[i + 1] if arg == SPEC_FLAG and i + 1 < len(eval_args) else None
+        if value is not None and value.partition("=")[0] == name:
+            return value.partition("=")[2]
+    return None
 
 
 class _ResidentJob:
@@ -218,7 +233,8 @@ class Resident(_ResidentJob):
                                               "resident_worker": dict(self.record)})
         files = relays[0]["files"] if relays else []
         argv = [self.record["python"], "-m", "remote_payload",
-                *handover_args(name, path, posixpath.join(self.record["job_dir"], "worker"), files)]
+                *handover_args(name, path, posixpath.join(self.record["job_dir"], "worker"), files,
+                               drafter_spec_of(job.args, name))]
         try:
             handle = launch_job(self.connector, host, argv, lock=None, job_name=f"dfo eval {run.name} (resident)",
                                 cwd=payload_dir(self.connector.inventory.hosts[host].workdir))

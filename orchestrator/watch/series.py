@@ -312,7 +312,9 @@ def check_same_settings(series: dict, source: str, eval_host: str, settings: dic
     """A series compares like with like: the same source folder, eval host and eval settings throughout.
 
     ``defaults``: each option's value when not given. A series started before an option existed lacks its key;
-    that is no difference while the option keeps its default (a new option must not orphan every series)."""
+    that is no difference while the option keeps its default (a new option must not orphan every series).
+    ``drafter_spec`` (watch's --drafter-spec) may change while no checkpoint of the series was evaluated: the
+    error of a checkpoint without a spec asks for it."""
     defaults = defaults or {}
     diffs = []
     if series["source"] != source:
@@ -328,6 +330,9 @@ def check_same_settings(series: dict, source: str, eval_host: str, settings: dic
         if key not in series["settings"] and key in defaults and settings.get(key) == defaults[key]:
             continue
         if series["settings"].get(key) != settings.get(key):
+            if key == "drafter_spec" and not any(e.get("status") == "done" for e in
+                                                 (series.get("checkpoints") or {}).values()):
+                continue  # nothing evaluated yet to compare with: the spec the failed checkpoints lacked may come now
             diffs.append(f"{key} {series['settings'].get(key)!r} → {settings.get(key)!r}")
     if diffs:
         raise InputError(f"series {series['name']!r} was started with other settings: " + "; ".join(diffs),

@@ -83,7 +83,11 @@ def checked_request(doc: object, *, drafter_root: Path, jobs_root: Path) -> dict
     job = inside(job_dir, jobs_root)
     if job.parent != Path(os.path.realpath(jobs_root)):
         raise PayloadError(f"request: {job_dir} is not a job folder of {jobs_root}")
-    return {"name": name, "path": drafter, "sha256": digests, "job_dir": job, "out": job / "results"}
+    spec = doc.get("spec")  # the drafter's spec sidecar (`eval --drafter-spec NAME=FILE`), read as eval reads it
+    if spec is not None and (not isinstance(spec, str) or not spec.startswith("/") or "\x00" in spec):
+        raise PayloadError(f"request: drafter spec {spec!r:.80} is not an absolute path")
+    return {"name": name, "path": drafter, "sha256": digests, "job_dir": job, "out": job / "results",
+            "spec": spec}
 
 
 def verify_relayed(drafter: Path, digests: dict[str, str]) -> None:
@@ -168,7 +172,8 @@ class Worker(ResidentLoop):
         progress = Progress(stream=log)
         started = time.perf_counter()
         verify_relayed(drafter, request["sha256"])
-        s = replace(self.settings, drafters=[(name, str(drafter))], out=str(request["out"]))
+        specs = {**self.settings.drafter_specs, **({name: request["spec"]} if request["spec"] else {})}
+        s = replace(self.settings, drafters=[(name, str(drafter))], out=str(request["out"]), drafter_specs=specs)
         ctx.settings, ctx.progress, ctx.started = s, progress, started
         ctx.warnings, ctx.findings = list(self.base["warnings"]), list(self.base["findings"])
         ctx.timings, ctx.results = dict(self.base["timings"]), {}
@@ -229,8 +234,8 @@ def handover(args) -> int:
     digests = dict(d.partition("=")[::2] for d in args.sha256 or [])
     request = worker_dir / "inbox" / f"{job_dir.name}.json"
     print(f"handing drafter {name} to the resident worker ({request})", flush=True)
-    outcome = hand_over(worker_dir, request, {"name": name, "path": path, "sha256": digests, "job_dir": str(job_dir)},
-                        job_dir / STATUS_FILE)
+    doc = {"name": name, "path": path, "sha256": digests, "job_dir": str(job_dir), "spec": args.drafter_spec}
+    outcome = hand_over(worker_dir, request, doc, job_dir / STATUS_FILE)
     if outcome is None:
         return gone(f"no resident worker took drafter {name} ({worker_dir})", INSTEAD)
     if outcome.get("ok"):
@@ -263,4 +268,5 @@ def add_parsers(sub, option_spec) -> None:
     h.add_argument("--worker-dir", required=True)
     h.add_argument("--drafter", required=True, metavar="NAME=PATH")
     h.add_argument("--sha256", action="append", metavar="REL=HEX", help="a relayed file's digest (repeatable)")
+    h.add_argument("--drafter-spec", metavar="SPECFILE", help="the drafter's spec sidecar, when it carries none")
     h.set_defaults(func=handover)

@@ -5,6 +5,7 @@ results.json, report.md, the terminal and `runs compare`."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from pathlib import Path
@@ -49,17 +50,29 @@ def test_humaneval_at_8_is_zlabs_selection_of_the_package_rows(sandbox, eval_hos
 
 
 def test_a_missing_or_empty_dataset_file_is_refused_before_anything_moves(sandbox, eval_hosts, tmp_path):
+    """A dataset file with no rows (0 bytes, blank lines, a gzip of nothing, `[]`, an empty folder, a gzip that
+    is not one) is refused by the pre-flight on the host, naming the host, the path and what it holds."""
     folder = sandbox.hosts["ct129"].models / "exported-datasets"  # the sandbox hosts share this filesystem
     files = write_sets(folder)
     (folder / "empty.jsonl").write_text("")
+    (folder / "blank.jsonl").write_text("\n  \n\n")
+    (folder / "nothing.jsonl.gz").write_bytes(gzip.compress(b"\n"))
+    (folder / "array.json").write_text(" [ \n ] ")
+    (folder / "notgzip.jsonl.gz").write_bytes(b"{not gzip}")
+    (folder / "empty-folder" / "snapshots" / "abc").mkdir(parents=True, exist_ok=True)
     given = [a for name in SUITE[:-1] for a in ("--dataset-file", f"{name}={files[name]}")]
     runs = tmp_path / "runs"
-    for path, seen in ((f"{folder}/empty.jsonl", "is empty"), (f"{folder}/none.jsonl", "does not exist")):
+    for path, seen in ((f"{folder}/empty.jsonl", "is empty"), (f"{folder}/none.jsonl", "does not exist"),
+                       (f"{folder}/blank.jsonl", "holds no rows: only blank lines"),
+                       (f"{folder}/nothing.jsonl.gz", "holds no rows: a gzip file that decompresses to nothing"),
+                       (f"{folder}/array.json", "holds no rows: an empty JSON array"),
+                       (f"{folder}/notgzip.jsonl.gz", "is not a readable gzip file"),
+                       (f"{folder}/empty-folder", "is a folder with no rows file in it")):
         proc = dfo(sandbox, "eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter",
                    f"zlab={eval_hosts['zlab']}", "--suite", "zlab", *given, "--dataset-file", f"mt-bench={path}",
                    runs=runs)
-        assert proc.returncode == 2 and f"ct129: --dataset-file mt-bench {path} {seen}" in proc.stderr, \
-            proc.stderr[-2000:]
+        said = " ".join(proc.stderr.split())  # the longer lines may fold
+        assert proc.returncode == 2 and f"ct129: --dataset-file mt-bench {path} {seen}" in said, proc.stderr[-2000:]
         assert "nothing was uploaded or relayed" in proc.stderr
 
 

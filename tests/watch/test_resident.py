@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from orchestrator.watch.resident import handover_args, worker_args
+from orchestrator.watch.resident import drafter_spec_of, handover_args, worker_args
 from remote_payload.errors import PayloadError
 from remote_payload.eval.worker import checked_request, verify_relayed
 
@@ -22,6 +22,22 @@ def test_the_worker_takes_the_evals_options_without_drafter_and_output():
     assert handover_args("s", "/r/s-weights", "/w/jobs/J/worker", [{"rel": "model.safetensors", "sha256": "ab"}]) == [
         "eval-handover", "--worker-dir", "/w/jobs/J/worker", "--drafter", "s=/r/s-weights", "--sha256",
         "model.safetensors=ab"]
+
+
+def test_a_drafter_spec_travels_with_the_handover_not_in_the_workers_arguments():
+    """`dfo watch --drafter-spec FILE` gives each checkpoint's eval `--drafter-spec=NAME=FILE`: NAME changes with
+    every checkpoint, so the worker (started once, keyed by its arguments) does not take it; each handover does."""
+    args = ["eval", "--target", "/m/t", "--drafter", "step_1=/r/step_1-weights", "--out", "{results}",
+            "--drafter-spec=step_1=/specs/run.json"]
+    assert worker_args(args, drafter_root="/r", jobs_root="/w/jobs", idle=300)[:3] == [
+        "eval-worker", "--target", "/m/t"]
+    assert not any("spec" in a for a in worker_args(args, drafter_root="/r", jobs_root="/w/jobs", idle=300))
+    assert not any("spec" in a for a in worker_args([*args[:-1], "--drafter-spec", "step_1=/s.json"],
+                                                    drafter_root="/r", jobs_root="/w/jobs", idle=300))
+    assert drafter_spec_of(args, "step_1") == "/specs/run.json" and drafter_spec_of(args, "step_2") is None
+    assert drafter_spec_of(["eval", "--drafter-spec", "s=/a=b.json"], "s") == "/a=b.json"
+    assert handover_args("step_1", "/r/w", "/w/J/worker", [], "/specs/run.json")[-2:] == [
+        "--drafter-spec", "/specs/run.json"]
 
 
 @pytest.fixture
@@ -44,7 +60,9 @@ def _request(relay, jobs, **change):
 def test_a_good_request_is_read_with_its_paths_resolved(roots):
     relay, jobs = roots
     r = checked_request(_request(relay, jobs), drafter_root=relay, jobs_root=jobs)
-    assert r["out"] == (jobs / "J1" / "results").resolve() and r["name"] == "s"
+    assert r["out"] == (jobs / "J1" / "results").resolve() and r["name"] == "s" and r["spec"] is None
+    assert checked_request(_request(relay, jobs, spec="/specs/run.json"), drafter_root=relay,
+                           jobs_root=jobs)["spec"] == "/specs/run.json"
     verify_relayed(r["path"], r["sha256"])
 
 
@@ -58,6 +76,8 @@ def test_a_good_request_is_read_with_its_paths_resolved(roots):
     ({"sha256": {"../../etc/passwd": "a" * 64}}, "leaves the drafter folder"),
     ({"sha256": {"model.safetensors": "zz"}}, "sha256 entry"),
     ({"sha256": {}}, "no sha256"),
+    ({"spec": "specs/run.json"}, "not an absolute path"),
+    ({"spec": 7}, "not an absolute path"),
 ])
 def test_a_request_that_leaves_its_folders_is_refused(roots, change, phrase):
     relay, jobs = roots

@@ -221,3 +221,33 @@ def test_series_cli_list_show_plot(tmp_path):
     assert plotted.returncode == 0 and Path(plotted.stdout.strip()).is_file() and (folder / "series.md").is_file()
     missing = dfo("series", "show", "run8", runs=runs)
     assert missing.returncode == 2 and "no series 'run8'" in missing.stderr and "known series: run7" in missing.stderr
+
+
+def test_the_drafter_spec_is_a_series_setting_and_a_series_from_before_it_continues(tmp_path):
+    """`dfo watch --drafter-spec` changes how every later checkpoint is read: a series keeps it like its other
+    settings. A series started before the option (no key) reads as "no spec" and continues; a spec given to a
+    series with nothing evaluated yet (its checkpoints failed for lacking one) is taken."""
+    from orchestrator.evaluation.plan import EvalRequest
+    from orchestrator.watch.loop import WatchConfig
+
+    def cfg(spec):
+        return WatchConfig(series="run7", source_host="kpro6", folder="/d", runs_dir=tmp_path, drafter_spec=spec,
+                           request=EvalRequest(hosts=["ct129"], target="/m/t", drafters=[]))
+
+    def check(series, spec):
+        c = cfg(spec)
+        series_state.check_same_settings(series, c.source, c.eval_host, c.settings(), c.settings_defaults())
+
+    s = make_series()
+    older = {**s, "settings": {k: v for k, v in cfg(None).settings().items() if k != "drafter_spec"}}
+    check(older, None)  # started before the option: absent is none
+    with pytest.raises(InputError, match=r"drafter_spec None → '/specs/a.json'"):
+        check(older, "/specs/a.json")
+    started = {**s, "settings": cfg("/specs/a.json").settings()}
+    check(started, "/specs/a.json")
+    with pytest.raises(InputError, match=r"drafter_spec '/specs/a.json' → '/specs/b.json'"):
+        check(started, "/specs/b.json")
+    with pytest.raises(InputError, match=r"drafter_spec '/specs/a.json' → None"):
+        check(started, None)
+    failed_only = {**older, "checkpoints": {"step_250.pt": s["checkpoints"]["step_250.pt"]}}
+    check(failed_only, "/specs/a.json")  # nothing evaluated yet: the spec the failure asked for is taken

@@ -249,7 +249,8 @@ def test_keep_keeps_the_stripped_copy_a_failed_relay_left(sandbox, eval_hosts, t
 def test_a_checkpoint_without_a_spec_fails_naming_watch_s_option_and_is_retried_with_it(sandbox, eval_hosts, tmp_path):
     """A trainer that saves no spec: the eval's error names `dfo watch --drafter-spec FILE`; without
     --retry-failed the failed, unchanged checkpoint is left alone; with it and the spec the next look evaluates it
-    again (the bound on retries: tests/watch/test_discovery_selection.py)."""
+    again (the bound on retries: tests/watch/test_discovery_selection.py), through the resident worker, which takes
+    the spec with each handover."""
     folder = sandbox.hosts["kpro6"].checkpoints / f"nospec-{tmp_path.name[-12:]}"
     ckpt = settled_checkpoint(eval_hosts, folder, 50)
     spec = tmp_path / "run-spec.json"  # on the eval host (the sandbox hosts share this filesystem)
@@ -265,4 +266,6 @@ def test_a_checkpoint_without_a_spec_fails_naming_watch_s_option_and_is_retried_
     assert retried.returncode == 0, retried.stderr[-3000:]
     e = series(runs, name)["checkpoints"]["step_50.pt"]
     assert e["status"] == "done" and e["attempts"] == 2 and e["measures"]["tau_macro"]["value"] > 0, e
+    assert e["resident"], e  # the spec travels with the handover: the resident worker served it
+    assert "one eval job per checkpoint" not in retried.stderr
     assert ckpt.exists()
