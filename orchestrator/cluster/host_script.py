@@ -150,7 +150,7 @@ def find_array(jobs_root, array_job_id, limit=2000):
     """The task folders under JOBS_ROOT (<shared>/dfo-jobs) whose started.json names ARRAY_JOB_ID:
     [[job folder, task, started.json text], ...] (read only; the controller checks each)."""
     _job_id(array_job_id)
-    found, seen = [], 0
+    found, seen = [], 0  # type: list, int
     needle = '"array_job_id": "%s"' % array_job_id
     try:
         jobs = sorted(os.listdir(jobs_root))
