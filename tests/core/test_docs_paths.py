@@ -26,7 +26,10 @@ PATH = re.compile(r"(?<![\w/<>-])(?:\./)?((?:[\w-]+/)*[\w-]+(?:\.[\w-]+)*\.(?:py
                   r"(?![\w/<>*-])")
 ROOTED = re.compile(rf"(?<![\w./-])(?:\./)?((?:{'|'.join(ROOTS)})/[\w./@-]*[\w/@])(?![\w./@<*{{-])")
 # Files dfo writes (in run folders, on hosts) and other tools' files, not files of this repository.
-NOT_OURS = {"report.md", "series.md", "samples.jsonl", "prompts.jsonl", "uv.toml"}
+NOT_OURS = {"report.md", "series.md", "samples.jsonl", "prompts.jsonl", "uv.toml",
+            "sitecustomize.py",  # Python's start-up hook, named where a planted one is the threat
+            "model.py"}  # quoted from vLLM's own log lines
+
 
 
 def tracked() -> list[str]:
