@@ -14,8 +14,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.core import plotting
-from orchestrator.core.host_text import clean, fmt_number, md_fence, md_text
+from orchestrator.core.host_text import fmt_number, md_fence, md_text
 from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
 from remote_payload.metrics.conventions import resolve
 
@@ -352,6 +351,8 @@ def settings_lines(results: dict) -> list[str]:
 def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     """report.md (temp name, then renamed). Host text goes in through ``md_text``/``md_fence``: no HTML,
     link, extra table cell or early end of a code fence can come from results.json or samples.jsonl."""
+    from orchestrator.evaluation.report_plots import write_plots  # matplotlib only when a report is written
+
     plots = write_plots(run_dir, results)
     rows = drafter_rows(results)
     k = next((r["ddtree_k"] for r in rows if r["ddtree_k"]), 8)
@@ -552,36 +553,6 @@ def _diagnostics_text(diag) -> str:
     return json.dumps(diag, indent=2)[:20000]
 
 
-# ------------------------------------------------------------------------------ plots
-
-
-def write_plots(run_dir: Path, results: dict) -> list[Path]:
-    """Per-position acceptance curves and the τ histogram, one series per drafter (PNG, matplotlib); none
-    without matplotlib (report.md then links none, and the run summary says why)."""
-    plt = plotting.pyplot()
-    drafters = {name: _obj(_obj(d).get("metrics")) for name, d in _obj(results.get("drafters")).items()}
-    if plt is None or not drafters:
-        return []
-    import matplotlib
-
-    # Drafter names are the host's: as mathtext a '$' in one would be parsed, and a malformed one raises.
-    with matplotlib.rc_context({"text.parse_math": False}):
-        plots = [_save(plt, acceptance_figure(plt, drafters), run_dir / "acceptance.png"),
-                 _save(plt, histogram_figure(plt, drafters), run_dir / "tau_histogram.png")]
-    from orchestrator.evaluation import engine_report  # the engine sweep's speedup plot (owned by the engine eval)
-
-    return plots + engine_report.engine_plot(run_dir, results)
-
-
-def _save(plt, fig, path: Path) -> Path:
-    """The PNG under a temporary name, then renamed: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
-
-
 def _real(x) -> float | None:
     """X as a finite float, or None when it is not a finite number."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -591,50 +562,3 @@ def _real(x) -> float | None:
     except OverflowError:
         return None
     return value if math.isfinite(value) else None
-
-
-def acceptance_figure(plt, drafters: dict[str, dict]):
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    # Distinct markers and dash styles: two drafters with identical curves must both stay visible.
-    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-"), ("P", "--")]
-    positions: list[int] = []
-    for i, (name, m) in enumerate(drafters.items()):
-        pts = [(k, v) for k, p in sorted(_by_position(m.get("per_position")).items()) if (v := _real(p)) is not None]
-        marker, dash = styles[i % len(styles)]
-        if pts:
-            positions += [k for k, _ in pts]
-            ax.plot([k for k, _ in pts], [p for _, p in pts], marker=marker, linestyle=dash, linewidth=2,
-                    markersize=7 - i, label=f"{clean(name)} (τ {_fmt(m.get('tau_macro'))})")
-    ax.set_xlabel("draft position k")
-    ax.set_ylabel("P(round accepts ≥ k drafts)")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("Per-position acceptance")
-    plotting.integer_ticks(ax.xaxis, positions)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-def histogram_figure(plt, drafters: dict[str, dict]):
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    n = len(drafters)
-    width = 0.8 / n
-    taus: list[int] = []
-    for i, (name, m) in enumerate(drafters.items()):
-        # {"τ": rounds}; entries whose τ is not a small integer or whose count is not a number are left out
-        hist = {int(k): count for k, v in _obj(m.get("tau_histogram")).items()
-                if k.isascii() and k.isdigit() and len(k) < 7 and (count := _real(v)) is not None}
-        total = sum(hist.values()) or 1
-        xs = sorted(hist)
-        taus += xs
-        ax.bar([x + (i - (n - 1) / 2) * width for x in xs], [hist[x] / total for x in xs], width=width,
-               label=clean(name))
-    ax.set_xlabel("τ per round (accepted drafts + 1)")
-    ax.set_ylabel("fraction of rounds")
-    ax.set_title("τ histogram")
-    plotting.integer_ticks(ax.xaxis, taus)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(frameon=False)
-    fig.tight_layout()
-    return fig

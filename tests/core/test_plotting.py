@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from orchestrator.core import plotting
-from orchestrator.evaluation.report import acceptance_figure, histogram_figure, write_report
+from orchestrator.evaluation.report import write_report
+from orchestrator.evaluation.report_plots import acceptance_figure, histogram_figure
 from orchestrator.watch.plot import tau_figure, write_plot
 from orchestrator.watch.render import series_markdown
 
