@@ -9,6 +9,13 @@ without one. A worker is alive while its heartbeat is younger than HEARTBEAT_DEA
 same process (a pid alone may since name another user's process). The client waits for its reply file, or
 exits ``WORKER_GONE`` when the worker stopped first or did not take the request in time (the controller then
 does the work without a worker). Stdlib only at import: a client imports nothing heavy.
+
+A worker that runs as a Slurm job (`dfo watch --host CLUSTER --resident-job`) lives on a compute node while its
+client runs on the login node: its pid means nothing there. Its record names its Slurm job instead
+(``ARRAYID_TASK``), and the client, told which job to expect, judges it by the heartbeat on the shared
+filesystem and by Slurm's own state of that job (squeue, asked at most every SLURM_LOOK_S); a job still
+pending or starting is waited for (up to LOAD_TIMEOUT_S) rather than taken for gone. The heartbeat's deadline
+compares two nodes' clocks: a Slurm cluster keeps them in step (munge's credentials expire otherwise).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -32,6 +41,10 @@ LOAD_TIMEOUT_S = 1800.0  # the longest a handover waits for a worker still loadi
 TEST_EXIT_ENV = "DFO_WATCH_TEST_KILL_AT"  # tests only (orchestrator/watch/loop.py's kill points)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 LIVE = ("loading", "ready")
+SLURM_JOB_RE = re.compile(r"^[0-9]{1,12}(_[0-9]{1,6})?\Z")  # a job id, or an array task as ARRAYID_TASK
+SLURM_LOOK_S = 5.0  # how often a client asks Slurm about the worker's job (every squeue is slurmctld's load)
+SLURM_UP = ("RUNNING", "COMPLETING", "CONFIGURING")  # Slurm's states of a job whose processes may run
+SLURM_STARTING = ("PENDING", "CONFIGURING", "RUNNING")  # a worker without a record yet may still come up
 
 
 def write_json(path: Path, doc: dict) -> None:
@@ -78,6 +91,43 @@ def inside(path: str, root: Path) -> Path:
     return real
 
 
+def slurm_job_here() -> str | None:
+    """The Slurm job this process runs in (``ARRAYID_TASK`` for an array task), or None outside Slurm."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID", ""), os.environ.get("SLURM_ARRAY_TASK_ID", "")
+    ident = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
+    return ident if SLURM_JOB_RE.match(ident) else None
+
+
+def slurm_job_state(job: str, timeout: float = 30.0) -> str | None:
+    """Slurm's state of JOB (``squeue -h -j JOB -o %T``): RUNNING, PENDING, …; "" when Slurm no longer lists it
+    (ended); None when squeue cannot answer (missing or failing): unknown, the heartbeat decides alone."""
+    if not SLURM_JOB_RE.match(job):
+        return ""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                              timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return "" if "invalid job id" in done.stderr.lower() else None
+    words = done.stdout.split()
+    return words[0] if words and re.match(r"^[A-Z_]{1,32}\Z", words[0]) else ""
+
+
+class SlurmLook:
+    """Slurm's state of one job, asked again only after SLURM_LOOK_S (a client polls far more often)."""
+
+    def __init__(self, job: str, ask: Callable[[str], str | None] = slurm_job_state):
+        self.job, self.ask = job, ask
+        self.state: str | None = None
+        self.asked = -float("inf")
+
+    def __call__(self) -> str | None:
+        if time.monotonic() - self.asked >= SLURM_LOOK_S:
+            self.state, self.asked = self.ask(self.job), time.monotonic()
+        return self.state
+
+
 def test_exit(point: str) -> None:
     """Tests only: a worker that dies at POINT (``DFO_WATCH_TEST_KILL_AT``; never set in production)."""
     if os.environ.get(TEST_EXIT_ENV) == point:
@@ -91,7 +141,9 @@ class ResidentLoop:
         self.dir, self.inbox, self.idle_exit, self.progress, self.what = worker_dir, worker_dir / "inbox", \
             idle_exit, progress, what
         self.state: dict[str, Any] = {"pid": os.getpid(), "pid_start": process_start(os.getpid()),
-                                      "state": "loading", "started": time.time(), "served": 0}
+                                      "state": "loading", "started": time.time(), "served": 0,
+                                      "slurm_job": slurm_job_here(),
+                                      "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
         self._stop = threading.Event()
 
     def _beat(self) -> None:
@@ -139,13 +191,18 @@ class ResidentLoop:
             self.publish(state="stopped")
 
 
-def worker_live(worker_dir: Path) -> dict | None:
-    """The worker's state when it is loading or ready, its heartbeat is within the deadline and its pid still
-    names the process that wrote it; else None."""
+def worker_live(worker_dir: Path, slurm: SlurmLook | None = None) -> dict | None:
+    """The worker's state when it is loading or ready, its heartbeat is within the deadline and it is the worker
+    expected: the process that wrote it (its pid, on this machine), or with SLURM the Slurm job named there,
+    which Slurm still runs. Else None."""
     state = read_json(worker_dir / "worker.json") or {}
     beat, pid, started = state.get("beat"), state.get("pid"), state.get("pid_start")
-    if state.get("state") not in LIVE or not pid_alive(pid) or isinstance(beat, bool) or \
-            not isinstance(beat, (int, float)) or abs(time.time() - beat) > HEARTBEAT_DEADLINE_S:
+    if state.get("state") not in LIVE or isinstance(beat, bool) or not isinstance(beat, (int, float)) or \
+            abs(time.time() - beat) > HEARTBEAT_DEADLINE_S:
+        return None
+    if slurm is not None:  # on another node: its pid names nothing here
+        return state if state.get("slurm_job") == slurm.job and slurm() in (*SLURM_UP, None) else None
+    if not pid_alive(pid):
         return None
     assert isinstance(pid, int)  # pid_alive takes ints only
     now_start = process_start(pid)
@@ -154,22 +211,33 @@ def worker_live(worker_dir: Path) -> dict | None:
     return state
 
 
-def hand_over(worker_dir: Path, request: Path, doc: dict, reply: Path, poll: float = 0.05) -> dict | None:
+def _starting(worker_dir: Path, slurm: SlurmLook | None) -> bool:
+    """A Slurm worker not live yet that may still come up: its job pending or starting and no record of its
+    own in the folder yet (a record of this job that went stale is a worker that stopped)."""
+    if slurm is None or slurm() not in SLURM_STARTING:
+        return False
+    return (read_json(worker_dir / "worker.json") or {}).get("slurm_job") != slurm.job
+
+
+def hand_over(worker_dir: Path, request: Path, doc: dict, reply: Path, poll: float = 0.05,
+              slurm: SlurmLook | None = None) -> dict | None:
     """Put DOC in the worker's inbox as REQUEST and wait for the worker's REPLY: its document, or None when the
     worker is not running, stopped before it replied, or did not take the request within TAKE_TIMEOUT_S (of
     being ready) or LOAD_TIMEOUT_S (in all). A request it never took is withdrawn: a later worker must not act
-    on it, and the caller does the work itself."""
+    on it, and the caller does the work itself. SLURM: the worker is that Slurm job (see the module's text)."""
     take_timeout, load_timeout = TAKE_TIMEOUT_S, LOAD_TIMEOUT_S
-    if worker_live(worker_dir) is None:
-        return None
-    write_json(request, doc)
     started = time.monotonic()
+    while worker_live(worker_dir, slurm) is None:
+        if not _starting(worker_dir, slurm) or time.monotonic() - started > load_timeout:
+            return None
+        time.sleep(max(poll, 0.5))
+    write_json(request, doc)
     ready_since: float | None = None
     while True:
         outcome = read_json(reply)
         if outcome is not None:
             return outcome
-        state = worker_live(worker_dir)
+        state = worker_live(worker_dir, slurm)
         if state is None:
             request.unlink(missing_ok=True)
             return read_json(reply)

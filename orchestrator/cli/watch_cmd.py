@@ -87,7 +87,11 @@ def watch_cmd(
                                                 "checkpoint (default: 3 x --interval + 120, at least 300)."),
     shards: int = typer.Option(1, "--shards", metavar="N", help="On a Slurm cluster eval host (slurm: in the "
                                "inventory): each checkpoint's eval is one array job of N tasks (docs/clusters.md); "
-                               "no resident worker there."),
+                               "no resident worker there unless --resident-job."),
+    resident_job: bool = typer.Option(False, "--resident-job", help="On a Slurm cluster eval host: keep the "
+                                      "resident worker as one long-running Slurm job (target loaded once, each "
+                                      "checkpoint handed to it). It holds its GPUs between checkpoints, until "
+                                      "--worker-idle passes without one; off by default."),
     proxy_logdir: Optional[str] = typer.Option(None, "--proxy-logdir", metavar="DIR",
                                                help="The trainer's logdir on the training host: its TensorBoard "
                                                "event files, trainer_state.json and *.jsonl logs, read after each "
@@ -114,10 +118,13 @@ def watch_cmd(
     prompts = read_prompts(options["prompts"])
     request = EvalRequest(hosts=[eval_host], drafters=[parse_drafter(d, inv) for d in drafter],
                           **{**options, "prompts": prompts.spec})
+    from orchestrator.cluster.resident_job import check_resident_job
     from orchestrator.cluster.watch_step import cluster_shards, resident_note
 
     on_cluster = cluster_shards(inv, eval_host, shards, request, prompts.count)
-    if on_cluster is not None and resident:
+    if resident_job:
+        check_resident_job(inv, eval_host, shards, resident)
+    elif on_cluster is not None and resident:
         app_ctx.events.info(resident_note(eval_host))
     cfg = WatchConfig(series=series or posixpath.basename(folder) or "series", source_host=endpoint.host,
                       folder=folder, request=request, runs_dir=runs_root(runs_dir).resolve(),
@@ -127,7 +134,7 @@ def watch_cmd(
                       prompt_count=prompts.count, keep=keep, once=once, interval=interval, on_result=on_result,
                       tensorboard=writable_folder(tensorboard_dir, "--tensorboard") if tensorboard_dir else None,
                       tensorboard_logdir=tensorboard_logdir, plot_last=plot_last, resident=resident,
-                      worker_idle=worker_idle, shards=on_cluster,
+                      worker_idle=worker_idle, shards=on_cluster, resident_job=resident_job,
                       proxy=proxy_options(proxy_logdir, proxy, folder))
     stand_in = check_config(cfg, inv)  # before any connection: a bad value never reaches a host
     # Then the first checks on the hosts, in every mode: --detach leaves only once they passed.

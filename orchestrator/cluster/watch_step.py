@@ -5,8 +5,8 @@ the controller, to the cluster host's relay folder (on the shared filesystem, so
 then ``start_eval`` submits the eval as one array of ``--shards`` tasks and ``follow_and_collect`` follows,
 merges and records it as `dfo eval --host CLUSTER --shards N` does. The baselines are one such array too.
 
-No resident worker on a cluster: between checkpoints it would hold a node's GPUs idle. (A long-running job
-that keeps the target loaded, on the user's request, is not built.)
+No resident worker on a cluster by default: between checkpoints it would hold a node's GPUs idle. On the user's
+request (`--resident-job`) it is one long-running Slurm job (cluster/resident_job.py).
 """
 
 from __future__ import annotations
@@ -32,4 +32,4 @@ def cluster_shards(inventory: Inventory, host: str, shards: int, request: EvalRe
 
 def resident_note(host: str) -> str:
     return (f"{host} is a Slurm cluster: one array job per checkpoint, no resident worker (it would hold GPUs "
-            "idle between checkpoints)")
+            "idle between checkpoints; --resident-job asks for one)")

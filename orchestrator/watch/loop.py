@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.cluster.resident_job import ResidentJob
 from orchestrator.core import plotting
 from orchestrator.core.errors import DfoError, InputError
 from orchestrator.core.events import Events
@@ -104,6 +105,7 @@ class WatchConfig:
     resident: bool = True                  # a resident eval worker when the eval allows it
     worker_idle: float | None = None       # seconds the worker waits for a checkpoint (default from --interval)
     shards: int | None = None              # a Slurm cluster eval host: array tasks per eval (cluster/watch_step.py)
+    resident_job: bool = False             # there: the resident worker as one Slurm job (cluster/resident_job.py)
     drafter_spec: str | None = None        # spec sidecar on the eval host for checkpoints without one
     proxy: ProxyOptions | None = None      # the trainer's own numbers, checked against τ (proxy_step.py)
 
@@ -232,8 +234,9 @@ class Watcher:
         self.folder = series_state.series_dir(cfg.runs_dir, cfg.series)
         self.series: dict = {}
         self._said_no_plots = False
-        self.resident = Resident(connector, self.folder, cfg.runs_dir, events, idle=cfg.idle_exit,
-                                 prompts_file=cfg.prompts_file) if cfg.resident and cfg.shards is None else None
+        worker = ResidentJob if cfg.resident_job else Resident if cfg.resident and cfg.shards is None else None
+        self.resident = worker(connector, self.folder, cfg.runs_dir, events, idle=cfg.idle_exit,
+                               prompts_file=cfg.prompts_file) if worker else None
         self.strip = ResidentStrip(connector, self.folder, events, host=cfg.source_host, source_root=cfg.folder,
                                    idle=cfg.idle_exit) if cfg.resident else None
         self.proxy = ProxyWatch(connector, cfg.source_host, cfg.proxy, events, self._publish) if cfg.proxy else None
@@ -312,7 +315,7 @@ class Watcher:
         key = baselines_key(cfg)
         if (self.series.get("baselines") or {}).get("key") == key:
             return
-        if self.resident is not None and self.resident.running():
+        if self.resident is not None and self.resident.holds_gpu_lock and self.resident.running():
             self.resident.stop()  # it holds the GPU lock the baselines' eval job needs
         cache = series_state.series_root(cfg.runs_dir) / ".baselines" / f"{key}.json"
         if cache.is_file():
@@ -350,7 +353,7 @@ class Watcher:
         if self.proxy is not None and (alerted := take_diagnosis(self.series, ckpt.name, self._publish)):
             self._say(f"{ckpt.name} runs with --diagnose (after the proxy alert at step {alerted['step']})")
             request, resident = replace(request, diagnose=True), False  # a resident worker does not diagnose,
-            if self.resident is not None:                               # and its GPU lock would refuse the job
+            if self.resident is not None and self.resident.holds_gpu_lock:  # and its GPU lock would refuse the job
                 self.resident.stop()
         started = time.monotonic()
         try:

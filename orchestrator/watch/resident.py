@@ -69,7 +69,8 @@ def supported(plan: EvalPlan) -> str | None:
     return None
 
 
-def worker_args(eval_args: list[str], *, drafter_root: str, jobs_root: str, idle: float) -> list[str]:
+def worker_args(eval_args: list[str], *, drafter_root: str, jobs_root: str, idle: float,
+                worker_dir: str = "{job_dir}/worker") -> list[str]:
     """`eval-worker …` from a checkpoint's `eval …` arguments: the same options without the drafter, its spec
     and the output folder (each handover brings its own), and the worker's folders."""
     out, skip = ["eval-worker"], False
@@ -83,7 +84,7 @@ def worker_args(eval_args: list[str], *, drafter_root: str, jobs_root: str, idle
         if arg.startswith(SPEC_FLAG + "="):
             continue
         out.append(arg)
-    return out + ["--worker-dir", "{job_dir}/worker", "--drafter-root", drafter_root, "--jobs-root", jobs_root,
+    return out + ["--worker-dir", worker_dir, "--drafter-root", drafter_root, "--jobs-root", jobs_root,
                   "--idle-exit", f"{idle:g}"]
 
 
@@ -109,6 +110,8 @@ class _ResidentJob:
     """A resident worker's detached job as the watcher knows it: its record in the series folder (host, job id
     and folder, key, interpreter), whether it runs, and stopping it."""
 
+    holds_gpu_lock = True  # an eval job of the same host would be refused while it runs
+
     def __init__(self, connector: Connector, folder: Path, events: Events, record: str):
         self.connector, self.folder, self.events, self.record_file = connector, folder, events, folder / record
         self.record: dict | None = self._read()
@@ -126,8 +129,10 @@ class _ResidentJob:
     def _remember(self, host: str, handle: JobHandle, key: str, python: str) -> None:
         for notice in handle.notices:
             self.events.warn(f"  {notice}")
-        self.record = {"host": host, "job_id": handle.job_id, "job_dir": handle.job_dir, "key": key,
-                       "python": python}
+        self._keep({"host": host, "job_id": handle.job_id, "job_dir": handle.job_dir, "key": key, "python": python})
+
+    def _keep(self, record: dict) -> None:
+        self.record = record
         write_json_atomic(self.record_file, self.record)
         self._checked = True
 
@@ -169,23 +174,27 @@ class Resident(_ResidentJob):
                 self.stop()  # a worker an earlier watcher of this series left would hold the GPU lock
             return False
         if self._checked and self.record is not None:
-            return True
+            return self._usable()
         host = stand_in.jobs[0].host
         python, release = self._prepare(stand_in)
         args = self._args(stand_in)
         key = hashlib.sha256(json.dumps([host, args, release]).encode()).hexdigest()[:16]
         if self.record is not None and self.record["key"] == key and self.running():
             self._checked = True
-            return True
+            return self._usable()
         self.stop()  # another key, or a worker that is gone
-        return self._start(stand_in, host, python, key, args)
+        return self._start(stand_in, host, python, key, args) and self._usable()
 
-    def _args(self, plan: EvalPlan) -> list[str]:
+    def _usable(self) -> bool:
+        """The recorded worker can take a checkpoint now (a queued Slurm worker is waited for first)."""
+        return True
+
+    def _args(self, plan: EvalPlan, worker_dir: str = "{job_dir}/worker") -> list[str]:
         job = plan.jobs[0]
         inv_host = self.connector.inventory.hosts[job.host]
         root = relay_dir(self.connector.inventory, job.host, plan.request.drafters[0].host or job.host)
         return worker_args(job.args, drafter_root=root, jobs_root=posixpath.join(inv_host.workdir, "jobs"),
-                           idle=self.idle)
+                           idle=self.idle, worker_dir=worker_dir)
 
     def _prepare(self, plan: EvalPlan) -> tuple[str, str]:
         """Deploy and provision, once per watcher process: (the venv's python, the payload release, which is
@@ -203,16 +212,19 @@ class Resident(_ResidentJob):
         self.events.warn(f"the resident worker stopped ({why}); one eval job per checkpoint from now on")
         self._forget()
 
-    def _start(self, plan: EvalPlan, host: str, python: str, key: str, args: list[str]) -> bool:
+    def _upload_inputs(self, plan: EvalPlan) -> None:
         if self.prompts_file is not None:
             upload_prompts(self.connector, plan, self.prompts_file)
         if plan.jobs[0].uploads:
             upload_datasets(self.connector, plan)
+
+    def _start(self, plan: EvalPlan, host: str, python: str, key: str, args: list[str]) -> bool:
+        self._upload_inputs(plan)
         try:
             handle = launch_job(self.connector, host, [python, "-m", "remote_payload", *args],
                                 cwd=payload_dir(self.connector.inventory.hosts[host].workdir),
                                 job_name="dfo watch resident eval worker", job_id=new_job_id(),
-                                env=_test_env("worker-"))
+                                env=kill_point_env("worker-"))
         except JobRefused as exc:
             self.events.warn(f"no resident worker: {exc.message}; one eval job per checkpoint meanwhile")
             return False
@@ -234,7 +246,7 @@ class Resident(_ResidentJob):
         files = relays[0]["files"] if relays else []
         argv = [self.record["python"], "-m", "remote_payload",
                 *handover_args(name, path, posixpath.join(self.record["job_dir"], "worker"), files,
-                               drafter_spec_of(job.args, name))]
+                               drafter_spec_of(job.args, name)), *self._handover_extra()]
         try:
             handle = launch_job(self.connector, host, argv, lock=None, job_name=f"dfo eval {run.name} (resident)",
                                 cwd=payload_dir(self.connector.inventory.hosts[host].workdir))
@@ -244,6 +256,10 @@ class Resident(_ResidentJob):
         run.set(jobs={host: {"job_id": handle.job_id, "job_dir": handle.job_dir, "shard": list(job.shard),
                              "argv": argv, "state": "running"}}, status="running")
         return run
+
+    def _handover_extra(self) -> list[str]:
+        """More `eval-handover` arguments (how the client judges a worker elsewhere)."""
+        return []
 
 class ResidentStrip(_ResidentJob):
     """The resident strip worker of a watch session: one job on the training host with torch imported, that
@@ -283,7 +299,7 @@ class ResidentStrip(_ResidentJob):
         try:
             handle = launch_job(self.connector, self.host, [python, "-m", "remote_payload", *args], lock=None,
                                 cwd=payload_dir(inv_host.workdir), job_name="dfo watch resident strip worker",
-                                job_id=new_job_id(), env=_test_env("strip-"))
+                                job_id=new_job_id(), env=kill_point_env("strip-"))
         except DfoError as exc:
             self.disabled = exc.message
             self.events.warn(f"no resident strip worker on {self.host}: {exc.message}; one strip process per "
@@ -317,7 +333,7 @@ def strip_worker_args(source_root: str, strip_root: str, idle: float) -> list[st
             strip_root, "--idle-exit", f"{idle:g}"]
 
 
-def _test_env(prefix: str) -> dict[str, str]:
+def kill_point_env(prefix: str) -> dict[str, str]:
     """A test's kill point meant for a worker (named PREFIX…) travels with it (never set in production)."""
     point = os.environ.get(TEST_EXIT_ENV, "")
     return {TEST_EXIT_ENV: point} if point.startswith(prefix) else {}

@@ -34,7 +34,9 @@ from typing import Any
 from remote_payload.errors import PayloadError
 from remote_payload.resident import (
     NAME_RE,
+    SLURM_JOB_RE,
     ResidentLoop,
+    SlurmLook,
     gone,
     hand_over,
     inside,
@@ -233,9 +235,13 @@ def handover(args) -> int:
     name, _, path = (args.drafter or "").partition("=")
     digests = dict(d.partition("=")[::2] for d in args.sha256 or [])
     request = worker_dir / "inbox" / f"{job_dir.name}.json"
-    print(f"handing drafter {name} to the resident worker ({request})", flush=True)
+    if args.slurm_job is not None and not SLURM_JOB_RE.match(args.slurm_job):
+        raise PayloadError(f"--slurm-job {args.slurm_job!r:.40}: expected a Slurm job id such as 1234 or 1234_0")
+    where = f" (Slurm job {args.slurm_job})" if args.slurm_job else ""
+    print(f"handing drafter {name} to the resident worker{where} ({request})", flush=True)
     doc = {"name": name, "path": path, "sha256": digests, "job_dir": str(job_dir), "spec": args.drafter_spec}
-    outcome = hand_over(worker_dir, request, doc, job_dir / STATUS_FILE)
+    outcome = hand_over(worker_dir, request, doc, job_dir / STATUS_FILE,
+                        slurm=SlurmLook(args.slurm_job) if args.slurm_job else None)
     if outcome is None:
         return gone(f"no resident worker took drafter {name} ({worker_dir})", INSTEAD)
     if outcome.get("ok"):
@@ -269,4 +275,6 @@ def add_parsers(sub, option_spec) -> None:
     h.add_argument("--drafter", required=True, metavar="NAME=PATH")
     h.add_argument("--sha256", action="append", metavar="REL=HEX", help="a relayed file's digest (repeatable)")
     h.add_argument("--drafter-spec", metavar="SPECFILE", help="the drafter's spec sidecar, when it carries none")
+    h.add_argument("--slurm-job", metavar="JOBID", help="the worker runs as this Slurm job (ARRAYID_TASK) on a "
+                   "compute node: judged by Slurm's state of it and its heartbeat, not by its pid")
     h.set_defaults(func=handover)

@@ -82,3 +82,86 @@ def test_a_handover_a_live_worker_never_takes_times_out_and_is_withdrawn(tmp_pat
     assert outcome == [None]
     assert list((folder / "inbox").iterdir()) == []
     assert json.loads((folder / "worker.json").read_text())["state"] == "ready"
+
+
+# A worker that runs as a Slurm job (`dfo watch --resident-job`) lives on a compute node: the client on the login
+# node judges it by Slurm's state of the job its record names and by the heartbeat, never by its pid.
+
+
+def _dead_pid() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def test_a_slurm_worker_is_judged_by_its_job_and_beat_not_by_a_pid_of_another_node(tmp_path):
+    folder = _worker_dir(tmp_path, pid=_dead_pid(), pid_start="1", state="ready", beat=time.time(),
+                         slurm_job="41_0", node="gpu17")
+    assert resident.worker_live(folder) is None  # judged by pid here: that pid is nobody on this node
+    answers = {"41_0": "RUNNING"}
+    look = resident.SlurmLook("41_0", ask=answers.get)
+    assert resident.worker_live(folder, look) is not None
+    assert resident.worker_live(folder, resident.SlurmLook("42_0", ask=answers.get)) is None  # another job's record
+    ended = resident.SlurmLook("41_0", ask=lambda job: "")  # Slurm no longer lists it: gone, whatever the beat says
+    assert resident.worker_live(folder, ended) is None
+    unknown = resident.SlurmLook("41_0", ask=lambda job: None)  # squeue cannot answer: the heartbeat decides
+    assert resident.worker_live(folder, unknown) is not None
+    write_json(folder / "worker.json", {"pid": 1, "state": "ready", "beat": time.time() - 60, "slurm_job": "41_0"})
+    assert resident.worker_live(folder, look) is None  # a stale beat: stalled or killed, whatever Slurm says
+
+
+def test_slurm_is_asked_at_most_every_few_seconds_however_often_the_client_looks(monkeypatch):
+    asked: list[str] = []
+    look = resident.SlurmLook("7_0", ask=lambda job: asked.append(job) or "RUNNING")
+    for _ in range(50):
+        assert look() == "RUNNING"
+    assert asked == ["7_0"]
+    monkeypatch.setattr(resident, "SLURM_LOOK_S", 0.0)
+    look()
+    assert asked == ["7_0", "7_0"]
+
+
+def test_a_handover_waits_for_a_queued_slurm_worker_and_gives_up_when_its_job_ends(tmp_path, monkeypatch):
+    folder = tmp_path / "worker"
+    (folder / "inbox").mkdir(parents=True)
+    monkeypatch.setattr(resident, "SLURM_LOOK_S", 0.0)
+    states = iter(["PENDING", "PENDING", "RUNNING"] + ["RUNNING"] * 1000)
+
+    def worker() -> None:  # comes up once Slurm runs it, takes the request and replies
+        while not (folder / "inbox" / "r1.json").exists():
+            if not (folder / "worker.json").exists() and next_state[0] == "RUNNING":
+                write_json(folder / "worker.json", {"pid": 1, "state": "ready", "beat": time.time(),
+                                                    "slurm_job": "9_0"})
+            time.sleep(0.05)
+        (folder / "inbox" / "r1.json").unlink()
+        write_json(tmp_path / "reply.json", {"ok": True})
+
+    next_state = ["PENDING"]
+
+    def ask(job: str) -> str:
+        next_state[0] = next(states)
+        return next_state[0]
+
+    threading.Thread(target=worker, daemon=True).start()
+    outcome = hand_over(folder, folder / "inbox" / "r1.json", {"name": "d"}, tmp_path / "reply.json",
+                        slurm=resident.SlurmLook("9_0", ask=ask))
+    assert outcome == {"ok": True}
+
+    # A job that ends while queued: no worker will come, the client returns at once and leaves nothing behind.
+    empty = tmp_path / "worker2"
+    (empty / "inbox").mkdir(parents=True)
+    quick = hand_over(empty, empty / "inbox" / "r2.json", {"name": "d"}, tmp_path / "reply2.json",
+                      slurm=resident.SlurmLook("10_0", ask=lambda job: "CANCELLED"))
+    assert quick is None and list((empty / "inbox").iterdir()) == []
+
+
+def test_a_worker_inside_a_slurm_array_task_names_its_task(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "1230")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    assert resident.slurm_job_here() == "1230_0"
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID")
+    assert resident.slurm_job_here() == "1234"
+    monkeypatch.setenv("SLURM_JOB_ID", "12; rm -rf /")  # a value from the environment is checked, not trusted
+    assert resident.slurm_job_here() is None
+    assert resident.slurm_job_state("12; rm -rf /") == ""
