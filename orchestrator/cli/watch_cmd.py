@@ -206,7 +206,8 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
                             "baselines": {"drafters": baselines, "cached": cached},
                             "proxy": {"logdir": cfg.proxy.logdir, "proxies": list(cfg.proxy.proxies)} if cfg.proxy
                             else None,
-                            "eval_args": {name: p.jobs[0].args for name, p in evals.items()}})
+                            "eval_args": {name: p.jobs[0].args for name, p in evals.items()},
+                            "resident_job": cfg.resident_job})
         return
     # Checkpoint names (and why one is waited for or ignored) come from the training host's listing: Text.
     out = app_ctx.out
@@ -217,6 +218,10 @@ def _dry_run(app_ctx: AppContext, cfg: WatchConfig, plan: RoundPlan, ignored: li
     if baselines:
         out.print(Text("baselines: " + ", ".join(baselines)
                        + (" (cached: reused)" if cached else " (evaluated once before the first checkpoint)")))
+    if cfg.resident_job:
+        out.print(Text(f"resident worker: one Slurm job on {cfg.eval_host} (submitted at the first checkpoint, "
+                       f"or the one this series runs reused); each checkpoint handed to it; it ends after "
+                       f"{cfg.idle_exit:g}s without one"))
     if cfg.proxy:
         out.print(Text(f"after each checkpoint: the trainer's proxy (the first logged of {', '.join(cfg.proxy.proxies)}) "
                        f"from {cfg.source_host}:{cfg.proxy.logdir}, checked against τ"))

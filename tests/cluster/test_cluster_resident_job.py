@@ -56,8 +56,12 @@ def test_a_resident_job_serves_checkpoints_is_replaced_when_cancelled_and_falls_
     both = dfo(*args, "--shards", "2", inventory=cluster_inventory, runs=runs)
     assert both.returncode == 2 and "one resident job serves the whole eval" in both.stderr
 
-    # Round 1: the worker's job is submitted, takes step_100.
     add(100)
+    dry = dfo(*args, "--dry-run", inventory=cluster_inventory, runs=runs)
+    assert dry.returncode == 0 and "resident worker: one Slurm job on hpc" in dry.stdout, dry.stderr[-2000:]
+    assert "dfo-worker" not in slurm.shell("squeue -h -o %j").stdout.decode()  # a dry run submits nothing
+
+    # Round 1: the worker's job is submitted, takes step_100.
     first = watch()
     assert "resident eval job hpc:" in first.stderr
     series = load_series(runs / "series" / "hpc-resident")
