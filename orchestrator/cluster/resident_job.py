@@ -119,8 +119,9 @@ class ResidentJob(Resident):
                 return False
             if state.state != "PENDING":
                 return True
-            if state.reason != said:
-                self.events.info(f"  resident job {self.record['job_id']} pending ({state.reason or 'no reason'})")
+            if state.reason != said:  # Slurm's reason is "None" until the scheduler has looked at the job
+                why = f" ({state.reason})" if state.reason not in ("", "None") else ""
+                self.events.info(f"  resident job {self.record['job_id']} pending{why}")
                 said = state.reason
             time.sleep(POLL_S)
 
