@@ -84,6 +84,7 @@ class ResidentJob(Resident):
         try:
             if self.running():  # an ended job needs no scancel (and would answer with an error)
                 cancel(login_session(self.connector, self.record["host"]), self.record["job_id"])
+                self.events.info(f"  resident job {self.record['host']}:{self.record['job_id']} cancelled")
         except DfoError as exc:
             self.events.warn(f"could not cancel the resident job {self.record['job_id']}: {exc.message}")
         self._forget()
@@ -127,7 +128,7 @@ class ResidentJob(Resident):
 
     def _handover_extra(self) -> list[str]:
         assert self.record is not None
-        return ["--slurm-job", self.record["slurm_job"]]
+        return ["--slurm-job", self.record.get("slurm_job") or f"{self.record['job_id']}_0"]
 
     def fell_through(self, why: str) -> None:
         """The worker stopped under a handover: replaced at the next checkpoint when the scheduler ended it or it

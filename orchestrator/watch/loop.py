@@ -275,6 +275,8 @@ class Watcher:
             found["settings"]["drafter_spec"] = cfg.drafter_spec  # the same, or given before any was evaluated
             self.series = found
         series_state.save(self.folder, self.series)  # once per start: the journal folded in
+        if cfg.shards is not None and not cfg.resident_job:  # a resident job an earlier watcher asked for: not now
+            ResidentJob(self.connector, self.folder, cfg.runs_dir, self.events, idle=cfg.idle_exit).stop()
         self._render()
         for e in list(self.series["checkpoints"].values()):
             if e.get("notify_pending"):  # recorded, then the watcher died before --on-result ran: at least once

@@ -3,9 +3,9 @@ Slurm job on the compute node, the handover clients run on the login node (ct129
 Slurm's state of that job and its heartbeat on the shared filesystem.
 
 One story, rounds of `--once` sharing the cost: the worker's job is submitted and serves two checkpoints with
-the target loaded once; cancelled with `dfo jobs cancel`, it is replaced by a new job; a replacement that dies
-as it takes a checkpoint (FAILED to Slurm) leaves that checkpoint to a one-off array job, whose τ equals the
-resident worker's on the same weights."""
+the target loaded once; a watcher run without the option cancels it, and the next one with it submits a new
+job; a replacement that dies as it takes a checkpoint (FAILED to Slurm) leaves that checkpoint to a one-off
+array job, whose τ equals the resident worker's on the same weights."""
 
 from __future__ import annotations
 
@@ -86,11 +86,15 @@ def test_a_resident_job_serves_checkpoints_is_replaced_when_cancelled_and_falls_
     assert second.record["resident_worker"]["job_id"] == array
     assert second.results()["resident_worker"]["served_before"] == 1
 
-    # Round 3: the job is cancelled by its user; the next checkpoint gets a new job. That one dies as it takes
-    # the checkpoint (a test kill point): FAILED to Slurm, the handover gives up and a one-off array evaluates
-    # it, and the watcher stays with arrays.
-    cancelled = dfo("jobs", "cancel", f"hpc:{array}", inventory=cluster_inventory, runs=runs)
-    assert cancelled.returncode == 0, cancelled.stderr[-2000:]
+    # A watcher of the series run without --resident-job cancels the job an earlier one asked for: it would hold
+    # its allocation idle.
+    plain = dfo(*[a for a in args if a != "--resident-job"], inventory=cluster_inventory, runs=runs)
+    assert plain.returncode == 0 and f"resident job hpc:{array} cancelled" in plain.stderr, plain.stderr[-2000:]
+    assert _squeue_state(slurm, slurm_job) in ("", "CANCELLED")
+
+    # Round 3: the next checkpoint with --resident-job gets a new job. That one dies as it takes the checkpoint
+    # (a test kill point): FAILED to Slurm, the handover gives up and a one-off array evaluates it, and the
+    # watcher stays with arrays.
     add(300)
     third = watch(env={TEST_EXIT_ENV: "worker-take"})
     series = load_series(runs / "series" / "hpc-resident")
