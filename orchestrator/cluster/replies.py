@@ -8,6 +8,7 @@ bounded integer. Anything else is a HostError naming the cluster and the field.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from orchestrator.core.errors import HostError
@@ -78,19 +79,30 @@ def _task_index(cluster: str, value: str) -> int:
     return int(value)
 
 
+MAX_LINES = 10000  # read of one answer; the rest is ignored (the login node's text is data)
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The answer's non-blank lines, at most MAX_LINES of them."""
+    return (line for line in text.splitlines()[:MAX_LINES] if line.strip())
+
+
+def _records(cluster: str, command: str, text: str, fields: int) -> Iterator[list[str]]:
+    """``|``-separated lines (``-o`` / ``-P`` output), each with exactly ``fields`` fields."""
+    for line in _lines(text):
+        parts = line.split("|")
+        if len(parts) != fields:
+            raise HostError(cluster, f"{command} line with {len(parts)} fields, expected {fields}: {line[:80]!r}")
+        yield parts
+
+
 SQUEUE_FORMAT = "%i|%A|%K|%F|%T|%r|%N"
 
 
 def parse_squeue(cluster: str, array_job_id: str, text: str) -> dict[int, TaskState]:
     """``squeue -h -r -j ID -o SQUEUE_FORMAT``: one line per array task still known to the queue."""
     tasks: dict[int, TaskState] = {}
-    for line in text.splitlines()[:10000]:
-        if not line.strip():
-            continue
-        parts = line.split("|")
-        if len(parts) != 7:
-            raise HostError(cluster, f"squeue line with {len(parts)} fields, expected 7: {line[:80]!r}")
-        _, job_id, task, array_id, state, reason, node = parts
+    for _, job_id, task, array_id, state, reason, node in _records(cluster, "squeue", text, 7):
         if array_id != array_job_id or task in ("N/A", ""):
             continue  # not one of ours, or the array's pending remainder ("0-3"): listed per task with -r
         index = _task_index(cluster, task)
@@ -104,7 +116,7 @@ def parse_squeue(cluster: str, array_job_id: str, text: str) -> dict[int, TaskSt
 def parse_scontrol(cluster: str, array_job_id: str, text: str) -> dict[int, TaskState]:
     """``scontrol show job ID --oneliner``: ``Key=Value`` words, one line per array task."""
     tasks: dict[int, TaskState] = {}
-    for line in text.splitlines()[:10000]:
+    for line in _lines(text):
         if not line.startswith("JobId="):
             continue
         words = dict(word.split("=", 1) for word in line.split() if "=" in word)
@@ -168,13 +180,7 @@ def parse_sacct(cluster: str, array_job_id: str, text: str, job_tasks: dict[str,
     the job completion log (``sacct -c``) names it by its own job id only, mapped through JOB_TASKS (job id ->
     task, as the tasks recorded them). A pending remainder (``ARRAY_[2-3]``) and other jobs are skipped."""
     tasks: dict[int, TaskState] = {}
-    for line in text.splitlines()[:10000]:
-        if not line.strip():
-            continue
-        parts = line.split("|")
-        if len(parts) != 5:
-            raise HostError(cluster, f"sacct line with {len(parts)} fields, expected 5: {line[:80]!r}")
-        job, raw, state, exit_code, node = parts
+    for job, raw, state, exit_code, node in _records(cluster, "sacct", text, 5):
         match = re.match(r"^([0-9]{1,12})_([0-9]{1,4})\Z", job)
         if match and match.group(1) == array_job_id:
             index = int(match.group(2))

@@ -190,7 +190,9 @@ def engine_markdown(results: dict) -> list[str]:
            f" baseline (no drafter) {_fmt((run.get('plain') or {}).get('tokens_per_s'), 1)} tokens/s",
            "- server start: " + ", ".join(f"{md_text(k)} {_fmt(v, 1)} s"
                                           for k, v in (run.get("start_seconds") or {}).items())
-           + "; logs: " + ", ".join(map(md_text, run.get("logs") or [])) + " (in logs/ as HOST-NAME.log)"]
+           + "; logs: " + ", ".join(map(md_text, run.get("logs") or [])) + " (in logs/ as HOST-NAME.log)"
+           if run.get("servers") or not run.get("plain_skipped") else
+           f"- no server started: {md_text(_first_line(run['plain_skipped']))}"]
     if run.get("error"):
         out.append(f"- engine error: {md_text(_first_line(run['error']))}")
     ok_rows = [r for r in rows if "error" not in r]

@@ -9,7 +9,8 @@ reply field of any of them.
   with ``--engine`` also time the same prompts on it at every ``--engine-concurrency`` level (the baseline
   tokens/s). Then stop it.
 - ``run_engine`` (after the offline drafters): free the target's memory (a GPU host needs it for the engine),
-  run the plain server once if ``engine_references`` did not, then per drafter start the engine with the
+  run the plain server once if ``engine_references`` did not (and not at all when every drafter is refused
+  before its server: ``plain_skipped``), then per drafter start the engine with the
   drafter as DFlash speculative config (exported to the z-lab folder it loads when it is not one already) and
   send the same prompts greedy at each level, stop it. Recorded per drafter: the engine's per-request
   acceptance (the lowest level's: per sample and in total, cross-checked once against the server-wide
@@ -80,6 +81,7 @@ class EngineRun:
     plain: dict | None = None  # the plain server's sweep (engines.run.sweep): {"levels": [...]}
     servers: dict = field(default_factory=dict)  # "plain" | drafter name -> start s, log, command, exit status
     error: str | None = None
+    plain_skipped: str | None = None  # why the plain server was not started (no drafter could be served)
     seconds: float = 0.0
 
     @property
@@ -102,7 +104,8 @@ class EngineRun:
                                  for lv in (self.plain or {}).get("levels", [])],
                 "start_seconds": {k: v.get("start_seconds") for k, v in self.servers.items()},
                 "servers": self.servers, "logs": sorted({Path(v["log"]).name for v in self.servers.values()}),
-                "seconds": round(self.seconds, 3), **({"error": self.error} if self.error else {})}
+                "seconds": round(self.seconds, 3), **({"error": self.error} if self.error else {}),
+                **({"plain_skipped": self.plain_skipped} if self.plain_skipped else {})}
 
 
 # ------------------------------------------------------------------------------------------- set-up
@@ -235,15 +238,23 @@ def engine_references(ctx: EvalContext, eng: EngineRun) -> None:
 
 
 def run_engine(ctx: EvalContext, eng: EngineRun) -> None:
-    """``--engine NAME``, after the offline drafters: the plain run (unless done) and one run per drafter."""
+    """``--engine NAME``, after the offline drafters: the plain run (unless done) and one run per drafter.
+
+    What can refuse a drafter before its server starts (its export, a DFlash2 drafter the engine would refuse) is
+    checked for every drafter first: when none can be served, the plain server is not started either (it would
+    be a baseline for nothing, minutes on a real host)."""
     started = time.perf_counter()
     name = _engine(ctx).name
     free_target(ctx)
     try:
         _prepare(ctx, eng)
-        if eng.plain is None:
+        ready = {drafter: _ready_or_refusal(ctx, eng, drafter) for drafter in ctx.results}
+        if eng.plain is None and servable(ready):
             with _serve(ctx, eng, "plain", server_config(ctx, eng, None)) as server:
                 eng.plain = _timed_run(ctx, server, "plain")
+        elif eng.plain is None:
+            eng.plain_skipped = ("every drafter was refused before its server, so the plain one (the baseline) "
+                                 "was not started")
     except (EngineError, PayloadError) as exc:
         eng.error = str(exc)
         ctx.warn(f"engine {name}: the plain server failed, no drafter was run in the engine: {_first_line(exc)} "
@@ -252,7 +263,7 @@ def run_engine(ctx: EvalContext, eng: EngineRun) -> None:
         return
     for drafter in ctx.results:
         try:
-            ctx.results[drafter].summary["engine"] = drafter_engine(ctx, eng, drafter)
+            ctx.results[drafter].summary["engine"] = drafter_engine(ctx, eng, drafter, ready[drafter])
         except (EngineError, PayloadError) as exc:
             ctx.results[drafter].summary["engine"] = {"engine": name, "error": str(exc)}
             where = f" (log in {ENGINE_DIR}/)" if drafter in eng.servers else ""  # refused before a server started
@@ -275,7 +286,19 @@ def free_target(ctx: EvalContext) -> None:
         torch.cuda.empty_cache()
 
 
-def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str) -> dict:
+@dataclass
+class ReadyDrafter:
+    """What serving one drafter needs, found before any server starts."""
+    folder: Path  # the z-lab folder the engine loads
+    exported: str | None  # why it was exported (None: the drafter's own folder)
+    env: dict | None  # environment the server needs for it
+    dflash2: dict | None  # a DFlash2 drafter: the runner the engine will use (engine_dflash2.before_start)
+
+
+def ready_drafter(ctx: EvalContext, eng: EngineRun, name: str) -> ReadyDrafter:
+    """The drafter's folder (exported when the engine cannot load it as it is) and environment; raises
+    PayloadError where it cannot be served (an export that cannot be written, a DFlash2 drafter the engine
+    would refuse)."""
     folder, exported = engine_folder(ctx, name)
     ld = ctx.drafters[name]
     mixed = len({a.kind for a in ld.spec.attn}) > 1
@@ -284,6 +307,30 @@ def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str) -> dict:
     # DFlash2: which runner, and does the engine run the selector? A refusal is ours, before any server starts.
     d2 = (engine_dflash2.before_start(_engine(ctx), server_config(ctx, eng, str(folder), env), name, eng.version)
           if ld.spec.dflash2 is not None else None)
+    return ReadyDrafter(folder, exported, env, d2)
+
+
+def _ready_or_refusal(ctx: EvalContext, eng: EngineRun, name: str) -> ReadyDrafter | PayloadError:
+    try:
+        return ready_drafter(ctx, eng, name)
+    except PayloadError as exc:
+        return exc
+
+
+def servable(ready: dict[str, ReadyDrafter | PayloadError]) -> bool:
+    """Whether the plain server is worth starting: some drafter can be served (or there is none, and the plain
+    run is all the engine stage measures)."""
+    return not ready or any(isinstance(r, ReadyDrafter) for r in ready.values())
+
+
+def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str,
+                   ready: ReadyDrafter | PayloadError | None = None) -> dict:
+    """``drafters[NAME].engine``: the drafter served and measured (``ready``: found by ``ready_drafter`` before
+    the plain server; a refusal found there is raised here)."""
+    if isinstance(ready, PayloadError):
+        raise ready
+    ready = ready or ready_drafter(ctx, eng, name)
+    folder, exported, env, d2 = ready.folder, ready.exported, ready.env, ready.dflash2
     greedy = None
     with _serve(ctx, eng, name, server_config(ctx, eng, str(folder), env)) as server:
         run = _timed_run(ctx, server, name)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cluster.plan import BatchRequest, array_spec, batch_script
-from orchestrator.cluster.replies import parse_job_id, parse_scontrol, parse_squeue
+from orchestrator.cluster.replies import parse_job_id, parse_sacct, parse_scontrol, parse_squeue
 from orchestrator.core.errors import HostError, InputError
 from orchestrator.core.inventory import load_inventory
 from orchestrator.core.slurm_section import SlurmSection
@@ -91,6 +91,21 @@ def test_replies_are_typed_and_hostile_text_is_refused():
     assert shown[1].killed_by_scheduler and shown[1].signal == 15 and not shown[1].active
     with pytest.raises(HostError, match="exit code"):
         parse_scontrol("c", "7", "JobId=8 ArrayJobId=7 ArrayTaskId=1 JobState=FAILED ExitCode=999999:0\n")
+
+
+def test_accounting_replies_are_typed_and_a_malformed_line_is_refused():
+    # accounting names a task ARRAY_TASK; the completion log by its own job id (mapped through the tasks' record);
+    # the pending remainder and other jobs are skipped, blank lines too
+    text = ("7_0|9|COMPLETED|0:0|node1\n7_[2-3]|7|PENDING|0:0|None assigned\n\n6_0|5|FAILED|1:0|node2\n"
+            "8|8|CANCELLED by 0|0:9|(null)\n")
+    done = parse_sacct("c", "7", text, {"8": 1})
+    assert sorted(done) == [0, 1] and done[0].state == "COMPLETED" and done[0].node == "node1"
+    assert done[1].job_id == "8" and done[1].state == "CANCELLED" and done[1].signal == 9 and done[1].node == ""
+    with pytest.raises(HostError, match=r"sacct line with 4 fields, expected 5: '7_0\|9\|COMPLETED\|0:0'"):
+        parse_sacct("c", "7", "7_0|9|COMPLETED|0:0\n", {})
+    with pytest.raises(HostError, match=r"squeue line with 8 fields, expected 7"):
+        parse_squeue("c", "7", "9|9|0|7|RUNNING|None|node1\n8|8|1|7|RUNNING|None|node1|extra\n")
+    assert parse_squeue("c", "7", "\n  \n") == {} and parse_scontrol("c", "7", "") == {}
 
 
 def _cluster_inventory(tmp_path: Path, checkpoints: str) -> Path:

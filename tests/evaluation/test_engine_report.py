@@ -91,3 +91,13 @@ def test_disagreement_is_shown_with_its_reasons():
 
 def test_no_engine_block_no_section():
     assert engine_markdown({"drafters": {"x": {"metrics": {}}}}) == []
+
+
+def test_a_run_whose_every_drafter_was_refused_says_no_server_started():
+    skipped = "every drafter was refused before its server, so the plain one (the baseline) was not started"
+    results = {"engine": {"name": "vllm", "version": "0.32.0", "served_name": "dfo-t-123", "used_for": ["drafters"],
+                          "plain": None, "start_seconds": {}, "servers": {}, "logs": [], "plain_skipped": skipped},
+               "drafters": {"d2": {"engine": {"engine": "vllm", "error": "drafter 'd2' is a DFlash2 drafter …"}}}}
+    md = engine_markdown(results)
+    assert f"- no server started: {skipped}" in md and not any(line.startswith("- server start") for line in md)
+    assert "d2: engine run failed: drafter 'd2' is a DFlash2 drafter" in "\n".join(md)

@@ -91,11 +91,12 @@ def test_smoke_figures_have_the_gpu_runs_shape(smoke):
     for key in ("extraction", "decode"):
         assert cost[key]["tokens_per_s"] > 0
     assert cost["drafter"]["chain"]["tokens_per_s"] > 0 and cost["drafter"]["ddtree"]["k"] == 8
+    assert cost["drafter"]["warm_ups"] == cost["drafter"]["ddtree"]["warm_ups"] == 2
     # the DFlash2 drafter of the same layers: a bigger module (convolutions, selector codebooks over the vocabulary),
     # its chain beside DFlash's, its sampled-rule estimator passing the total-probability check
     d2 = cost["dflash2_drafter"]
     assert d2["drafter_parameters"] > cost["drafter"]["drafter_parameters"] and d2["chain"]["tokens_per_s"] > 0
-    assert d2["chain_rate_vs_dflash"] > 0 and "ddtree" not in d2
+    assert d2["chain_rate_vs_dflash"] > 0 and "ddtree" not in d2 and d2["warm_ups"] == 2
     assert cost["dflash2_sampled_rule"]["check_error"] <= cost["dflash2_sampled_rule"]["tolerance"]
     assert report["summary"]["dflash2_chain_vs_dflash"] == d2["chain_rate_vs_dflash"]
     total = report["projection"]["total"]
@@ -104,6 +105,32 @@ def test_smoke_figures_have_the_gpu_runs_shape(smoke):
                  .values())
     assert total["cache_bytes"] == tokens * (3 * 64 * 2 + 16)
     assert report["summary"]["zlab_suite_hours"] == pytest.approx(total["total_s"] / 3600)
+
+
+def test_every_timed_draft_pass_comes_after_two_warm_ups_with_its_own_topk(monkeypatch):
+    """The cost step's chain and DDTree passes: each timed pass follows an untimed one on a short sample and one
+    on the whole sample with the same top-k (the first call at the whole sample's shapes pays set-up on a GPU)."""
+    from types import SimpleNamespace
+
+    from remote_payload.diagnose.gpu_kit import cost_step
+    from remote_payload.eval import offline
+    from remote_payload.metrics import tree
+
+    calls: list[tuple[int, int]] = []
+
+    def draft_sample(runtime, layers, tokens, prompt_len, topk=1):
+        calls.append((len(tokens), topk))
+        return SimpleNamespace(seconds=1.0)
+
+    monkeypatch.setattr(offline, "draft_sample", draft_sample)
+    monkeypatch.setattr(offline, "replay", lambda drafts: [1, 2])
+    monkeypatch.setattr(tree, "sample_tree_rounds", lambda drafts, **kw: SimpleNamespace(topk=[1], budgeted=[1]))
+    feats = SimpleNamespace(tokens=list(range(100)), prompt_len=10, layers={})
+    out: dict = {}
+    cost_step.measure_drafter(None, SimpleNamespace(block_size=4), feats, 16, {"k": 8}, out)
+    short = 10 + 2 * 4
+    assert calls == [(short, 1), (100, 1), (100, 1), (short, 16), (100, 16), (100, 16)]
+    assert out["warm_ups"] == out["ddtree"]["warm_ups"] == cost_step.WARM_UPS == 2
 
 
 def test_no_budget_left_skips_every_step_and_still_writes_the_json(tmp_path):
