@@ -85,9 +85,30 @@ def submit(session: LoginSession, section: SlurmSection, request: BatchRequest) 
     reply = command_reply(session.name, "sbatch", call(session, "submit", spec=spec, folders=folders,
                                                        keep_as=keep_as))
     if reply.exit_code != 0:
-        raise HostError(session.name, f"sbatch refused the job: {(reply.err or reply.out).strip()[-400:]}",
-                        hint="check the host's slurm: section (partition, account, limits) against `sinfo`")
+        raise HostError(session.name, f"sbatch refused the job: {refusal_reason(reply.err or reply.out)}",
+                        hint=refusal_hint(section))
     return Submitted(parse_job_id(session.name, reply.out), request.job_dir, request.tasks, render(spec))
+
+
+def refusal_reason(text: str) -> str:
+    """Slurm's reason from sbatch's error output, on one line: its last line without the ``sbatch: error:``
+    and ``Batch job submission failed:`` prefixes (pure; the text is the login node's, shown as text)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = lines[-1] if lines else "no reason given"
+    for prefix in ("sbatch: error:", "Batch job submission failed:"):
+        if reason.startswith(prefix):
+            reason = reason[len(prefix):].strip()
+    return reason[:300]
+
+
+def refusal_hint(section: SlurmSection) -> str:
+    """Where to look when sbatch refuses a job SECTION describes (pure)."""
+    gpus = f"--gres={section.gres}" if section.gres else \
+        f"--gpus-per-task={section.gpus_per_task}" if section.gpus_per_task else ""
+    if gpus:
+        return (f"each task asks {gpus}: `sinfo -o '%P %G'` on the login node lists each partition's GPUs per "
+                "node; fix slurm.gres / slurm.gpus_per_task (or the partition) in the inventory")
+    return "check the host's slurm: section (partition, account, limits) against `sinfo`"
 
 
 def task_states(session: LoginSession, array_job_id: str) -> dict[int, TaskState]:
