@@ -129,13 +129,21 @@ def task_states(session: LoginSession, array_job_id: str) -> dict[int, TaskState
 def accounted_states(session: LoginSession, array_job_id: str, job_ids: dict[str, int]) -> dict[int, TaskState]:
     """sacct's view of tasks Slurm's controller has forgotten: accounting where the cluster has it, else the
     job completion log, which knows each task by its own job id only (JOB_IDS: job id -> task)."""
+    return accounted(session, array_job_id, job_ids)[0]
+
+
+def accounted(session: LoginSession, array_job_id: str,
+              job_ids: dict[str, int]) -> tuple[dict[int, TaskState], str]:
+    """``accounted_states`` and which of sacct's sources answered: ``accounting`` (the database),
+    ``completion`` (the job completion log), or "" (neither knows the array)."""
     ids = sorted(i for i in job_ids if JOB_ID_RE.match(i))
     answer = call(session, "accounted", array_job_id=_checked_id(session, array_job_id), job_ids=ids)
     if not isinstance(answer, dict) or not isinstance(answer.get("text", ""), str):
         raise HostError(session.name, "cluster.accounted: the answer is not an object with a text")
-    if answer.get("source") not in ("accounting", "completion"):
-        return {}
-    return parse_sacct(session.name, array_job_id, answer["text"], job_ids)
+    source = answer.get("source")
+    if source not in ("accounting", "completion"):
+        return {}, ""
+    return parse_sacct(session.name, array_job_id, answer["text"], job_ids), source
 
 
 def _checked_id(session: LoginSession, job_id: str) -> str:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.testing.slurm_accounting import AccountingDatabase, accounting_missing_reason
 from orchestrator.transport.control import CommandResult
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
@@ -93,6 +94,7 @@ class SandboxSlurm:
     address: str = "127.0.0.1"
     min_job_age: int = 600  # seconds slurmctld remembers a finished job (then only sacct knows it)
     gpus: int = 0  # count-only GPUs of node1 (Slurm GRES without device files: scheduling, no hardware)
+    accounting: bool = False  # a real accounting database (MariaDB + slurmdbd, slurm_accounting.py) for sacct
     processes: list[subprocess.Popen] = field(default_factory=list)
 
     def _client(self, argv: list[str]) -> list[str]:
@@ -113,8 +115,15 @@ class SandboxSlurm:
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self.conf.write_text(_conf(self.root, self.address, _free_port(), _free_port(), self.min_job_age,
-                                   self.gpus))
+        conf = _conf(self.root, self.address, _free_port(), _free_port(), self.min_job_age, self.gpus)
+        database = None
+        if self.accounting:
+            database = AccountingDatabase(self.root / "accounting", self.root, self.root / "run" / "munge.socket",
+                                          _free_port(), _free_port())
+            conf = conf.replace("AccountingStorageType=accounting_storage/none\n",
+                                database.slurm_conf_lines(self.address))
+            database.install()
+        self.conf.write_text(conf)
         if self.gpus:
             # Slurm 22.05 drops a GPU without a File (count-only), so each GPU is an empty file under ROOT (slurmd
             # logs that it is no device and keeps it; no cgroup confines devices here). gres.conf: beside slurm.conf.
@@ -130,6 +139,11 @@ class SandboxSlurm:
              f"--pid-file={run}/munged.pid", f"--seed-file={run}/munge.seed", f"--log-file={self.root}/log/munged.log"],
             stdout=log, stderr=log))
         self._wait(lambda: (run / "munge.socket").exists(), timeout, "munged")
+        if database is not None:
+            self.processes.append(subprocess.Popen(database.mariadbd(), stdout=log, stderr=log))
+            self._wait(database.mariadb_ready, timeout, "mariadbd")
+            self.processes.append(subprocess.Popen(["slurmdbd", "-D"], stdout=log, stderr=log, env=self.env))
+            self._wait(lambda: database.register_cluster(self.env), timeout, "slurmdbd (cluster registered)")
         self.processes.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], stdout=log,
                                                stderr=log, env=self.env))
         self.processes.append(subprocess.Popen(["slurmd", "-D", "-f", str(self.conf), "-N", "node1"], stdout=log,
@@ -192,14 +206,16 @@ class LocalLoginSession:
         return result
 
 
-def start_in_sandbox(box, root: Path, *, gpus: int = 0) -> SandboxSlurm:
+def start_in_sandbox(box, root: Path, *, gpus: int = 0, accounting: bool = False,
+                     min_job_age: int = 600) -> SandboxSlurm:
     """A sandbox Slurm whose login node is BOX's ct129 (its daemons under ROOT; node1 with GPUS count-only
-    GPUs); raises with the reason it cannot run here."""
-    reason = missing_reason()
+    GPUs; with ACCOUNTING, an accounting database behind sacct); raises with the reason it cannot run here."""
+    reason = missing_reason() or (accounting_missing_reason() if accounting else None)
     if reason:
         raise RuntimeError(reason)
     ct129 = box.host("ct129")
-    return SandboxSlurm(root, netns=ct129.netns, address=ct129.gateway or "127.0.0.1", gpus=gpus).start()
+    return SandboxSlurm(root, netns=ct129.netns, address=ct129.gateway or "127.0.0.1", gpus=gpus,
+                        accounting=accounting, min_job_age=min_job_age).start()
 
 
 def cluster_inventory(box, slurm: SandboxSlurm, dest: Path, *, name: str = "hpc",
