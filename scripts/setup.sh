@@ -10,19 +10,25 @@ need_pkgs=()
 command -v ssh >/dev/null 2>&1 || need_pkgs+=(openssh-client)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 # The sandbox Slurm of the cluster tests (optional: without it those tests skip, so only root installs it).
+# Its accounting database (MariaDB + slurmdbd), for the tests of sacct's database answers (they skip without).
+db_pkgs=()
 if [ "$(id -u)" -eq 0 ]; then
   [ -x /usr/sbin/slurmctld ] || need_pkgs+=(slurm-wlm)
   [ -x /usr/sbin/munged ] || need_pkgs+=(munge)
+  [ -x /usr/sbin/slurmdbd ] || db_pkgs+=(slurmdbd)
+  [ -x /usr/sbin/mariadbd ] || db_pkgs+=(mariadb-server)
 fi
-if [ ${#need_pkgs[@]} -gt 0 ]; then
+if [ ${#need_pkgs[@]} -gt 0 ] || [ ${#db_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need_pkgs[*]}; install them (sudo apt-get install -y ${need_pkgs[*]}) and re-run" >&2
     exit 1
   fi
-  echo "setup: installing ${need_pkgs[*]} with apt-get" >&2
+  echo "setup: installing ${need_pkgs[*]} ${db_pkgs[*]} with apt-get" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
-  apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+  [ ${#need_pkgs[@]} -eq 0 ] || apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+  # Without recommends: the server and its client tools are all the sandbox uses (no compression plugins).
+  [ ${#db_pkgs[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${db_pkgs[@]}" >/dev/null
 fi
 
 py=""

@@ -98,7 +98,9 @@ def cluster_line(name: str, facts) -> str:
     visible = {True: "visible from a compute node", False: "NOT visible from a compute node",
                None: "not probed"}[facts.shared_visible]
     return (f"{name}: Slurm {facts.version or '(none)'}, partition {facts.partition} "
-            f"{facts.partition_state or 'unknown'}, shared folder {visible}"
+            f"{facts.partition_state or 'unknown'}"
+            + ("" if facts.gpus is None else f", GPUs per node {facts.gpus or 'none'}")
+            + f", shared folder {visible}"
             + (f" ({facts.detail})" if facts.detail else ""))
 
 

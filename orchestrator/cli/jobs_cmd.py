@@ -330,8 +330,10 @@ def _cluster_status(app_ctx: AppContext, ref, json_out: bool) -> None:
     if json_out:
         app_ctx.print_json(as_json(ref, states, source))
         return
+    where = {"accounting": " (from sacct, the accounting database: Slurm's controller no longer lists it)",
+             "completion": " (from sacct -c, the job completion log: Slurm's controller no longer lists it)"}
     app_ctx.out.print(Text.assemble((str(ref), "bold"), f"  Slurm array job {ref.array_job_id}",
-                                    " (from sacct: Slurm's controller no longer lists it)" if source == "sacct" else ""))
+                                    where.get(source, "")))
     for state in states.values():
         app_ctx.out.print(Text("  " + task_line(state)), highlight=False)
 

@@ -176,11 +176,12 @@ def find_array(jobs_root, array_job_id, limit=2000):
 
 
 def probe(partition, options, shared, token, wait_s):
-    """sbatch's version, the partition's availability, and (when it is up and TOKEN is given) whether a
-    one-minute job on a compute node can write TOKEN into SHARED where this node reads it back."""
-    facts = {"version": _run(["sbatch", "--version"]),
-             "sinfo": _run(["sinfo", "-h", "-o", "%a"] + (["-p", partition] if partition else [])),
-             "job": None, "seen": None}
+    """sbatch's version, the partition's availability and generic resources per node (GPUs), and (when it
+    is up and TOKEN is given) whether a one-minute job on a compute node can write TOKEN into SHARED where this
+    node reads it back."""
+    where = ["-p", partition] if partition else []
+    facts = {"version": _run(["sbatch", "--version"]), "sinfo": _run(["sinfo", "-h", "-o", "%a"] + where),
+             "gres": _run(["sinfo", "-h", "-o", "%G"] + where), "job": None, "seen": None}
     if not token or facts["version"][0] != 0:
         return facts
     states = set(line.strip() for line in facts["sinfo"][1].splitlines() if line.strip())

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.cluster.operation import LoginSession, accounted_states, call, cancel, login_session, task_states
+from orchestrator.cluster.operation import LoginSession, accounted, call, cancel, login_session, task_states
 from orchestrator.cluster.replies import JOB_ID_RE, TaskState
 from orchestrator.core.errors import HostError, InputError, OperationError
 
@@ -44,13 +44,14 @@ def parse_array_ref(host: str, job: str) -> ArrayRef:
 
 
 def array_status(login: LoginSession, shared: str, ref: ArrayRef) -> tuple[dict[int, TaskState], str]:
-    """Each task Slurm knows of the array, and where the answer came from (``queue``, ``sacct``), restricted
+    """Each task Slurm knows of the array, and where the answer came from (``queue``: squeue and scontrol;
+    once the controller forgot the array, sacct's ``accounting`` database or job ``completion`` log), restricted
     to REF's task when it names one (SHARED: the cluster's slurm.shared). An array no source knows is an
     InputError."""
     states, source = task_states(login, ref.array_job_id), "queue"
     if not states:
         job_ids = recorded_job_ids(login, shared, ref.array_job_id)
-        states, source = accounted_states(login, ref.array_job_id, job_ids), "sacct"
+        states, source = accounted(login, ref.array_job_id, job_ids)
     states = {t: s for t, s in sorted(states.items()) if ref.task is None or t == ref.task}
     if not states:
         raise InputError(f"{ref}: Slurm knows no such job (not in the queue, not in sacct)",

@@ -85,9 +85,30 @@ def submit(session: LoginSession, section: SlurmSection, request: BatchRequest) 
     reply = command_reply(session.name, "sbatch", call(session, "submit", spec=spec, folders=folders,
                                                        keep_as=keep_as))
     if reply.exit_code != 0:
-        raise HostError(session.name, f"sbatch refused the job: {(reply.err or reply.out).strip()[-400:]}",
-                        hint="check the host's slurm: section (partition, account, limits) against `sinfo`")
+        raise HostError(session.name, f"sbatch refused the job: {refusal_reason(reply.err or reply.out)}",
+                        hint=refusal_hint(section))
     return Submitted(parse_job_id(session.name, reply.out), request.job_dir, request.tasks, render(spec))
+
+
+def refusal_reason(text: str) -> str:
+    """Slurm's reason from sbatch's error output, on one line: its last line without the ``sbatch: error:``
+    and ``Batch job submission failed:`` prefixes (pure; the text is the login node's, shown as text)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = lines[-1] if lines else "no reason given"
+    for prefix in ("sbatch: error:", "Batch job submission failed:"):
+        if reason.startswith(prefix):
+            reason = reason[len(prefix):].strip()
+    return reason[:300]
+
+
+def refusal_hint(section: SlurmSection) -> str:
+    """Where to look when sbatch refuses a job SECTION describes (pure)."""
+    gpus = f"--gres={section.gres}" if section.gres else \
+        f"--gpus-per-task={section.gpus_per_task}" if section.gpus_per_task else ""
+    if gpus:
+        return (f"each task asks {gpus}: `sinfo -o '%P %G'` on the login node lists each partition's GPUs per "
+                "node; fix slurm.gres / slurm.gpus_per_task (or the partition) in the inventory")
+    return "check the host's slurm: section (partition, account, limits) against `sinfo`"
 
 
 def task_states(session: LoginSession, array_job_id: str) -> dict[int, TaskState]:
@@ -108,13 +129,21 @@ def task_states(session: LoginSession, array_job_id: str) -> dict[int, TaskState
 def accounted_states(session: LoginSession, array_job_id: str, job_ids: dict[str, int]) -> dict[int, TaskState]:
     """sacct's view of tasks Slurm's controller has forgotten: accounting where the cluster has it, else the
     job completion log, which knows each task by its own job id only (JOB_IDS: job id -> task)."""
+    return accounted(session, array_job_id, job_ids)[0]
+
+
+def accounted(session: LoginSession, array_job_id: str,
+              job_ids: dict[str, int]) -> tuple[dict[int, TaskState], str]:
+    """``accounted_states`` and which of sacct's sources answered: ``accounting`` (the database),
+    ``completion`` (the job completion log), or "" (neither knows the array)."""
     ids = sorted(i for i in job_ids if JOB_ID_RE.match(i))
     answer = call(session, "accounted", array_job_id=_checked_id(session, array_job_id), job_ids=ids)
     if not isinstance(answer, dict) or not isinstance(answer.get("text", ""), str):
         raise HostError(session.name, "cluster.accounted: the answer is not an object with a text")
-    if answer.get("source") not in ("accounting", "completion"):
-        return {}
-    return parse_sacct(session.name, array_job_id, answer["text"], job_ids)
+    source = answer.get("source")
+    if source not in ("accounting", "completion"):
+        return {}, ""
+    return parse_sacct(session.name, array_job_id, answer["text"], job_ids), source
 
 
 def _checked_id(session: LoginSession, job_id: str) -> str:

@@ -2,7 +2,9 @@
 
 No systemd and no /etc: every path (munge socket and key, state, spool, logs) lives under ROOT and the
 daemons listen on loopback ports chosen at start. Partition ``debug`` is up (the default); partition
-``down`` is down, for the pending tests. The scheduler runs every second so tests stay short.
+``down`` is down, for the pending tests. The scheduler runs every second so tests stay short. With GPUS,
+node1 has that many GPUs (generic resources Slurm schedules and hands to tasks as SLURM_GPUS_ON_NODE; no
+device behind them).
 
 With NETNS and ADDRESS (a sandbox host's network namespace, and this machine's address on that host's link)
 the login node is that sandbox host: the daemons stay on this machine (slurmd needs the cgroup filesystem that
@@ -21,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.testing.slurm_accounting import AccountingDatabase, accounting_missing_reason
 from orchestrator.transport.control import CommandResult
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
@@ -42,9 +45,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _conf(root: Path, address: str, ctld_port: int, slurmd_port: int, min_job_age: int = 600) -> str:
+def _conf(root: Path, address: str, ctld_port: int, slurmd_port: int, min_job_age: int = 600, gpus: int = 0) -> str:
+    gres = f" Gres=gpu:{gpus}" if gpus else ""
+    gres_types = "GresTypes=gpu\n" if gpus else ""
     return f"""ClusterName=dfosandbox
-SlurmctldHost=localhost
+{gres_types}SlurmctldHost=localhost
 SlurmctldAddr={address}
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -76,7 +81,7 @@ MinJobAge={min_job_age}
 KillWait=1
 OverTimeLimit=0
 MessageTimeout=5
-NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000{gres} State=UNKNOWN
 PartitionName=debug Nodes=node1 Default=YES MaxTime=60 State=UP
 PartitionName=down Nodes=node1 MaxTime=60 State=DOWN
 """
@@ -88,6 +93,8 @@ class SandboxSlurm:
     netns: str | None = None
     address: str = "127.0.0.1"
     min_job_age: int = 600  # seconds slurmctld remembers a finished job (then only sacct knows it)
+    gpus: int = 0  # count-only GPUs of node1 (Slurm GRES without device files: scheduling, no hardware)
+    accounting: bool = False  # a real accounting database (MariaDB + slurmdbd, slurm_accounting.py) for sacct
     processes: list[subprocess.Popen] = field(default_factory=list)
 
     def _client(self, argv: list[str]) -> list[str]:
@@ -108,7 +115,23 @@ class SandboxSlurm:
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self.conf.write_text(_conf(self.root, self.address, _free_port(), _free_port(), self.min_job_age))
+        conf = _conf(self.root, self.address, _free_port(), _free_port(), self.min_job_age, self.gpus)
+        database = None
+        if self.accounting:
+            database = AccountingDatabase(self.root / "accounting", self.root, self.root / "run" / "munge.socket",
+                                          _free_port(), _free_port())
+            conf = conf.replace("AccountingStorageType=accounting_storage/none\n",
+                                database.slurm_conf_lines(self.address))
+            database.install()
+        self.conf.write_text(conf)
+        if self.gpus:
+            # Slurm 22.05 drops a GPU without a File (count-only), so each GPU is an empty file under ROOT (slurmd
+            # logs that it is no device and keeps it; no cgroup confines devices here). gres.conf: beside slurm.conf.
+            (self.root / "dev").mkdir(exist_ok=True)
+            for index in range(self.gpus):
+                (self.root / "dev" / f"gpu{index}").touch()
+            (self.root / "gres.conf").write_text(
+                f"AutoDetect=off\nName=gpu File={self.root}/dev/gpu[0-{self.gpus - 1}]\n")
         log = open(self.root / "log" / "daemons.out", "ab")
         run = self.root / "run"
         self.processes.append(subprocess.Popen(
@@ -116,6 +139,11 @@ class SandboxSlurm:
              f"--pid-file={run}/munged.pid", f"--seed-file={run}/munge.seed", f"--log-file={self.root}/log/munged.log"],
             stdout=log, stderr=log))
         self._wait(lambda: (run / "munge.socket").exists(), timeout, "munged")
+        if database is not None:
+            self.processes.append(subprocess.Popen(database.mariadbd(), stdout=log, stderr=log))
+            self._wait(database.mariadb_ready, timeout, "mariadbd")
+            self.processes.append(subprocess.Popen(["slurmdbd", "-D"], stdout=log, stderr=log, env=self.env))
+            self._wait(lambda: database.register_cluster(self.env), timeout, "slurmdbd (cluster registered)")
         self.processes.append(subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], stdout=log,
                                                stderr=log, env=self.env))
         self.processes.append(subprocess.Popen(["slurmd", "-D", "-f", str(self.conf), "-N", "node1"], stdout=log,
@@ -178,20 +206,24 @@ class LocalLoginSession:
         return result
 
 
-def start_in_sandbox(box, root: Path) -> SandboxSlurm:
-    """A sandbox Slurm whose login node is BOX's ct129 (its daemons under ROOT); raises with the reason it
-    cannot run here."""
-    reason = missing_reason()
+def start_in_sandbox(box, root: Path, *, gpus: int = 0, accounting: bool = False,
+                     min_job_age: int = 600) -> SandboxSlurm:
+    """A sandbox Slurm whose login node is BOX's ct129 (its daemons under ROOT; node1 with GPUS count-only
+    GPUs; with ACCOUNTING, an accounting database behind sacct); raises with the reason it cannot run here."""
+    reason = missing_reason() or (accounting_missing_reason() if accounting else None)
     if reason:
         raise RuntimeError(reason)
     ct129 = box.host("ct129")
-    return SandboxSlurm(root, netns=ct129.netns, address=ct129.gateway or "127.0.0.1").start()
+    return SandboxSlurm(root, netns=ct129.netns, address=ct129.gateway or "127.0.0.1", gpus=gpus,
+                        accounting=accounting, min_job_age=min_job_age).start()
 
 
-def cluster_inventory(box, slurm: SandboxSlurm, dest: Path, *, name: str = "hpc") -> Path:
+def cluster_inventory(box, slurm: SandboxSlurm, dest: Path, *, name: str = "hpc",
+                      variants: dict[str, str] | None = None) -> Path:
     """BOX's inventory plus cluster host NAME: ct129's SSH, workdir (its release and venv) and paths, the
     sandbox's SLURM_CONF in its env, and a slurm: section whose shared folder is ct129's root (partition debug,
-    ten-minute tasks); plus NAME-serial, the same cluster one task at a time. Written to DEST."""
+    ten-minute tasks); plus one more host per VARIANTS entry (host name -> more slurm: keys, as YAML lines),
+    by default NAME-serial, the same cluster one task at a time. Written to DEST."""
     from orchestrator.core.inventory import load_inventory
 
     text = Path(box.inventory_path).read_text()
@@ -203,6 +235,9 @@ def cluster_inventory(box, slurm: SandboxSlurm, dest: Path, *, name: str = "hpc"
             f"    env:\n      SLURM_CONF: {slurm.conf}\n"
             f"    slurm:\n      shared: {box.hosts['ct129'].root_dir}\n      partition: debug\n"
             "      time_limit: '10'\n")
-    serial = host.replace(f"  {name}:\n", f"  {name}-serial:\n", 1) + "      max_parallel: 1\n"
-    dest.write_text(text + host + serial)
+    if variants is None:
+        variants = {f"{name}-serial": "max_parallel: 1"}
+    more = "".join(host.replace(f"  {name}:\n", f"  {variant}:\n", 1)
+                   + "".join(f"      {line}\n" for line in keys.splitlines()) for variant, keys in variants.items())
+    dest.write_text(text + host + more)
     return dest
