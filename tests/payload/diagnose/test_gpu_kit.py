@@ -312,6 +312,7 @@ def test_pins_and_deviations_from_the_lock():
     assert found["triton"]["installed"] == "3.6.0" and "flash-linear-attention" not in found
 
 
+@pytest.mark.slow  # builds a fixture model in a subprocess: not the quick tier's kind of test
 def test_building_the_fixtures_leaves_the_step_free_to_bind_fla(tmp_path):
     """The fixture build applies the CPU kernel policy: in the step's own process it would block fla for good."""
     code = ("import sys; from pathlib import Path; from remote_payload.diagnose.gpu_kit import fixtures; "
