@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from orchestrator.cluster.operation import LoginSession, call, refusal_reason
 from orchestrator.cluster.plan import sbatch_options
-from orchestrator.cluster.replies import command_reply
+from orchestrator.cluster.replies import CommandReply, command_reply
 from orchestrator.core.errors import HostError
 from orchestrator.core.slurm_section import SlurmSection
 
@@ -73,7 +73,7 @@ def probe_cluster(session: LoginSession, section: SlurmSection, *, compute_probe
     return ClusterFacts(match.group(1), partition, state, False, detail, gpus)
 
 
-def partition_gpus(reply) -> str | None:
+def partition_gpus(reply: CommandReply) -> str | None:
     """The distinct GPU entries of sinfo's %G lines (``gpu:2``, ``gpu:a100:4``), joined; "" when the partition
     has none; None when sinfo failed. Anything else on a line (other resources, odd text) is left out."""
     if reply.exit_code != 0:

@@ -78,8 +78,9 @@ def test_a_forgotten_array_is_read_from_the_accounting_database_with_each_tasks_
         2: ("CANCELLED", 0, "node1", followed[2].job_id), 3: ("TIMEOUT", 0, "node1", followed[3].job_id)}
     assert tasks[3]["killed_by_scheduler"] and not tasks[1]["killed_by_scheduler"]
 
-    text = dfo("jobs", "status", f"acct:{submitted.array_job_id}_3", inventory=accounting_inventory)
+    text = dfo("jobs", "status", f"acct:{submitted.array_job_id}", inventory=accounting_inventory)
     assert text.returncode == 0, text.stderr
+    print(text.stdout)
     assert "from sacct, the accounting database" in text.stdout
     assert f"task 3 (job {followed[3].job_id}): TIMEOUT on node1" in text.stdout
     assert "killed by the scheduler" in text.stdout

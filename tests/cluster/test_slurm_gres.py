@@ -13,15 +13,23 @@ from pathlib import Path
 import pytest
 from cli_runner import dfo
 
-from orchestrator.cluster.operation import follow, login_session, submit, task_records, task_states
+from orchestrator.cluster.operation import (
+    follow,
+    login_session,
+    refusal_hint,
+    refusal_reason,
+    submit,
+    task_records,
+    task_states,
+)
 from orchestrator.cluster.plan import BatchRequest
-from orchestrator.cluster.probe import probe_cluster
+from orchestrator.cluster.probe import partition_gpus, probe_cluster
+from orchestrator.cluster.replies import CommandReply
 from orchestrator.core.errors import HostError
 from orchestrator.core.inventory import load_inventory
+from orchestrator.core.slurm_section import SlurmSection
 from orchestrator.testing.slurm import SandboxSlurm, cluster_inventory, missing_reason, start_in_sandbox
 from orchestrator.transport import Connector
-
-pytestmark = pytest.mark.sshd
 
 # Each task records the GPUs Slurm gave it, then waits (at most 60 s) for the test's "go" beside the tasks.
 WAIT_FOR_GO = ('echo "${SLURM_GPUS_ON_NODE:-none}" > "$1/gpus"; '
@@ -159,3 +167,23 @@ def test_an_eval_asking_more_gpus_than_the_node_has_fails_with_one_clear_line(ev
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: gpu-three: sbatch refused the job: Requested node configuration is not available"]
+
+
+def test_sbatchs_refusal_is_its_last_line_without_the_prefixes():
+    text = ("sbatch: warning: can't honor --ntasks-per-node set to 2\n"
+            "sbatch: error: Batch job submission failed: Requested node configuration is not available\n")
+    assert refusal_reason(text) == "Requested node configuration is not available"
+    assert refusal_reason("sbatch: error: invalid partition specified: nosuch\n") == \
+        "invalid partition specified: nosuch"
+    assert refusal_reason("") == "no reason given"
+    assert "--gpus-per-task=2" in refusal_hint(SlurmSection(shared="/s", gpus_per_task=2))
+    plain = refusal_hint(SlurmSection(shared="/s"))
+    assert "partition" in plain and "GPU" not in plain
+
+
+def test_partition_gpus_keeps_only_gpu_entries_of_sinfos_gres_column():
+    assert partition_gpus(CommandReply(0, "gpu:a100:4(S:0-1),mps:400\ngpu:h100:8\ngpu:a100:4(S:0-1)\n", "")) == \
+        "gpu:a100:4, gpu:h100:8"
+    assert partition_gpus(CommandReply(0, "(null)\n", "")) == ""
+    assert partition_gpus(CommandReply(0, "gpu:2;rm -rf /\ngpu:$(id):1\n", "")) == ""  # odd text is no GPU
+    assert partition_gpus(CommandReply(1, "", "sinfo: error")) is None
