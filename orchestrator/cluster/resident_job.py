@@ -33,6 +33,7 @@ from orchestrator.watch.resident import Resident, kill_point_env
 
 WORKER_DIR = "{task_dir}/worker"  # the batch script's placeholder for the task's folder
 POLL_S = 2.0
+BEFORE = "before it took a checkpoint"
 # Ends that are not the worker's doing: another job replaces it. A time limit or an idle exit only after the job
 # served a checkpoint (else the limit is shorter than the target's load, and a new job would end the same way);
 # running out of memory would recur.
@@ -60,6 +61,18 @@ class ResidentJob(Resident):
         run = super().hand_over(plan, stripper)
         self.handed += 1
         return run
+
+    replace_now = False  # the recorded job ended in a way that calls for a new one (_after_end)
+
+    def ensure(self, stand_in: EvalPlan) -> bool:
+        """As for an SSH host; and a job found ended (idled out, preempted …) when a checkpoint comes is replaced
+        at once, not left to an array for that checkpoint."""
+        if super().ensure(stand_in):
+            return True
+        if self.replace_now and self.record is None and not self.disabled:
+            self.replace_now = False
+            return super().ensure(stand_in)
+        return False
 
     def _args(self, plan: EvalPlan, worker_dir: str = WORKER_DIR) -> list[str]:
         return super()._args(plan, worker_dir=WORKER_DIR)
@@ -116,7 +129,7 @@ class ResidentJob(Resident):
                 self.events.warn(f"resident job {self.record['job_id']}: {exc.message}; one array job this time")
                 return False
             if state is None or not state.active:
-                self._after_end(state, "before it took a checkpoint", served=self.handed > 0)
+                self._after_end(state, BEFORE, served=self.handed > 0)
                 return False
             if state.state != "PENDING":
                 return True
@@ -148,8 +161,9 @@ class ResidentJob(Resident):
         job = self.record["job_id"]
         what = state.state + (f" on {state.node}" if state.node else "") if state else "no longer known to Slurm"
         if state is None or state.state in TRANSIENT or (served and state.state in AFTER_SERVING):
-            self.events.warn(f"resident job {job} ended {when} ({what}); a new one is submitted for the next "
-                             "checkpoint")
+            self.replace_now = when == BEFORE  # under a handover, that checkpoint goes to an array
+            self.events.warn(f"resident job {job} ended {when} ({what}); a new one is submitted for " +
+                             ("this checkpoint" if self.replace_now else "the next checkpoint"))
         else:
             self.disabled = f"resident job {job} {what}"
             hint = "; raise slurm.time_limit above the target's load" if state.state in AFTER_SERVING else ""

@@ -68,3 +68,31 @@ def test_a_job_that_ended_before_it_ever_served_is_not_submitted_again(tmp_path,
     preempted, _ = _worker(tmp_path / "p", TaskState(0, "56", "55", "PREEMPTED"), handed=1)
     preempted.fell_through("no resident worker took drafter step_9")
     assert preempted.disabled is None  # not the job's doing: replaced
+
+
+def test_a_job_found_idled_out_when_a_checkpoint_comes_is_replaced_for_that_checkpoint(tmp_path, monkeypatch):
+    # The watcher checked the job before (it served); it idled out since. The next checkpoint gets a new job at
+    # once rather than an array of its own. The deploy and the submission are the edges: stood in for here.
+    import orchestrator.watch.resident as resident_module
+
+    monkeypatch.setattr(resident_module, "supported", lambda plan: None)
+    job, said = _worker(tmp_path, None, handed=1)
+    job._checked = True
+    states = {"55": TaskState(0, "56", "55", "COMPLETED", node="node1"), "60": TaskState(0, "60", "60", "RUNNING")}
+    job._task = lambda: states[job.record["job_id"]]  # type: ignore[method-assign,index]
+    job._prepare = lambda plan: ("/shared/venv/bin/python", "release-1")  # type: ignore[method-assign]
+    job._args = lambda plan, worker_dir="": ["eval-worker"]  # type: ignore[method-assign]
+    submitted: list[str] = []
+
+    def start(plan, host, python, key, args):
+        submitted.append(host)
+        job._keep({"host": host, "job_id": "60", "job_dir": "/shared/dfo-jobs/w2/tasks/0", "key": key,
+                   "python": python, "slurm_job": "60_0"})
+        return True
+
+    job._start = start  # type: ignore[method-assign]
+    stand_in = type("Plan", (), {"jobs": [type("Job", (), {"host": "hpc"})()]})()
+    assert job.ensure(stand_in) is True  # type: ignore[arg-type]
+    assert submitted == ["hpc"] and job.record and job.record["job_id"] == "60"
+    assert "resident job 55 ended before it took a checkpoint (COMPLETED on node1); a new one is submitted for " \
+           "this checkpoint" in said.warnings[0]
