@@ -21,7 +21,8 @@ from orchestrator.relay.plan import parse_endpoint
 from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
 from orchestrator.watch.checkpoint_spec import check_drafter_spec
-from orchestrator.watch.loop import WatchConfig, Watcher, baselines_key, check_config, drafter_name, first_check
+from orchestrator.watch.config import WatchConfig, baselines_key, check_config, drafter_name, first_check
+from orchestrator.watch.loop import Watcher
 from orchestrator.watch.proxies import DEFAULT_PROXIES
 from orchestrator.watch.proxy_step import proxy_options
 from orchestrator.watch.selection import Options, RoundPlan

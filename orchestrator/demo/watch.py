@@ -35,7 +35,8 @@ from orchestrator.provision.operation import provision_hosts
 from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
-from orchestrator.watch.loop import WatchConfig, Watcher
+from orchestrator.watch.config import WatchConfig
+from orchestrator.watch.loop import Watcher
 from orchestrator.watch.proxy_step import ProxyOptions
 from orchestrator.watch.selection import Options
 from remote_payload.scratch import private_dir

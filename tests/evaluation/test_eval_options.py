@@ -270,7 +270,7 @@ def test_selection_reaches_the_payload_and_is_refused_without_a_dataset():
 
 
 def test_a_watch_series_keeps_every_watch_option_that_changes_the_figures(tmp_path):
-    from orchestrator.watch.loop import WatchConfig
+    from orchestrator.watch.config import WatchConfig
 
     cfg = WatchConfig(series="s", source_host="kpro6", folder="/ck/run", runs_dir=tmp_path,
                       request=EvalRequest(hosts=["ct129"], target="/m/t", drafters=[]))

@@ -151,7 +151,7 @@ def test_runs_compare_refuses_two_draft_rules_unless_told(tmp_path):
 def test_a_watch_series_from_before_the_sampling_options_is_still_the_same_series(tmp_path):
     from orchestrator.evaluation.plan import EvalRequest
     from orchestrator.watch import series as series_state
-    from orchestrator.watch.loop import WatchConfig
+    from orchestrator.watch.config import WatchConfig
 
     cfg = WatchConfig(series="s", source_host="kpro6", folder="/ck/run", runs_dir=tmp_path,
                       request=EvalRequest(hosts=["ct129"], target="/m/t", drafters=[]))

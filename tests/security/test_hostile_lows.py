@@ -23,7 +23,8 @@ from orchestrator.evaluation.operation import upload_prompts
 from orchestrator.evaluation.plan import EvalRequest, HostJob, relay_dir
 from orchestrator.jobs.operation import job_status, launch_job
 from orchestrator.transport import Connector
-from orchestrator.watch.loop import WatchConfig, Watcher
+from orchestrator.watch.config import WatchConfig
+from orchestrator.watch.loop import Watcher
 from orchestrator.watch.series import load_series, save
 
 pytestmark = pytest.mark.sshd

@@ -149,7 +149,8 @@ def test_an_old_series_reads_as_before_and_a_bad_proxy_field_is_named(tmp_path):
 
 def test_the_on_result_payload_carries_the_proxy_and_its_alert(connector, tmp_path):
     from orchestrator.evaluation.plan import EvalRequest
-    from orchestrator.watch.loop import WatchConfig, Watcher
+    from orchestrator.watch.config import WatchConfig
+    from orchestrator.watch.loop import Watcher
 
     got = tmp_path / "hook.json"
     cfg = WatchConfig(series="run7", source_host="kpro6", folder="/x", request=EvalRequest(hosts=["ct129"], target="/x",

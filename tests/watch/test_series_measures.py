@@ -228,7 +228,7 @@ def test_the_drafter_spec_is_a_series_setting_and_a_series_from_before_it_contin
     settings. A series started before the option (no key) reads as "no spec" and continues; a spec given to a
     series with nothing evaluated yet (its checkpoints failed for lacking one) is taken."""
     from orchestrator.evaluation.plan import EvalRequest
-    from orchestrator.watch.loop import WatchConfig
+    from orchestrator.watch.config import WatchConfig
 
     def cfg(spec):
         return WatchConfig(series="run7", source_host="kpro6", folder="/d", runs_dir=tmp_path, drafter_spec=spec,
