@@ -43,8 +43,10 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 LIVE = ("loading", "ready")
 SLURM_JOB_RE = re.compile(r"^[0-9]{1,12}(_[0-9]{1,6})?\Z")  # a job id, or an array task as ARRAYID_TASK
 SLURM_LOOK_S = 5.0  # how often a client asks Slurm about the worker's job (every squeue is slurmctld's load)
-SLURM_UP = ("RUNNING", "COMPLETING", "CONFIGURING")  # Slurm's states of a job whose processes may run
 SLURM_STARTING = ("PENDING", "CONFIGURING", "RUNNING")  # a worker without a record yet may still come up
+# A job in these states may have a live worker: a fresh beat from it then decides (Slurm's answer, asked every
+# few seconds, may still say PENDING when the worker has started). Any other answer: the job has ended.
+SLURM_ACTIVE = (*SLURM_STARTING, "COMPLETING")
 
 
 def write_json(path: Path, doc: dict) -> None:
@@ -201,7 +203,7 @@ def worker_live(worker_dir: Path, slurm: SlurmLook | None = None) -> dict | None
             abs(time.time() - beat) > HEARTBEAT_DEADLINE_S:
         return None
     if slurm is not None:  # on another node: its pid names nothing here
-        return state if state.get("slurm_job") == slurm.job and slurm() in (*SLURM_UP, None) else None
+        return state if state.get("slurm_job") == slurm.job and slurm() in (*SLURM_ACTIVE, None) else None
     if not pid_alive(pid):
         return None
     assert isinstance(pid, int)  # pid_alive takes ints only

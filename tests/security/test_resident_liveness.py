@@ -165,3 +165,14 @@ def test_a_worker_inside_a_slurm_array_task_names_its_task(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "12; rm -rf /")  # a value from the environment is checked, not trusted
     assert resident.slurm_job_here() is None
     assert resident.slurm_job_state("12; rm -rf /") == ""
+
+
+def test_a_fresh_beat_is_live_while_slurms_last_answer_still_says_pending(tmp_path, monkeypatch):
+    # Slurm is asked every few seconds: the worker may have started and beaten since it last said PENDING.
+    folder = tmp_path / "worker"
+    (folder / "inbox").mkdir(parents=True)
+    monkeypatch.setattr(resident, "SLURM_LOOK_S", 3600.0)
+    look = resident.SlurmLook("5_0", ask=lambda job: "PENDING")
+    assert resident.worker_live(folder, look) is None and look() == "PENDING"  # no record yet: asked once
+    write_json(folder / "worker.json", {"pid": 1, "state": "loading", "beat": time.time(), "slurm_job": "5_0"})
+    assert resident.worker_live(folder, look) is not None
