@@ -24,6 +24,7 @@ from orchestrator.cluster.operation import cancel, login_session, submit, task_s
 from orchestrator.cluster.plan import BatchRequest, task_dir
 from orchestrator.cluster.replies import TaskState
 from orchestrator.core.errors import DfoError, InputError
+from orchestrator.core.slurm_section import resident_section
 from orchestrator.deploy.operation import payload_dir
 from orchestrator.evaluation.plan import EvalPlan
 from orchestrator.evaluation.runs import Run
@@ -104,8 +105,9 @@ class ResidentJob(Resident):
 
     def _start(self, plan: EvalPlan, host: str, python: str, key: str, args: list[str]) -> bool:
         self._upload_inputs(plan)
-        section = self.connector.inventory.hosts[host].slurm
-        assert section is not None  # check_resident_job: a cluster host
+        cluster = self.connector.inventory.hosts[host].slurm
+        assert cluster is not None  # check_resident_job: a cluster host
+        section = resident_section(cluster)
         name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"dfo-worker-{self.folder.name}")[:48]
         job_dir = f"{section.shared.rstrip('/')}/dfo-jobs/{name}-{new_job_id()}"
         request = BatchRequest(name, job_dir, (0,), (python, "-m", "remote_payload", *args),

@@ -88,6 +88,8 @@ class SlurmSection(BaseModel):
     account: SlurmName | None = None
     qos: SlurmName | None = None
     time_limit: TimeLimit = Field("1:00:00", description="--time of each task")
+    resident_time_limit: TimeLimit | None = Field(
+        None, description="--time of the resident worker job (`dfo watch --resident-job`); default: time_limit")
     gres: Gres | None = Field(None, description="--gres per task, e.g. gpu:1")
     gpus_per_task: int | None = Field(None, ge=1, le=64, description="--gpus-per-task (instead of gres)")
     cpus_per_task: int = Field(1, ge=1, le=1024)
@@ -106,3 +108,10 @@ class SlurmSection(BaseModel):
 def workdir_inside_shared(workdir: str, shared: str) -> bool:
     """Whether WORKDIR (normalised, absolute) is SHARED or below it."""
     return workdir == shared or workdir.startswith(shared.rstrip("/") + "/")
+
+
+def resident_section(section: SlurmSection) -> SlurmSection:
+    """The section the resident worker job is submitted with: its own time limit where one is given (pure)."""
+    if section.resident_time_limit is None:
+        return section
+    return section.model_copy(update={"time_limit": section.resident_time_limit})

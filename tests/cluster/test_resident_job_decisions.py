@@ -96,3 +96,19 @@ def test_a_job_found_idled_out_when_a_checkpoint_comes_is_replaced_for_that_chec
     assert submitted == ["hpc"] and job.record and job.record["job_id"] == "60"
     assert "resident job 55 ended before it took a checkpoint (COMPLETED on node1); a new one is submitted for " \
            "this checkpoint" in said.warnings[0]
+
+
+def test_the_resident_job_gets_its_own_time_limit_where_the_inventory_gives_one():
+    from pydantic import ValidationError
+
+    from orchestrator.cluster.plan import BatchRequest, batch_script
+    from orchestrator.core.slurm_section import SlurmSection, resident_section
+
+    section = SlurmSection(shared="/shared", time_limit="2:00:00", resident_time_limit="1-00")
+    request = BatchRequest("dfo-worker-s", "/shared/dfo-jobs/w", (0,), ("python", "-m", "remote_payload"))
+    assert "--time=1-00\n" in batch_script(resident_section(section), request)
+    assert "--time=2:00:00\n" in batch_script(section, request)  # the eval arrays keep theirs
+    plain = SlurmSection(shared="/shared", time_limit="2:00:00")
+    assert "--time=2:00:00\n" in batch_script(resident_section(plain), request)
+    with pytest.raises(ValidationError, match="expected a time limit"):
+        SlurmSection(shared="/shared", resident_time_limit="1-00 --wrap=x")
