@@ -57,13 +57,12 @@ def check_resident_job(inventory, host: str, shards: int, resident: bool = True)
 class ResidentJob(Resident):
     holds_gpu_lock = False  # Slurm places the baselines' and one-off arrays beside it
     handed = 0  # checkpoints handed to the current job by this watcher
+    replace_now = False  # the recorded job ended in a way that calls for a new one at once (_after_end)
 
     def hand_over(self, plan: EvalPlan, stripper: Stripper | None = None) -> Run:
         run = super().hand_over(plan, stripper)
         self.handed += 1
         return run
-
-    replace_now = False  # the recorded job ended in a way that calls for a new one (_after_end)
 
     def ensure(self, stand_in: EvalPlan) -> bool:
         """As for an SSH host; and a job found ended (idled out, preempted …) when a checkpoint comes is replaced
@@ -148,8 +147,11 @@ class ResidentJob(Resident):
     def fell_through(self, why: str) -> None:
         """The worker stopped under a handover: replaced at the next checkpoint when the scheduler ended it or it
         idled out; else (it failed, or still runs but took nothing: cancelled) one array job per checkpoint."""
+        if self.record is None:  # nothing recorded to ask Slurm about (a run reattached after its record went)
+            super().fell_through(why)
+            return
         try:
-            state = self._task() if self.record is not None else None
+            state = self._task()
         except DfoError:
             state = None
         if state is not None and state.active:
@@ -168,7 +170,8 @@ class ResidentJob(Resident):
                              ("this checkpoint" if self.replace_now else "the next checkpoint"))
         else:
             self.disabled = f"resident job {job} {what}"
-            hint = "; raise slurm.time_limit above the target's load" if state.state in AFTER_SERVING else ""
+            hint = ("; give slurm.resident_time_limit more than the target's load" if state.state in AFTER_SERVING
+                    else "")
             self.events.warn(f"resident job {job} ended {when} ({what}){hint}; one array job per checkpoint from "
                              f"now on (its log: {self.record['job_dir']}/slurm.log)")
         self._forget()

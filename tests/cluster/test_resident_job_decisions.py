@@ -64,7 +64,7 @@ def test_a_job_that_ended_before_it_ever_served_is_not_submitted_again(tmp_path,
     job, said = _worker(tmp_path, TaskState(0, "56", "55", ended, node="node3"), handed=1)
     job.fell_through("no resident worker took drafter step_9")
     assert job.disabled and ended in job.disabled
-    assert "raise slurm.time_limit above the target's load" in said.warnings[0]
+    assert "give slurm.resident_time_limit more than the target's load" in said.warnings[0]
     preempted, _ = _worker(tmp_path / "p", TaskState(0, "56", "55", "PREEMPTED"), handed=1)
     preempted.fell_through("no resident worker took drafter step_9")
     assert preempted.disabled is None  # not the job's doing: replaced
@@ -112,3 +112,11 @@ def test_the_resident_job_gets_its_own_time_limit_where_the_inventory_gives_one(
     assert "--time=2:00:00\n" in batch_script(resident_section(plain), request)
     with pytest.raises(ValidationError, match="expected a time limit"):
         SlurmSection(shared="/shared", resident_time_limit="1-00 --wrap=x")
+
+
+def test_a_handover_that_fell_through_without_a_record_leaves_the_watcher_to_arrays(tmp_path):
+    job, said = _worker(tmp_path, None)
+    job._forget()
+    job.fell_through("no resident worker took drafter step_9")
+    assert job.disabled == "no resident worker took drafter step_9"
+    assert "one eval job per checkpoint" in said.warnings[0]
