@@ -348,6 +348,23 @@ def no_matplotlib(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
 
 
+def test_a_relay_stream_whose_ssh_ended_before_its_first_write_is_explained_not_taken_for_ctrl_c(dfo, state,
+                                                                                                  monkeypatch):
+    # The race the closed-port row runs into now and then: ssh gives up on the closed port before the relay
+    # writes its stream's prelude. That write then fails at once here; the control plane still explains.
+    from orchestrator.relay import processes
+
+    def gone(self, data) -> None:
+        raise EOFError(self.what)
+
+    monkeypatch.setattr(processes.SshProcess, "write", gone)
+    result = dfo(["--connect-timeout", "1", "relay-checkpoint", "closed:/ck/step_1.pt", "closed:/d/"],
+                 {"DFO_INVENTORY": state["broken"]})
+    assert result.code == 1 and "interrupted" not in result.err, result.err[-2000:]
+    assert f"closed: 127.0.0.1:{state['closed_port']} closed the connection before sending an SSH banner" in \
+        " ".join(result.err.split())
+
+
 def test_without_matplotlib_the_run_summary_claims_no_plots_and_says_why_once(dfo, state, no_matplotlib):
     result = dfo(["runs", "show", state["good"]])
     assert result.code == 0, result.err

@@ -148,7 +148,10 @@ class SshProcess(RemoteProcess):
         self._stdin = self.proc.stdin
         self._stdout: Any = self.proc.stdout  # a raw FileIO (bufsize=0): readinto is there
         if self._stdin is not None:
-            self.write(stream_prelude(kind, kwargs))
+            try:
+                self.write(stream_prelude(kind, kwargs))
+            except EOFError:  # ssh ended already (no connection): the stream reads as ended, its stderr says why
+                pass
 
     def _recv_into(self, view: memoryview) -> int:
         try:
