@@ -22,8 +22,8 @@ from orchestrator.jobs.operation import cancel_job
 from orchestrator.testing.sandbox import Sandbox
 from orchestrator.transport import Connector
 
-# Session fixtures other modules share (the provisioned CPU venv on ct129, the wheelhouse cache).
-pytest_plugins = ["fixtures_provision", "fixtures_eval"]
+# Session fixtures other modules share (the provisioned CPU venv on ct129, the wheelhouse cache, the sandbox Slurm).
+pytest_plugins = ["fixtures_provision", "fixtures_eval", "fixtures_slurm"]
 
 # The quick tier (`scripts/test.sh --quick`, `-m quick`): pure logic and the in-process CLI. A test leaves it
 # when it asks (directly or through another fixture) for anything below: real sshd hosts, the engine, the fixture

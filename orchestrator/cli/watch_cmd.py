@@ -119,14 +119,7 @@ def watch_cmd(
     prompts = read_prompts(options["prompts"])
     request = EvalRequest(hosts=[eval_host], drafters=[parse_drafter(d, inv) for d in drafter],
                           **{**options, "prompts": prompts.spec})
-    from orchestrator.cluster.resident_job import check_resident_job
-    from orchestrator.cluster.watch_step import cluster_shards, resident_note
-
-    on_cluster = cluster_shards(inv, eval_host, shards, request, prompts.count)
-    if resident_job:
-        check_resident_job(inv, eval_host, shards, resident)
-    elif on_cluster is not None and resident:
-        app_ctx.events.info(resident_note(eval_host))
+    on_cluster = _cluster_shards(app_ctx, eval_host, shards, request, prompts.count, resident, resident_job)
     cfg = WatchConfig(series=series or posixpath.basename(folder) or "series", source_host=endpoint.host,
                       folder=folder, request=request, runs_dir=runs_root(runs_dir).resolve(),
                       options=Options(settle=settle, every=every, newest=newest, retry_failed=retry_failed),
@@ -146,6 +139,22 @@ def watch_cmd(
         _detach(app_ctx, cfg)
     else:
         _foreground(app_ctx, cfg, json_out)
+
+
+def _cluster_shards(app_ctx: AppContext, eval_host: str, shards: int, request: EvalRequest, prompt_count: int | None,
+                    resident: bool, resident_job: bool) -> int | None:
+    """The array size of each checkpoint's eval when EVAL_HOST is a Slurm cluster (None: it is not), with the
+    resident-worker options checked against it."""
+    from orchestrator.cluster.resident_job import check_resident_job
+    from orchestrator.cluster.watch_step import cluster_shards, resident_note
+
+    inv = app_ctx.inventory
+    on_cluster = cluster_shards(inv, eval_host, shards, request, prompt_count)
+    if resident_job:
+        check_resident_job(inv, eval_host, shards, resident)
+    elif on_cluster is not None and resident:
+        app_ctx.events.info(resident_note(eval_host))
+    return on_cluster
 
 
 def _eval_host(given: str | None, inventory) -> str:

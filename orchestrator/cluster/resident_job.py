@@ -32,7 +32,6 @@ from orchestrator.jobs.operation import new_job_id
 from orchestrator.relay.strip import Stripper
 from orchestrator.watch.resident import Resident, kill_point_env
 
-WORKER_DIR = "{task_dir}/worker"  # the batch script's placeholder for the task's folder
 POLL_S = 2.0
 BEFORE = "before it took a checkpoint"
 # Ends that are not the worker's doing: another job replaces it. A time limit or an idle exit only after the job
@@ -58,6 +57,7 @@ class ResidentJob(Resident):
     holds_gpu_lock = False  # Slurm places the baselines' and one-off arrays beside it
     handed = 0  # checkpoints handed to the current job by this watcher
     replace_now = False  # the recorded job ended in a way that calls for a new one at once (_after_end)
+    worker_dir = "{task_dir}/worker"  # the batch script's placeholder for the task's folder
 
     def hand_over(self, plan: EvalPlan, stripper: Stripper | None = None) -> Run:
         run = super().hand_over(plan, stripper)
@@ -73,9 +73,6 @@ class ResidentJob(Resident):
             self.replace_now = False
             return super().ensure(stand_in)
         return False
-
-    def _args(self, plan: EvalPlan, worker_dir: str = WORKER_DIR) -> list[str]:
-        return super()._args(plan, worker_dir=WORKER_DIR)
 
     def _task(self) -> TaskState | None:
         """Slurm's view of the worker's task (None when Slurm no longer knows it)."""

@@ -162,6 +162,7 @@ class _ResidentJob:
 
 
 class Resident(_ResidentJob):
+    worker_dir = "{job_dir}/worker"  # the worker's folder, in the job launcher's placeholders
     def __init__(self, connector: Connector, folder: Path, runs_dir: Path, events: Events, *, idle: float,
                  prompts_file: Path | None = None):
         super().__init__(connector, folder, events, RECORD)
@@ -189,12 +190,12 @@ class Resident(_ResidentJob):
         """The recorded worker can take a checkpoint now (a queued Slurm worker is waited for first)."""
         return True
 
-    def _args(self, plan: EvalPlan, worker_dir: str = "{job_dir}/worker") -> list[str]:
+    def _args(self, plan: EvalPlan) -> list[str]:
         job = plan.jobs[0]
         inv_host = self.connector.inventory.hosts[job.host]
         root = relay_dir(self.connector.inventory, job.host, plan.request.drafters[0].host or job.host)
         return worker_args(job.args, drafter_root=root, jobs_root=posixpath.join(inv_host.workdir, "jobs"),
-                           idle=self.idle, worker_dir=worker_dir)
+                           idle=self.idle, worker_dir=self.worker_dir)
 
     def _prepare(self, plan: EvalPlan) -> tuple[str, str]:
         """Deploy and provision, once per watcher process: (the venv's python, the payload release, which is

@@ -1,6 +1,5 @@
-"""The real Slurm the cluster tests submit to: started once per session, in the network namespace of the
-session sandbox's ct129 (so ct129, reached over SSH, is the cluster's login node), and skipped with a reason
-where it cannot run (not root, slurm-wlm/munge missing)."""
+"""What the cluster tests share on top of the session's sandbox Slurm (``slurm``, tests/fixtures_slurm.py): a login
+session to it, a slurm: section, and the inventory with its cluster hosts."""
 
 from __future__ import annotations
 
@@ -10,19 +9,9 @@ import pytest
 
 from orchestrator.core.inventory import load_inventory
 from orchestrator.core.slurm_section import SlurmSection
-from orchestrator.testing.slurm import LocalLoginSession, SandboxSlurm, missing_reason, start_in_sandbox
+from orchestrator.testing.slurm import LocalLoginSession, SandboxSlurm
 from orchestrator.testing.slurm import cluster_inventory as cluster_inventory_file
 from orchestrator.transport import Connector
-
-
-@pytest.fixture(scope="session")
-def slurm(sandbox, tmp_path_factory: pytest.TempPathFactory):
-    reason = missing_reason()
-    if reason:
-        pytest.skip(reason)
-    cluster = start_in_sandbox(sandbox, tmp_path_factory.mktemp("slurm"))
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture

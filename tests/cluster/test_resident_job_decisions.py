@@ -81,7 +81,7 @@ def test_a_job_found_idled_out_when_a_checkpoint_comes_is_replaced_for_that_chec
     states = {"55": TaskState(0, "56", "55", "COMPLETED", node="node1"), "60": TaskState(0, "60", "60", "RUNNING")}
     job._task = lambda: states[job.record["job_id"]]  # type: ignore[method-assign,index]
     job._prepare = lambda plan: ("/shared/venv/bin/python", "release-1")  # type: ignore[method-assign]
-    job._args = lambda plan, worker_dir="": ["eval-worker"]  # type: ignore[method-assign]
+    job._args = lambda plan: ["eval-worker"]  # type: ignore[method-assign]
     submitted: list[str] = []
 
     def start(plan, host, python, key, args):

@@ -17,20 +17,10 @@ import pytest
 from cli_runner import dfo
 from conftest import TIMINGS
 
-from orchestrator.testing.slurm import cluster_inventory, missing_reason, start_in_sandbox
+from orchestrator.testing.slurm import cluster_inventory
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow, pytest.mark.timeout(1800)]
 SAMPLES, MAX_NEW_TOKENS = 4, 64
-
-
-@pytest.fixture(scope="module")
-def cluster(sandbox, tmp_path_factory):
-    reason = missing_reason()
-    if reason:
-        pytest.skip(reason)
-    slurm = start_in_sandbox(sandbox, tmp_path_factory.mktemp("engine-slurm"))
-    yield slurm
-    slurm.stop()
 
 
 def _with_engine_venv(text: str, host: str, venv: Path) -> str:
@@ -42,10 +32,10 @@ def _with_engine_venv(text: str, host: str, venv: Path) -> str:
 
 
 def test_a_slurm_task_serves_the_drafter_with_a_real_vllm_and_its_outputs_equal_the_references(
-        sandbox, eval_hosts, engine_python, engine_fixtures, cluster, tmp_path):
+        sandbox, eval_hosts, engine_python, engine_fixtures, slurm, tmp_path):
     link = Path(sandbox.hosts["ct129"].root_dir) / f"vllm-venv-{tmp_path.name[-16:]}"
     link.symlink_to(Path(engine_python).parents[1], target_is_directory=True)
-    inventory = cluster_inventory(sandbox, cluster, tmp_path / "inventory.yaml")
+    inventory = cluster_inventory(sandbox, slurm, tmp_path / "inventory.yaml")
     inventory.write_text(_with_engine_venv(inventory.read_text(), "hpc", link))
     runs = tmp_path / "runs"
     checkpoint = engine_fixtures / "trained-drafter" / "checkpoint.pt"
