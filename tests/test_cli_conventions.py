@@ -284,6 +284,15 @@ CASES = [
      2, [(ERR, "--engine-check synthetic needs --engine NAME")]),
     ("engine-check-unknown", [*EVAL, "--engine", "vllm", "--engine-check", "simulated"], TEAM,
      2, [(ERR, "--engine-check 'simulated': unknown check 'simulated' (known: synthetic)")]),
+    # every value with choices is checked before anything is planned: a protocol, an engine with its release
+    ("eval-protocol-mistyped", [*EVAL, "--protocol", "zlab-card-gsm8k"], TEAM,
+     2, [(ERR, "--protocol 'zlab-card-gsm8k': expected one of zlab-card-gsm8k-t1 (did you mean zlab-card-gsm8k-t1?)"),
+         (ERR, "see --protocol in `dfo eval --help`")]),
+    ("watch-protocol-mistyped", [*WATCH, "--protocol", "zlab-card-gsm8k"], TEAM,
+     2, [(ERR, "--protocol 'zlab-card-gsm8k': expected one of zlab-card-gsm8k-t1")]),
+    ("eval-engine-mistyped", [*EVAL, "--engine", "vlm"], TEAM, 2, [(ERR, "--engine 'vlm': expected one of vllm")]),
+    ("eval-engine-release-plan", [*EVAL, "--engine", "vllm@0.31.0"], TEAM,
+     0, [(OUT, "vLLM engine inside the job"), (OUT, "`dfo provision --host HOST --engine vllm@0.31.0`")]),
     # plans print commands a user can paste: shell-quoted
     ("eval-plan-is-shell-quoted", ["eval", "--host", "ct129", "--target", "/m/my model", "--drafter", "a=/d/a",
                                    "--dry-run"], TEAM, 0, [(OUT, "--target '/m/my model'")]),
@@ -297,6 +306,15 @@ CASES = [
      2, [(ERR, "--tensorboard /proc/dfo-tensorboard: cannot write there")]),
     ("watch-tensorboard-is-a-file", [*WATCH, "--tensorboard", "{inventory}/tb"], TEAM,
      2, [(ERR, "is a file, not a folder")]),
+    # every path a command will write is checked first, by one helper (orchestrator/core/local_checks.py)
+    ("runs-profile-out-not-writable", ["runs", "profile", "{good}", "--out", "/proc/dfo-x.json"], {},
+     2, [(ERR, "--out /proc/dfo-x.json: cannot write there")]),
+    ("runs-profile-out-is-a-folder", ["runs", "profile", "{good}", "--out", "{runs}"], {},
+     2, [(ERR, "--out {runs}: {runs} is a folder, not a file"), (ERR, "give --out a file name")]),
+    ("eval-runs-dir-not-writable", [*EVAL[:-1], "--runs-dir", "/proc/dfo-runs"], TEAM,
+     2, [(ERR, "--runs-dir /proc/dfo-runs: cannot write there")]),
+    ("jobs-pull-dest-not-writable", ["jobs", "pull", "20261206-000000-abcd", "/proc/dfo-pull", "--host", "ct129"],
+     TEAM, 2, [(ERR, "DEST /proc/dfo-pull: cannot write there")]),
     # inventory set: the rules of `inventory check` and of --reference, when the file is edited
     ("inventory-set-empty-python", ["inventory", "set", "ct129.python", ""], {"DFO_INVENTORY": "{inventory}"},
      2, [(ERR, "hosts.ct129.python: expected an interpreter"), (ERR, "nothing was written")]),
@@ -330,14 +348,23 @@ CASES = [
 
 
 @pytest.mark.parametrize("argv, env, code, phrases", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_and_damaged_state_are_one_clear_message(dfo, state, argv, env, code, phrases):
+def test_bad_input_and_damaged_state_are_one_clear_message(dfo, state, argv, env, code, phrases, tmp_path):
+    before = files_under(tmp_path)
     result = dfo([a.format(**state) for a in argv], {k: v.format(**state) for k, v in env.items()})
     both = result.out + result.err
     assert "Traceback" not in both
     assert result.code == code, both[-2000:]
+    if code == 2:  # refused input: nothing was changed (the runs, the series, the inventories, files named)
+        assert files_under(tmp_path) == before
     for stream, phrase in phrases:
         text = " ".join((result.out if stream == OUT else result.err).split())  # rich wraps long lines
         assert " ".join(phrase.format(**state).split()) in text, (phrase, both[-2000:])
+
+
+def files_under(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under FOLDER with its size and mtime: what a refused command must leave as it was."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

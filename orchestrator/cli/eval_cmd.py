@@ -14,6 +14,7 @@ from orchestrator.cli.eval_options import DECLARED, read_prompts, with_eval_opti
 from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
 from orchestrator.core.errors import InputError
+from orchestrator.core.local_checks import writable_folder
 from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
 from orchestrator.evaluation.plan import EvalRequest, eval_hosts, hosts_used, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
@@ -57,6 +58,7 @@ def eval_cmd(
     for name in hosts_used(request):
         inv.host_env(name)  # an unset ${VAR} in a host's env is refused now, not at job launch after a relay
     cluster = _cluster_host(inv, request, shards, prompts.count)
+    writable_folder(runs_root(runs_dir), "--runs-dir")  # where the run folder goes: checked before anything moves
     if dry_run:
         _print_plan(app_ctx, plan, json_out)
         if cluster and not json_out:
@@ -148,7 +150,7 @@ def _engine_plan_lines(plan) -> list[str]:
         return []
     venvs = ", ".join(f"{h}: {p}" for h, p in plan.engine_pythons.items())
     engine = req.engine or req.reference
-    title = engine_registry.get(engine).title
+    title = engine_registry.get(engine_registry.split_engine(engine)[0]).title  # vllm@0.31.0: vllm's
     lines = [f"   {title} engine inside the job (engine python {venvs}; must be provisioned: "
              f"`dfo provision --host HOST --engine {engine}`), servers on the eval host's loopback, stopped by PID:"]
     if req.reference == engine:

@@ -17,6 +17,7 @@ from rich.text import Text
 from orchestrator.cli.context import AppContext
 from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
+from orchestrator.core.local_checks import writable_folder
 from orchestrator.jobs.operation import (
     DEFAULT_LOCK,
     CancelPlan,
@@ -399,6 +400,8 @@ def pull_cmd(
 ) -> None:
     """Fetch the job's results folder; every file is checked against the host's sha256."""
     app_ctx: AppContext = ctx.obj
+    if dest is not None:
+        writable_folder(dest, "DEST")  # before the host is asked: a folder it could not write into
     h, job_id = locate_job(app_ctx.connector, job, host)
     target = dest or default_pull_dest(h, job_id)
     res = pull_results(app_ctx.connector, h, job_id, target, force=force, allow_running=allow_running)

@@ -15,6 +15,7 @@ from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
 from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import fmt_number
+from orchestrator.core.local_checks import writable_file
 from orchestrator.evaluation.compare import compare_runs, dataset_lines
 from orchestrator.evaluation.operation import Detached, reattach_hint, wait_and_collect
 from orchestrator.evaluation.profile import (
@@ -122,6 +123,7 @@ def profile_cmd(ctx: typer.Context, run: str = RUN_ARG, runs_dir: Optional[str] 
     """Export each drafter's speculation_profile.json (schema 1.0): acceptance rates, accept length per K,
     per dataset, and the conditions they were measured under. Written to runs/<run>/profiles/ as well."""
     app_ctx: AppContext = ctx.obj
+    out = writable_file(out, "--out") if out is not None else None  # before any work: a folder it cannot write
     found = find_run(runs_root(runs_dir), run)
     if not found.has_results():
         raise InputError(f"run {found.name} has no results.json (status {found.status})",
@@ -137,6 +139,7 @@ def profile_cmd(ctx: typer.Context, run: str = RUN_ARG, runs_dir: Optional[str] 
     write_profiles(found.path, results, samples)
     profiles = {name: build_profile(results, samples, name) for name in chosen}
     if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text(json.dumps(profiles[chosen[0]], indent=2) + "\n", encoding="utf-8")
         tmp.replace(out)

@@ -121,7 +121,7 @@ def watch_cmd(
                           **{**options, "prompts": prompts.spec})
     on_cluster = _cluster_shards(app_ctx, eval_host, shards, request, prompts.count, resident, resident_job)
     cfg = WatchConfig(series=series or posixpath.basename(folder) or "series", source_host=endpoint.host,
-                      folder=folder, request=request, runs_dir=runs_root(runs_dir).resolve(),
+                      folder=folder, request=request, runs_dir=writable_folder(runs_root(runs_dir), "--runs-dir"),
                       options=Options(settle=settle, every=every, newest=newest, retry_failed=retry_failed),
                       pattern=pattern, drafter_spec=check_drafter_spec(drafter_spec),
                       step_from=step_from, prompts_file=prompts.file, prompts_digest=prompts.digest,

@@ -45,3 +45,20 @@ class ConnectionLost(HostError):
 
     Worth a retry on a fresh connection; the remote side may still be running (a detached job is).
     """
+
+
+PAYLOAD_ERROR_PREFIX = "dfo-payload error: "
+
+
+def payload_error_text(output: str) -> str | None:
+    """What a failed payload said, as one line for a message: its own ``dfo-payload error:`` line, else, where
+    it ended in a Python traceback (a payload bug), only the exception's line, never the traceback's frames.
+    None: neither (the caller shows what else it has)."""
+    lines = output.splitlines()
+    for line in reversed(lines):
+        if line.startswith(PAYLOAD_ERROR_PREFIX):
+            return line[len(PAYLOAD_ERROR_PREFIX):].strip()
+    if not any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return None
+    last = next((line for line in reversed(lines) if line.strip() and not line.startswith((" ", "\t"))), "")
+    return f"the payload stopped on an unexpected error ({last.strip()[:200]}): a bug in dfo's payload, please report it"

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
+from orchestrator.core.errors import DfoError, HostError, InputError, OperationError, payload_error_text
 from orchestrator.core.events import Events
 from orchestrator.core.host_text import decode_json
 from orchestrator.deploy.manifest import default_payload_root
@@ -494,9 +494,9 @@ def _payload_error(log_path: Path, status: JobStatus) -> str:
         lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         lines = status.log_tail
-    for line in reversed(lines):
-        if line.startswith("dfo-payload error: "):
-            return line[len("dfo-payload error: "):]
+    said = payload_error_text("\n".join(lines))
+    if said is not None:
+        return said
     tail = [line for line in lines if line.strip()][-5:]
     return " | ".join(tail) if tail else "no output"
 

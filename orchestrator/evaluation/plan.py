@@ -190,7 +190,6 @@ def validate_request(req: EvalRequest, inventory: Inventory, *, prompt_count: in
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise InputError(f"drafter name(s) used twice: {', '.join(dupes)}")
-    _check_declared_values(req)
     check_payload_args(req.payload_args)
     sizes = [n for n in (req.samples, prompt_count) if n is not None]
     if sizes and min(sizes) < len(req.hosts):
@@ -220,8 +219,10 @@ def validate_request(req: EvalRequest, inventory: Inventory, *, prompt_count: in
                              "or pass --allow-insecure-reference")
 
 
-def _check_declared_values(req: EvalRequest) -> None:
-    """Each option's value against its declaration: the checks the payload would make, made here first."""
+def check_declared_values(req: EvalRequest) -> None:
+    """Each option's value against its declaration (its choices, a protocol, an engine and its release, its
+    bounds, its parser): the checks the payload would make, made here first, before anything is planned. An
+    option declared with choices (a new one too: a card) is checked here by being declared."""
     for option in declared.request_options():
         try:
             declared.check_value(option, getattr(req, option.field))
@@ -301,6 +302,7 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
               payload_args_extra: list[str] | None = None, prompt_count: int | None = None) -> EvalPlan:
     """``prompts_digest``: sha256 of the local prompts file (it is uploaded under a content name);
     ``prompt_count``: the prompts it holds (the set was parsed)."""
+    check_declared_values(req)  # first: a mistyped --protocol or --engine is refused before it is used
     req = with_protocol(req)
     datasets = plan_datasets(req.datasets, req.suite, req.dataset_files)
     if datasets:  # they replace the prompt set: shards split their rows

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from orchestrator.core.errors import HostError, InputError
+from orchestrator.core.errors import HostError, InputError, payload_error_text
 from orchestrator.relay.processes import last_lines
 from orchestrator.transport import Connector
 from remote_payload.models.strip_worker import strip_key
@@ -79,8 +79,7 @@ def strip_on_source(connector: Connector, host_name: str, path: str, wait_stable
                f"strip-checkpoint {shlex.quote(path)} {shlex.quote(out_dir)}")
         res = connector.session(host_name).run(cmd, check=False, env=env)
     if not res.ok:
-        errs = [ln for ln in res.err_text.splitlines() if ln.startswith("dfo-payload error:")]
-        detail = errs[-1].removeprefix("dfo-payload error:").strip() if errs else last_lines(res.err_text or res.text)
+        detail = payload_error_text(res.err_text) or last_lines(res.err_text or res.text)
         raise HostError(host_name, f"strip-checkpoint of {path} failed: {detail}")
     record = call(host_name, "_read_json", path=posixpath.join(out_dir, "dfo-source.json"))
     record = record if isinstance(record, dict) else {}

@@ -8,6 +8,7 @@ tests/evaluation/test_eval_options.py fails when a parser, a dataclass or a comm
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -398,7 +399,9 @@ def check_value(option: Option, value: Any) -> None:
     if value is None or value == [] or option.kind is bool:
         return
     if option.choices and value not in option.choices:
-        raise PayloadError(f"{option.flag} {value!r}: expected one of {', '.join(option.choices)}")
+        close = difflib.get_close_matches(str(value), option.choices, n=1)
+        raise PayloadError(f"{option.flag} {value!r}: expected one of {', '.join(option.choices)}"
+                           + (f" (did you mean {close[0]}?)" if close else ""))
     if option.kind in (int, float):
         what = "an integer" if option.kind is int else "a number"
         if option.kind is float and not math.isfinite(value):

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remote_payload.errors import PayloadError
+from remote_payload.errors import PayloadError, first_line
 from remote_payload.models.spec import DrafterSpec, from_speculators, from_training, from_zlab
 from remote_payload.models.validation import validate_weights
 
@@ -143,6 +143,28 @@ def _strip_prefixes(state: dict) -> tuple[dict, dict]:
     return out, {}
 
 
+TORCH_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6: a zip archive
+PICKLE_PROTOCOL_2_UP = 0x80      # the legacy format: a pickle, whose protocol 2+ opcode comes first
+
+
+def check_torch_file(p: Path) -> None:
+    """A file torch.load can read starts as a zip archive or a pickle; anything else (a text file, an empty one,
+    a safetensors file) is said to be what it is, not diagnosed from the unpickler's message."""
+    with p.open("rb") as fh:
+        head = fh.read(64)
+    if head.startswith(TORCH_ZIP_MAGIC) or head[:1] == bytes([PICKLE_PROTOCOL_2_UP]):
+        return
+    if not head:
+        what = "an empty file (0 bytes): the save was cut short, or it is still being written"
+    elif len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100_000_000:
+        what = "a safetensors file, not a torch.save file: give it as a drafter folder's model.safetensors"
+    elif all(32 <= b < 127 or b in (9, 10, 13) for b in head):
+        what = f"a text file, not a torch.save file (it starts {head[:24].decode('ascii')!r})"
+    else:
+        what = "not a torch.save file (neither a zip archive nor a pickle)"
+    raise PayloadError(f"training checkpoint {p}: {what}")
+
+
 def read_training_checkpoint(path: str | os.PathLike) -> dict:
     """Load the team's training checkpoint; returns model state, embedded config and what was dropped."""
     import pickle
@@ -152,6 +174,7 @@ def read_training_checkpoint(path: str | os.PathLike) -> dict:
     p = Path(path)
     if not p.is_file():
         raise PayloadError(f"training checkpoint {p} not found")
+    check_torch_file(p)
     try:
         try:
             obj = torch.load(str(p), map_location="cpu", weights_only=True, mmap=True)
@@ -161,9 +184,9 @@ def read_training_checkpoint(path: str | os.PathLike) -> dict:
             obj = torch.load(str(p), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise PayloadError(f"training checkpoint {p}: holds Python objects beyond tensors and plain containers "
-                           f"({str(exc).splitlines()[0][:160]}); re-save it with plain dicts") from None
+                           f"({first_line(exc)}); re-save it with plain dicts") from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise PayloadError(f"training checkpoint {p}: unreadable torch file ({str(exc).splitlines()[0][:160]}); "
+        raise PayloadError(f"training checkpoint {p}: unreadable torch file ({first_line(exc)}); "
                            "truncated or not a torch.save file") from None
     if not isinstance(obj, dict):
         raise PayloadError(f"training checkpoint {p}: expected a dict with a 'model' state dict, found "

@@ -255,3 +255,27 @@ def test_a_dflash2_config_without_its_fields_names_them(fixture_dir, tmp_path):
     with pytest.raises(PayloadError, match=r"a DFlash2 config .* needs dflash_config\.conv_kernel_size, "
                                            r"dflash_config\.conv_group_size, dflash_config\.selector_rank;"):
         load_drafter(d)
+
+
+SAFETENSORS_HEAD = (20).to_bytes(8, "little") + b'{"__metadata__":{}} '
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"", "an empty file (0 bytes)"),
+    (b"hello, this is not a checkpoint\n", "a text file, not a torch.save file (it starts 'hello, this is not a "),
+    (SAFETENSORS_HEAD, "a safetensors file, not a torch.save file"),
+    (bytes(range(1, 64)), "not a torch.save file (neither a zip archive nor a pickle)"),
+], ids=["empty", "text", "safetensors", "binary"])
+def test_a_file_that_is_not_a_torch_file_is_said_to_be_so(tmp_path, capsys, content, said):
+    from remote_payload.cli import main
+
+    bad = tmp_path / "garbage.pt"
+    bad.write_bytes(content)
+    with pytest.raises(PayloadError) as caught:
+        read_training_checkpoint(bad)
+    assert said in str(caught.value) and "Python objects" not in str(caught.value)
+    # the payload's strip says it in its one error line, and writes nothing
+    code = main(["strip-checkpoint", str(bad), str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("dfo-payload error: training checkpoint") and said in err[0]
+    assert not (tmp_path / "out").exists()
