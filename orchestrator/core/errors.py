@@ -61,4 +61,5 @@ def payload_error_text(output: str) -> str | None:
     if not any(line.startswith("Traceback (most recent call last)") for line in lines):
         return None
     last = next((line for line in reversed(lines) if line.strip() and not line.startswith((" ", "\t"))), "")
-    return f"the payload stopped on an unexpected error ({last.strip()[:200]}): a bug in dfo's payload, please report it"
+    return (f"the payload stopped on an unexpected error ({last.strip()[:200]}): a bug in dfo's payload, "
+            "please report it")

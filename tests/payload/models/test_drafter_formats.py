@@ -277,5 +277,6 @@ def test_a_file_that_is_not_a_torch_file_is_said_to_be_so(tmp_path, capsys, cont
     # the payload's strip says it in its one error line, and writes nothing
     code = main(["strip-checkpoint", str(bad), str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith("dfo-payload error: training checkpoint") and said in err[0]
+    assert code == 2 and len(err) == 1 and said in err[0]
+    assert err[0].startswith("dfo-payload error: training checkpoint")
     assert not (tmp_path / "out").exists()
