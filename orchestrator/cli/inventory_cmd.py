@@ -160,7 +160,12 @@ def set_cmd(
     path = app_ctx.inventory_path
     old = path.read_text(encoding="utf-8")
     field_path = dotted.split(".")
-    write_inventory(path, set_field(old, host, field_path, cli_value(field_path, value), list(inv.hosts)), old)
+    try:
+        new = set_field(old, host, field_path, cli_value(field_path, value), list(inv.hosts))
+    except InputError as exc:
+        unchanged = f"nothing was written: {path} is unchanged"
+        raise InputError(exc.message, hint=f"{exc.hint}; {unchanged}" if exc.hint else unchanged) from None
+    write_inventory(path, new, old)
     app_ctx.err.print(f"{path}: set hosts.{host}.{dotted} = {escape(value)}")
 
 

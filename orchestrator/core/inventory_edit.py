@@ -132,8 +132,8 @@ def _host(root: MappingNode, name: str, known: list[str]) -> MappingNode:
     found = _child(_hosts(root), name)
     if found is None:
         raise InputError(f"unknown host {name!r}", hint=f"known hosts: {', '.join(known) or '(none)'}")
-    if not isinstance(found[1], MappingNode) or found[1].flow_style:
-        raise InputError(f"host {name!r} is not a block mapping; edit it by hand")
+    if not isinstance(found[1], MappingNode):
+        raise InputError(f"host {name!r} is not a mapping of fields; edit it by hand")
     return found[1]
 
 
@@ -150,11 +150,15 @@ def set_field(text: str, host: str, field_path: list[str], value: Any, known_hos
     for depth, key in enumerate(field_path):
         found = _child(node, key)
         if found is None:
+            if node.flow_style:  # `paths: {models: /m}`: the new field goes inside the braces, in their style
+                return _insert_flow_field(text, node, field_path[depth:], value)
             return _insert_fields(text, node, field_path[depth:], value)
         key_node, value_node = found
         if depth < len(field_path) - 1:
-            if not isinstance(value_node, MappingNode) or value_node.flow_style:
-                raise InputError(f"hosts.{host}.{'.'.join(field_path[:depth + 1])} is not a block mapping")
+            if not isinstance(value_node, MappingNode):
+                raise InputError(f"hosts.{host}.{'.'.join(field_path[:depth + 1])} is not a mapping, so it has no "
+                                 f"field {field_path[depth + 1]!r}",
+                                 hint="set it whole, or edit the file by hand")
             node = value_node
             continue
         if isinstance(value_node, (MappingNode, SequenceNode)) and not value_node.flow_style and value_node.value:
@@ -183,6 +187,19 @@ def _insert_fields(text: str, parent: MappingNode, keys: list[str], value: Any) 
     lines = _lines(text)
     at = _last_line(parent) + 1
     return "".join(lines[:at] + new + lines[at:])
+
+
+def _insert_flow_field(text: str, parent: MappingNode, keys: list[str], value: Any) -> str:
+    """``KEY: VALUE`` (nested keys as ``{K2: VALUE}``) added as the last entry of a flow mapping ``{…}``."""
+    entry = render_value(value)
+    for key in reversed(keys[1:]):
+        entry = "{" + f"{key}: {entry}" + "}"
+    entry = f"{keys[0]}: {entry}"
+    if parent.value:
+        at = parent.value[-1][1].end_mark.index
+        return text[:at] + ", " + entry + text[at:]
+    close = text.rindex("}", parent.start_mark.index, parent.end_mark.index)
+    return text[:close] + entry + text[close:]
 
 
 def add_host(text: str, name: str, fields: dict[str, Any]) -> str:

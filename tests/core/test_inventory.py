@@ -174,3 +174,39 @@ def test_ssh_config_supplies_what_the_inventory_leaves_out(tmp_path):
     assert r.identity_files == (os.path.expanduser("~/.ssh/kp_key"),)
     assert r.proxy_jump is not None and (r.proxy_jump.hostname, r.proxy_jump.user) == ("127.0.0.6", "jump")
     assert resolve_host(inv, "other").user == "me"  # inventory fields win over ssh_config
+
+
+README_STYLE = """hosts:
+  kpro6: {address: kpro6, user: research, workdir: /data/dfo, roles: [train]}
+  ct129:
+    address: ct129
+    workdir: /data/dfo
+    paths: {models: /data/models, checkpoints: /data/dfo/checkpoints}  # the README's own example
+"""
+
+
+def test_set_edits_flow_style_mappings_in_their_style(tmp_path):
+    known = ["kpro6", "ct129"]
+    new = set_field(README_STYLE, "ct129", ["paths", "models"], "/srv/models", known)
+    assert new == README_STYLE.replace("{models: /data/models,", "{models: /srv/models,")
+    new = set_field(README_STYLE, "ct129", ["paths", "engine_venv"], "/shared/engines/vllm", known)
+    assert "paths: {models: /data/models, checkpoints: /data/dfo/checkpoints, engine_venv: /shared/engines/vllm}  #" \
+        in new
+    new = set_field(README_STYLE, "kpro6", ["paths", "checkpoints"], "/data/ck", known)  # a flow host
+    assert "  kpro6: {address: kpro6, user: research, workdir: /data/dfo, roles: [train], paths: {checkpoints: " \
+        "/data/ck}}\n" in new
+    assert set_field("hosts:\n  a: {address: a, env: {}}\n", "a", ["env", "X"], "1", ["a"]) == \
+        "hosts:\n  a: {address: a, env: {X: \"1\"}}\n"
+    path = write(tmp_path, README_STYLE)
+    proc = dfo("--inventory", str(path), "inventory", "set", "ct129.paths.models", "/srv/models")
+    assert proc.returncode == 0, proc.stderr
+    assert load_inventory(path).hosts["ct129"].paths.models == "/srv/models"
+
+
+def test_set_below_a_scalar_is_refused_with_nothing_written(tmp_path):
+    path = write(tmp_path, README_STYLE)
+    proc = dfo("--inventory", str(path), "inventory", "set", "ct129.address.port", "22")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "hosts.ct129.address is not a mapping, so it has no field 'port'" in proc.stderr
+    assert f"nothing was written: {path} is unchanged" in " ".join(proc.stderr.split())
+    assert path.read_text() == README_STYLE
