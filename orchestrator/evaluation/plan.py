@@ -190,6 +190,10 @@ def validate_request(req: EvalRequest, inventory: Inventory, *, prompt_count: in
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise InputError(f"drafter name(s) used twice: {', '.join(dupes)}")
+    try:  # after --protocol filled its values: an option that means nothing alone is refused, never ignored
+        declared.check_needs(vars(req), declared.request_options(), at_request_default)
+    except PayloadError as exc:
+        raise InputError(str(exc), hint="add the option it needs, or drop it") from None
     check_payload_args(req.payload_args)
     sizes = [n for n in (req.samples, prompt_count) if n is not None]
     if sizes and min(sizes) < len(req.hosts):
@@ -228,12 +232,14 @@ def check_declared_values(req: EvalRequest) -> None:
             declared.check_value(option, getattr(req, option.field))
         except PayloadError as exc:
             raise InputError(str(exc), hint=f"see {option.flag} in `dfo eval --help`") from None
-    if req.engine_concurrency is not None and req.engine is None:
-        raise InputError(f"--engine-concurrency {req.engine_concurrency}: it sets the engine sweep's levels, and no "
-                         "engine is served without --engine NAME", hint="add --engine vllm (or sglang), or drop it")
     if req.dtype == "float16" and "--allow-fp16" not in req.payload_args:
         raise InputError(declared.FP16_REFUSED, hint="use --dtype bfloat16 (float32 on CPU), or force float16 with "
                          "--payload-arg=--allow-fp16")
+
+
+def at_request_default(option: declared.Option, value) -> bool:
+    """dfo's unset form of an option: what EvalRequest holds when the user gives nothing."""
+    return value in (None, [], False) or value == option.request_default
 
 
 def check_payload_args(args: list[str]) -> None:

@@ -32,6 +32,27 @@ NONE = object()  # "no dfo default given": see Option.request_default
 
 
 @dataclass(frozen=True)
+class Needs:
+    """Another option without which an option does nothing (so given alone it is refused, never ignored)."""
+
+    flag: str                            # what it needs, as a user gives it: "--engine NAME"
+    why: str                             # what the option does, that it cannot do alone
+    met: Callable[[dict], bool]          # over the values by field (EvalSettings' or EvalRequest's)
+
+
+ENGINE_SERVED = Needs("--engine NAME", "no engine is served without --engine NAME", lambda v: bool(v.get("engine")))
+SAMPLED = Needs("--temperature T > 0", "it shapes sampling, but at --temperature 0 (greedy) every draw is the same "
+                "continuation; give e.g. --temperature 1", lambda v: (v.get("temperature") or 0) > 0)
+A_DATASET = Needs("--dataset NAME or --suite zlab", "it chooses rows of a dataset (a prompt set is evaluated whole, "
+                  "or its first --samples)", lambda v: bool(v.get("datasets") or v.get("suite")))
+SERVER_SELECTION = Needs("--selection zlab-server", "it is the server path's warm-up",
+                         lambda v: v.get("selection") == "zlab-server")
+AN_ENGINE_SERVER = Needs("--engine NAME (or --reference vllm)", "no engine server is started without it",
+                         lambda v: bool(v.get("engine") or v.get("reference_engine")
+                                        or v.get("reference") in ENGINES))
+
+
+@dataclass(frozen=True)
 class Option:
     flag: str
     field: str                      # the attribute of EvalSettings (and of EvalRequest when dfo holds it)
@@ -56,6 +77,7 @@ class Option:
     dfo_metavar: str | None = None
     planned: bool = False           # the planner writes its payload value (a path, URL or shard only it knows)
     compared: bool = True           # a watch series keeps it fixed (False: it does not change the figures)
+    needs: Needs | None = None      # another option it means nothing without (check_needs refuses it alone)
 
     @property
     def in_request(self) -> bool:
@@ -220,10 +242,10 @@ OPTIONS: tuple[Option, ...] = (
            "transformers path (random.seed(0), shuffle, first N; the paper's tables). zlab-server: its server path, "
            "which current model cards use (file order, wrapping past the end, the first --selection-concurrency "
            "rows a warm-up, first turn only).", default="zlab-transformers",
-           choices=("zlab-transformers", "zlab-server"), commands=BOTH),
+           choices=("zlab-transformers", "zlab-server"), commands=BOTH, needs=A_DATASET),
     Option("--selection-concurrency", "selection_concurrency", "With --selection zlab-server: the server "
            "benchmark's concurrency, i.e. how many rows its warm-up spends before the measured ones.", kind=int,
-           default=1, minimum=1, metavar="C", commands=BOTH),
+           default=1, minimum=1, metavar="C", commands=BOTH, needs=SERVER_SELECTION),
     Option("--dataset-file", "dataset_files", "Where a dataset's rows are on this host: a .jsonl/.parquet file or "
            "a folder with the split's files (a HF cache folder); needed for the sets no package ships "
            "(repeatable).", metavar="NAME=PATH", repeatable=True,
@@ -242,12 +264,12 @@ OPTIONS: tuple[Option, ...] = (
            minimum=0.0, metavar="T", commands=BOTH),
     Option("--top-p", "top_p", "With --temperature > 0: nucleus sampling, the smallest set of tokens whose "
            "probability reaches P (1: off).", kind=float, default=1.0, metavar="P", parse=parse_top_p,
-           commands=BOTH),
+           commands=BOTH, needs=SAMPLED),
     Option("--top-k", "top_k", "With --temperature > 0: sample among the K most probable tokens only (0: off).",
-           kind=int, default=0, minimum=0, metavar="K", commands=BOTH),
+           kind=int, default=0, minimum=0, metavar="K", commands=BOTH, needs=SAMPLED),
     Option("--samples-per-prompt", "samples_per_prompt", "With --temperature > 0: continuations drawn per prompt, "
            "each with its own seed (from --seed, the prompt and its number).", kind=int, default=1, minimum=1,
-           metavar="K", commands=BOTH),
+           metavar="K", commands=BOTH, needs=SAMPLED),
     Option("--protocol", "protocol", "A published card's measurement in one flag: its dataset and N, row "
            "selection, sampling law, thinking mode, max new tokens and draft rule (options left at their default "
            "take the protocol's value; one given with another value is refused).", choices=tuple(PROTOCOLS),
@@ -327,25 +349,28 @@ OPTIONS: tuple[Option, ...] = (
            "speedup, mean acceptance length and time per output token per level; outputs must equal the "
            "reference at every level.", default="1", metavar="N[,N...]", parse=parse_concurrency, commands=(EVAL,),
            dfo_help="With --engine: requests in flight, one level per value (e.g. 1,4,16); the report shows tokens/s "
-           "plain vs dflash, the speedup, mean acceptance length and time per output token at each level."),
+           "plain vs dflash, the speedup, mean acceptance length and time per output token at each level.",
+           needs=ENGINE_SERVED),
     Option("--engine-k", "engine_k", "Also time each drafter in the engine offering only K drafts per step, one "
            "server per value (comma-separated, each below the block size): the per-K timings that calibrate and "
            "check the K plan's cost model at every --engine-concurrency level.", default="", metavar="K[,K...]",
            parse=parse_engine_k, commands=(EVAL,),
            dfo_help="With --engine: also time each drafter at these draft counts K (one server each); the report "
-           "puts the predicted speedup beside the measured one at each K and concurrency."),
+           "puts the predicted speedup beside the measured one at each K and concurrency.",
+           needs=ENGINE_SERVED),
     Option("--engine-check", "engine_check", "synthetic: serve each drafter once more with the engine's synthetic "
            "acceptance sampler fed the drafter's profile (its marginal accept rates); the engine's mean accept "
            "length must match the profile's within sampling error (vLLM with Triton, i.e. GPU hosts; vLLM-CPU "
            "refuses it and the run says so).", default="", metavar="synthetic", parse=parse_engine_check,
            commands=(EVAL,),
            dfo_help="With --engine: also check the drafter's speculation profile against the engine: vLLM's "
-           "synthetic sampler replays its marginal rates and the engine's acceptance must match it."),
+           "synthetic sampler replays its marginal rates and the engine's acceptance must match it.",
+           needs=ENGINE_SERVED),
     Option("--engine-python", "engine_python", "Python of the engine's own venv (`dfo provision --engine NAME` "
            "makes it).", metavar="PATH", planned=True),
     Option("--engine-arg", "engine_args", "Extra argument for the engine server, passed unchanged after dfo's own, "
            "e.g. --engine-arg=--tensor-parallel-size=2 (repeatable).", metavar="ARG", repeatable=True,
-           parse=lambda v: list(v or [])),
+           parse=lambda v: list(v or []), needs=AN_ENGINE_SERVER),
     Option("--engine-start-timeout", "engine_start_timeout", "Seconds an engine server may take to become "
            "healthy.", kind=float, default=900.0, positive=True, metavar="S"),
     Option("--diagnose", "diagnose", "Diagnostics: hidden-state and fc statistics, embedding copies, probes for "
@@ -418,6 +443,33 @@ def check_value(option: Option, value: Any) -> None:
             raise PayloadError(f"{option.flag} {value}: expected {what} of at least {option.minimum:g}")
     if option.parse is not None:
         option.parse(value)
+
+
+def check_needs(values: dict[str, Any], options: list[Option], unset: Callable[[Option, Any], bool]) -> None:
+    """One rule for every option that only means something with another (``Option.needs``): given without it,
+    it is refused, never ignored. ``values`` by field; ``unset(option, value)``: the value is the option's own
+    unset form (the payload's default on the host, dfo's on the controller). Raises PayloadError naming all of
+    the options that lack the same other one."""
+    lacking: dict[Needs, list[str]] = {}
+    for o in options:
+        value = values.get(o.field)
+        if o.needs is not None and not unset(o, value) and not o.needs.met(values):
+            lacking.setdefault(o.needs, []).append(f"{o.flag} {_shown(value)}")
+    for needs, given in lacking.items():
+        raise PayloadError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} {needs.flag}: "
+                           f"{needs.why}")
+
+
+def at_payload_default(option: Option, value: Any) -> bool:
+    """The payload's unset form of an option: its default, as parsed (EvalSettings holds parsed values)."""
+    default = option.parse(option.default) if option.parse is not None else option.default
+    return value in (None, [], (), {}) or value == default
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def settings_values(given: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from remote_payload.eval import protocols
 from remote_payload.eval.options import (  # noqa: F401 - parse_named, parse_expect_p1: the settings' parsers
     ENGINES,
     FP16_REFUSED,
+    at_payload_default,
+    check_needs,
     check_value,
     parse_expect_p1,
     parse_named,
@@ -162,31 +164,14 @@ def check_values(s: EvalSettings) -> None:
     unknown_p1 = sorted(set(s.expect_p1) - names - {"*"})
     if unknown_p1:
         raise PayloadError(f"--expect-p1 for unknown drafter name(s): {', '.join(unknown_p1)}")
+    check_needs(vars(s), payload_options(), at_payload_default)  # options that mean nothing alone
     check_engine_values(s)
     check_dataset_values(s)
-    check_sampling_values(s)
-
-
-def check_sampling_values(s: EvalSettings) -> None:
-    """--top-p, --top-k and --samples-per-prompt shape sampling: at --temperature 0 (greedy) they would do nothing."""
-    if s.temperature > 0:
-        return
-    given = [f for f, on in ((f"--samples-per-prompt {s.samples_per_prompt}", s.samples_per_prompt > 1),
-                             (f"--top-p {s.top_p:g}", s.top_p < 1), (f"--top-k {s.top_k}", s.top_k > 0)) if on]
-    if given:
-        raise PayloadError(f"{', '.join(given)} shape(s) sampling, but --temperature is 0 (greedy: every draw is the "
-                           "same continuation); give --temperature T > 0, e.g. --temperature 1")
 
 
 def check_dataset_values(s: EvalSettings) -> None:
     """--dataset/--suite replace the prompt set: no --prompts file or --samples beside them, files only for them."""
-    specs = s.dataset_specs
-    if not specs and (s.selection != "zlab-transformers" or s.selection_concurrency != 1):
-        raise PayloadError("--selection and --selection-concurrency choose rows of a dataset: give --dataset NAME "
-                           "or --suite zlab (a prompt set is evaluated whole, or its first --samples)")
-    if s.selection_concurrency != 1 and s.selection != "zlab-server":
-        raise PayloadError(f"--selection-concurrency {s.selection_concurrency} is the server path's warm-up: give "
-                           "--selection zlab-server too")
+    specs = s.dataset_specs  # --selection without one: check_needs
     if not specs:
         if s.dataset_files:
             raise PayloadError(f"--dataset-file {', '.join(s.dataset_files)}: give the dataset too (--dataset NAME "
@@ -204,6 +189,7 @@ def check_dataset_values(s: EvalSettings) -> None:
 
 def check_engine_settings(s: EvalSettings) -> None:
     """``--engine`` / ``--reference vllm``: a known engine, its interpreter (a file here), one reference source."""
+    check_needs(vars(s), payload_options(), at_payload_default)
     check_engine_values(s)
     _check_engine_python(s)
 
@@ -219,12 +205,6 @@ def check_engine_values(s: EvalSettings) -> None:
                            f"`dfo provision --engine {name}`)")
     if s.reference_engine and s.reference_url:
         raise PayloadError("--reference takes one source: an engine name (vllm) or a URL, not both")
-    if s.engine_check and not s.engine:
-        raise PayloadError(f"--engine-check {','.join(s.engine_check)} needs --engine NAME: it serves each drafter in "
-                           "the engine")
-    if s.engine_args and not (s.engine or s.reference_engine):
-        raise PayloadError("--engine-arg needs --engine NAME (or --reference vllm): no engine server is started "
-                           "without it")
     for name in {s.engine, s.reference_engine} - {None}:
         check_engine_args(str(name), list(s.engine_args))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from orchestrator.core.inventory import parse_inventory
 from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
 from remote_payload.cli import build_parser
 from remote_payload.eval import options as declared
-from remote_payload.eval.settings import EvalSettings, settings_from_values
+from remote_payload.eval.settings import EvalSettings, check_values, settings_from_values
 
 # Every host is unreachable (port 1): a case that gets past the checks would fail to connect (exit 1), so
 # exit 2 with the case's phrase shows the value was refused before any connection.
@@ -261,10 +262,10 @@ def test_selection_reaches_the_payload_and_is_refused_without_a_dataset():
     (job,) = plan_eval(req, INV).jobs
     settings = settings_from_values(vars(build_parser().parse_args(job.args)))
     assert (settings.selection, settings.selection_concurrency) == ("zlab-server", 4)
-    with pytest.raises(InputError, match="--selection and --selection-concurrency choose rows of a dataset"):
+    with pytest.raises(InputError, match="--selection zlab-server needs --dataset NAME or --suite zlab: it chooses"):
         plan_eval(EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
                               selection="zlab-server"), INV)
-    with pytest.raises(InputError, match="--selection-concurrency 4 is the server path's warm-up"):
+    with pytest.raises(InputError, match="--selection-concurrency 4 needs --selection zlab-server: it is the server"):
         plan_eval(EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
                               datasets=["humaneval@8"], selection_concurrency=4), INV)
 
@@ -317,3 +318,32 @@ def test_a_pinned_engine_release_plans_its_own_venv_and_reaches_the_payload_spli
     settings = settings_from_values(vars(build_parser().parse_args(job.args)))
     assert (settings.engine, settings.engine_version) == ("vllm", None)
     assert job.args[job.args.index("--engine-python") + 1] == "/tmp/dfo-c/engines/vllm/bin/python"
+
+
+# A value for each option that only means something with another: alone, each is refused on both sides.
+ALONE = {"selection": "zlab-server", "selection_concurrency": 4, "top_p": 0.9, "top_k": 5, "samples_per_prompt": 3,
+         "engine_concurrency": "1,4", "engine_k": "1,3", "engine_check": "synthetic",
+         "engine_args": ["--tensor-parallel-size=2"]}
+
+
+def test_every_option_that_needs_another_is_refused_alone_by_the_payload_and_by_dfo():
+    needing = [o for o in declared.OPTIONS if o.needs is not None]
+    assert {o.field for o in needing} == set(ALONE), "give each option with `needs` a value in ALONE"
+    for o in needing:
+        phrase = f"{o.flag} {ALONE[o.field] if not isinstance(ALONE[o.field], list) else ALONE[o.field][0]} " \
+                 f"needs {o.needs.flag}: {o.needs.why}"
+        value = ALONE[o.field]
+        argv = ["eval", "--target", "/m/t", "--drafter", "a=/m/d",
+                *[f"{o.flag}={v}" for v in (value if isinstance(value, list) else [value])]]
+        settings = settings_from_values(vars(build_parser().parse_args(argv)))
+        with pytest.raises(declared.PayloadError, match=re.escape(phrase)):
+            check_values(settings)
+        if o.field not in {f.name for f in dataclasses.fields(EvalRequest)}:
+            continue  # --engine-arg: dfo passes it with --payload-arg, so the payload's check above is dfo's too
+        with pytest.raises(InputError) as refused:
+            plan_eval(EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                                  **{o.field: value}), INV)
+        assert phrase in refused.value.message
+    # with what it needs, each is accepted
+    plan_eval(EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                          engine="vllm", engine_k="1,3", engine_concurrency="1,4"), INV)

@@ -22,8 +22,8 @@ INVENTORY = """hosts:
 EVAL = ["eval", "--host", "ct129", "--target", "/m/t", "--drafter", "z=/m/d"]
 WATCH = ["watch", "kpro6:/tmp/ck/run7/", "--target", "/m/t"]
 BAD = [
-    (["--samples-per-prompt", "4"], "--samples-per-prompt 4 shape(s) sampling, but --temperature is 0"),
-    (["--top-k", "5"], "--top-k 5 shape(s) sampling, but --temperature is 0"),
+    (["--samples-per-prompt", "4"], "--samples-per-prompt 4 needs --temperature T > 0: it shapes sampling"),
+    (["--top-k", "5"], "--top-k 5 needs --temperature T > 0: it shapes sampling"),
     (["--temperature", "-0.5"], "--temperature -0.5: expected a number of at least 0"),
     (["--temperature", "1", "--top-p", "0"], "--top-p 0.0: expected a probability mass above 0 and at most 1"),
     (["--temperature", "1", "--samples-per-prompt", "0"], "--samples-per-prompt 0: expected an integer of at least 1"),

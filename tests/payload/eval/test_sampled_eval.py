@@ -148,8 +148,8 @@ def _rounded(value):
 
 
 @pytest.mark.parametrize("extra, phrase", [
-    (["--samples-per-prompt", "3"], "--samples-per-prompt 3 shape(s) sampling, but --temperature is 0"),
-    (["--top-p", "0.9"], "--top-p 0.9 shape(s) sampling"),
+    (["--samples-per-prompt", "3"], "--samples-per-prompt 3 needs --temperature T > 0: it shapes sampling"),
+    (["--top-p", "0.9"], "--top-p 0.9 needs --temperature T > 0"),
     (["--temperature", "1", "--top-p", "1.5"], "--top-p 1.5: expected a probability mass above 0 and at most 1"),
     (["--temperature", "-1"], "--temperature -1.0: expected a number of at least 0"),
 ])
