@@ -568,3 +568,36 @@ def test_a_missing_data_package_names_the_command_that_installs_it(dfo, state, m
     result = dfo([*EVAL, "--dataset", dataset], TEAM)
     assert result.code == 2 and "Traceback" not in result.err, result.err
     assert f"install it with `{line}`" in " ".join(result.err.split()), result.err
+
+
+def test_ctrl_c_during_connects_to_silent_hosts_ends_the_command_at_once(tmp_path):
+    """Two hosts on a port that accepts and never answers, connected to in parallel with a 60 s connect timeout:
+    Ctrl-C (SIGINT to a real process) ends the command within seconds, exit 130, "interrupted"."""
+    import signal
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: [accepted.append(listener.accept()[0]) for _ in range(4)], daemon=True).start()
+    inventory = broken_inventory(tmp_path, {"silent": port, "silent2": port})
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "--connect-timeout", "60", "inventory", "check",
+                             "--connect"], env={**os.environ, "DFO_INVENTORY": str(inventory), "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(accepted) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert len(accepted) == 2, "the command did not connect to both hosts"
+        time.sleep(0.5)  # both connects now wait for a banner
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        listener.close()
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, (proc.returncode, err)
+    assert took < 10, f"Ctrl-C took {took:.1f}s to end the command (the connect timeout is 60 s)"

@@ -6,8 +6,9 @@ Fabric's ThreadingGroup has no concurrency cap and stops at the first failure's 
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, TypeVar, cast
 
@@ -54,6 +55,32 @@ def for_each_host(
 
     if len(names) <= 1:
         return {n: one(n) for n in names}
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(names)), thread_name_prefix="dfo-host") as pool:
-        outcomes = list(pool.map(one, names))
-    return {o.host: o for o in outcomes}
+    # Daemon threads, waited for with a timeout: Ctrl-C ends the wait at once, and the process exits without
+    # them. (A ThreadPoolExecutor's workers are joined at exit, so a connect to a silent host held an interrupt
+    # for the whole connect timeout.)
+    todo: queue.SimpleQueue[str] = queue.SimpleQueue()
+    for name in names:
+        todo.put(name)
+    outcomes: dict[str, HostOutcome[T]] = {}
+    lock, finished = threading.Lock(), threading.Event()
+
+    def worker() -> None:
+        while True:
+            try:
+                name = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcome = one(name)
+            except BaseException as exc:  # noqa: BLE001 - the waiting thread must hear of every host
+                outcome = HostOutcome(name, error=HostError(name, f"{type(exc).__name__}: {exc}"))
+            with lock:
+                outcomes[name] = outcome
+                if len(outcomes) == len(names):
+                    finished.set()
+
+    for i in range(min(max_workers, len(names))):
+        threading.Thread(target=worker, name=f"dfo-host-{i}", daemon=True).start()
+    while not finished.wait(0.25):
+        pass
+    return {n: outcomes[n] for n in names}
