@@ -166,10 +166,15 @@ def compare_cmd(ctx: typer.Context,
                 across_rules: bool = typer.Option(False, "--across-rules", help="Compare two runs at T > 0 that "
                                                   "follow different draft rules (refused otherwise: the rules give "
                                                   "different τ)."),
+                across_temperatures: bool = typer.Option(False, "--across-temperatures", help="Compare two runs "
+                                                         "whose continuations were drawn at different temperatures "
+                                                         "(refused otherwise: Δτ would include the temperature's "
+                                                         "effect)."),
                 json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout.")) -> None:
     """Compare two runs drafter by drafter: Δτ (B − A) with a paired bootstrap CI over their common prompts.
 
-    For example the checkpoints of step 20k and step 25k of one training run, evaluated on the same prompts.
+    For example the checkpoints of step 20k and step 25k of one training run, evaluated on the same prompts (two
+    runs of one drafter each, such as a watched run's checkpoints, pair those drafters whatever their names).
     Δτ is in the committed convention: zlab = committed, z-lab's loop since August 2026. The zlab-2604 column is
     z-lab's April 2026 loop (drafts accepted past the end token counted); a run from before that name reads its
     old zlab figure there, so an old run and a new one compare like with like.
@@ -181,7 +186,7 @@ def compare_cmd(ctx: typer.Context,
         return
     root = runs_root(runs_dir)
     a, b = find_run(root, run_a), find_run(root, run_b)
-    report = compare_runs(a, b, across_rules=across_rules)
+    report = compare_runs(a, b, across_rules=across_rules, across_temperatures=across_temperatures)
     if json_out:
         app_ctx.print_json(report)
         return

@@ -10,7 +10,11 @@ benchmark datasets are also paired per dataset (``by_dataset``): a drafter's Δ�
 At T > 0 a run's lines are draws (several per prompt, each with its seed): they are paired by prompt, each side's
 τ being the mean over that prompt's draws, so the bootstrap over prompts carries the draws' noise; where both runs
 drew with the same law and seed the draws are the same continuations (the noise cancels further), which the notes
-say. A greedy run's prompt pairs with the same prompt of a sampled one (Δτ is then the temperature's effect).
+say. Runs at two temperatures (a greedy run and a sampled one, say) are refused unless ``across_temperatures`` is
+given: their Δτ would be the temperature's effect as much as the drafter's.
+
+Drafters pair by name; two runs of one drafter each whose names differ (two checkpoints of a watched run, each
+named after its step) pair those two drafters, and the notes say so.
 
 Two runs at T > 0 under different draft rules (``settings.draft_rule``; a run from before the option followed the
 greedy rule) measure different things: ``compare_runs`` refuses them unless ``across_rules`` is given, and then
@@ -78,16 +82,18 @@ def _datasets(samples: list[dict]) -> list[str]:
     return list(dict.fromkeys(d for s in samples if isinstance(d := _obj(s).get("dataset"), str)))
 
 
-def _by_dataset(sa: list[dict], sb: list[dict], name: str) -> dict:
-    """Per dataset both runs hold: the committed and zlab-2604 Δτ macro, paired by sample id inside the dataset."""
+def _by_dataset(sa: list[dict], sb: list[dict], name: str, name_b: str | None = None) -> dict:
+    """Per dataset both runs hold: the committed and zlab-2604 Δτ macro, paired by sample id inside the dataset
+    (``name_b``: the drafter's name in B, where it differs)."""
+    name_b = name_b or name
     in_b = _datasets(sb)
     out = {}
     for dataset in [d for d in _datasets(sa) if d in in_b]:
         da, db = _of_dataset(sa, dataset), _of_dataset(sb, dataset)
-        ta, tb = _per_sample_tau(da, name), _per_sample_tau(db, name)
+        ta, tb = _per_sample_tau(da, name), _per_sample_tau(db, name_b)
         out[dataset] = {"tau_a": mean(list(ta.values())), "tau_b": mean(list(tb.values())), **_paired(ta, tb),
                         "zlab-2604": _paired(_per_sample_tau(da, name, "zlab-2604"),
-                                             _per_sample_tau(db, name, "zlab-2604"))}
+                                             _per_sample_tau(db, name_b, "zlab-2604"))}
     return out
 
 
@@ -135,16 +141,17 @@ def _paired(per_a: dict[str, float], per_b: dict[str, float]) -> dict:
             "verdict": verdict(ci) if diffs else "no prompt in common"}
 
 
-def _conventions(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str) -> dict:
+def _conventions(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str, name_b: str | None = None) -> dict:
     """zlab-2604 and vllm figures of both runs ({"a", "b"}, each None when missing) and zlab-2604's paired Δ."""
+    name_b = name_b or name
     out = {}
     for conv, key in SHOWN.items():
         fa = convention_figure(_metrics(ra, name), conv)
-        fb = convention_figure(_metrics(rb, name), conv)
+        fb = convention_figure(_metrics(rb, name_b), conv)
         out[conv] = {"figure": key, "a": fa["value"], "b": fb["value"], "exact": [fa["exact"], fb["exact"]],
                      "unavailable": [fa["reason"], fb["reason"]]}
         if key == "tau_macro" and fa["value"] is not None and fb["value"] is not None:
-            out[conv].update(_paired(_per_sample_tau(sa, name, conv), _per_sample_tau(sb, name, conv)))
+            out[conv].update(_paired(_per_sample_tau(sa, name, conv), _per_sample_tau(sb, name_b, conv)))
     return out
 
 
@@ -179,14 +186,16 @@ def _engine_side(results: dict, name: str) -> dict:
             "k": block.get("num_speculative_tokens"), "model_runner": run.get("model_runner")}
 
 
-def engine_pairing(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str) -> dict | None:
+def engine_pairing(ra: dict, rb: dict, sa: list[dict], sb: list[dict], name: str,
+                   name_b: str | None = None) -> dict | None:
     """The engines' per-request acceptance paired by prompt (B − A), with its CI, a verdict naming the side
     that lost acceptance, and what each side ran (engine, version, K, model runner); None without engines."""
-    ea, eb = _engine_tau(sa, name), _engine_tau(sb, name)
+    name_b = name_b or name
+    ea, eb = _engine_tau(sa, name), _engine_tau(sb, name_b)
     if not ea or not eb:
         return None
     paired = _paired(ea, eb)
-    ci, side_a, side_b = paired["ci"], _engine_side(ra, name), _engine_side(rb, name)
+    ci, side_a, side_b = paired["ci"], _engine_side(ra, name), _engine_side(rb, name_b)
     if ci is not None and ci[1] < 0:
         lost = f"B ({side_b['engine']} {side_b['version']}) lost acceptance"
     elif ci is not None and ci[0] > 0:
@@ -209,10 +218,47 @@ def run_rule(results: dict) -> str:
     return "greedy" if settings.get("sampling") else "n/a at T = 0"
 
 
-def compare_runs(a: Run, b: Run, across_rules: bool = False) -> dict:
+def run_temperature(results: dict) -> float:
+    """The temperature a run's continuations were drawn at (0: greedy; a run without ``sampling`` is greedy)."""
+    t = _real(_obj(_obj(results.get("settings")).get("sampling")).get("temperature"))
+    return t if t is not None else 0.0
+
+
+def _law(results: dict) -> str:
+    """A run's sampling law in words (the note where two runs' laws differ)."""
+    law = _obj(_obj(results.get("settings")).get("sampling"))
+    if not law:
+        return "greedy (T = 0)"
+    parts = [f"T={_num(law.get('temperature'), 'g')}", f"top-p {_num(law.get('top_p'), 'g')}",
+             f"top-k {law.get('top_k')}", f"{law.get('samples_per_prompt')} draw(s) per prompt",
+             f"seed {law.get('seed')}"]
+    return ", ".join(parts)
+
+
+def drafter_pairs(ra: dict, rb: dict) -> tuple[list[tuple[str | None, str | None]], list[str]]:
+    """Which drafter of A is compared with which of B: by name; where no name is in both and each run holds one
+    drafter (two checkpoints of a watched run: each drafter is named after its checkpoint), those two."""
+    names_a, names_b = list(_drafters(ra)), list(_drafters(rb))
+    if len(names_a) == 1 and len(names_b) == 1 and names_a != names_b:
+        return [(names_a[0], names_b[0])], [f"paired {names_a[0]} (A) with {names_b[0]} (B): each run holds one "
+                                            "drafter (a watched run's checkpoints are named after their step)"]
+    pairs: list[tuple[str | None, str | None]] = [(n, n if n in names_b else None) for n in names_a]
+    return pairs + [(None, n) for n in names_b if n not in names_a], []
+
+
+def compare_runs(a: Run, b: Run, across_rules: bool = False, across_temperatures: bool = False) -> dict:
     ra, rb = a.results(), b.results()
     sa, sb = a.samples(required=True), b.samples(required=True)
     notes = []
+    temp_a, temp_b = run_temperature(ra), run_temperature(rb)
+    if temp_a != temp_b:
+        if not across_temperatures:
+            raise InputError(f"{a.name} drew its continuations at T={temp_a:g} and {b.name} at T={temp_b:g}: the "
+                             "temperature changes τ, so their Δτ would mix the temperature with the drafter",
+                             hint="evaluate both at the same --temperature, or pass --across-temperatures to "
+                             "compare anyway (Δτ is then the temperature's effect too)")
+        notes.append(f"temperatures differ: T={temp_a:g} in A, T={temp_b:g} in B (--across-temperatures): Δτ "
+                     "includes the temperature's effect")
     rule_a, rule_b = run_rule(ra), run_rule(rb)
     if rule_a != rule_b and "n/a at T = 0" not in (rule_a, rule_b):
         if not across_rules:
@@ -224,7 +270,8 @@ def compare_runs(a: Run, b: Run, across_rules: bool = False) -> dict:
     for key in _SETTINGS:
         va, vb = _obj(ra.get("settings")).get(key), _obj(rb.get("settings")).get(key)
         if va != vb:
-            notes.append(f"settings differ: {key} = {va!r} in A, {vb!r} in B")
+            notes.append(f"sampling differs: {_law(ra)} in A; {_law(rb)} in B" if key == "sampling" else
+                         f"settings differ: {key} = {va!r} in A, {vb!r} in B")
     notes += _dataset_notes(_obj(ra.get("settings")), _obj(rb.get("settings")))
     notes += _draws_note(ra, rb, sa, sb)
     ta, tb = _obj(ra.get("target")), _obj(rb.get("target"))
@@ -235,24 +282,26 @@ def compare_runs(a: Run, b: Run, across_rules: bool = False) -> dict:
     if ka != kb:
         notes.append(f"features came from different linear-attention kernels: {ka} in A, {kb} in B")
     rows = []
-    names_a, names_b = list(_drafters(ra)), list(_drafters(rb))
-    for name in names_a + [n for n in names_b if n not in names_a]:
-        row: dict = {"drafter": name}
-        if name not in names_a or name not in names_b:
-            row["note"] = f"only in {'A' if name in names_a else 'B'}"
-            row["tau_a" if name in names_a else "tau_b"] = _real(_metrics(ra if name in names_a else rb, name)
-                                                                  .get("tau_macro"))
-            rows.append(row)
+    pairs, pairing_notes = drafter_pairs(ra, rb)
+    notes += pairing_notes
+    for name_a, name_b in pairs:
+        if name_a is None or name_b is None:
+            name = name_a or name_b
+            rows.append({"drafter": name, "note": f"only in {'A' if name_a else 'B'}",
+                         "tau_a" if name_a else "tau_b": _real(_metrics(ra if name_a else rb, name).get("tau_macro"))})
             continue
-        row["tau_a"] = _real(_metrics(ra, name).get("tau_macro"))
-        row["tau_b"] = _real(_metrics(rb, name).get("tau_macro"))
-        paired = _paired(_per_sample_tau(sa, name), _per_sample_tau(sb, name))
+        row: dict = {"drafter": name_a if name_a == name_b else f"{name_a} → {name_b}"}
+        if name_a != name_b:
+            row["drafters"] = {"a": name_a, "b": name_b}
+        row["tau_a"] = _real(_metrics(ra, name_a).get("tau_macro"))
+        row["tau_b"] = _real(_metrics(rb, name_b).get("tau_macro"))
+        paired = _paired(_per_sample_tau(sa, name_a), _per_sample_tau(sb, name_b))
         row.update(paired_samples=paired["paired_samples"], delta=paired["delta"], ci=paired["ci"],
-                   note=paired["verdict"], conventions=_conventions(ra, rb, sa, sb, name))
-        by_dataset = _by_dataset(sa, sb, name)
+                   note=paired["verdict"], conventions=_conventions(ra, rb, sa, sb, name_a, name_b))
+        by_dataset = _by_dataset(sa, sb, name_a, name_b)
         if by_dataset:
             row["by_dataset"] = by_dataset
-        engine = engine_pairing(ra, rb, sa, sb, name)
+        engine = engine_pairing(ra, rb, sa, sb, name_a, name_b)
         if engine is not None:
             row["engine"] = engine
         rows.append(row)

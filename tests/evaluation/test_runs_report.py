@@ -229,3 +229,39 @@ def test_a_dflash2_drafter_reads_ddtree_not_defined_in_the_table_and_the_report(
     write_report(run.path, results, [])
     report = (run.path / "report.md").read_text()
     assert "| not defined | not defined |" in report and "DDTree: not defined for DFlash2 drafters" in report
+
+
+def test_compare_pairs_the_checkpoints_of_a_watched_run(tmp_path):
+    """A watch names each checkpoint's drafter after its step: two such runs pair their one drafter each."""
+    from cli_runner import dfo
+
+    a = make_run(tmp_path, {"step_20000": [2.0, 3.0, 4.0, 3.0]})
+    b = make_run(tmp_path, {"step_25000": [3.0, 4.0, 5.0, 4.0]})
+    (row,) = compare_runs(a, b)["drafters"]
+    assert row["drafter"] == "step_20000 → step_25000" and row["delta"] == pytest.approx(1.0)
+    assert row["paired_samples"] == 4 and row["drafters"] == {"a": "step_20000", "b": "step_25000"}
+    shown = dfo("runs", "compare", a.name, b.name, env={"DFO_RUNS_DIR": str(tmp_path)})
+    assert shown.returncode == 0, shown.stderr
+    assert "step_20000 → step_25000" in shown.stdout and "only in" not in shown.stdout and "+1.00" in shown.stdout
+    assert "paired step_20000 (A) with step_25000 (B): each run holds one drafter" in " ".join(shown.stdout.split())
+    # two drafters on one side: by name, as before
+    c = make_run(tmp_path, {"step_25000": [3.0, 4.0, 5.0, 4.0], "zlab": [5.0, 5.0, 5.0, 5.0]})
+    assert {r["note"] for r in compare_runs(a, c)["drafters"]} == {"only in A", "only in B"}
+
+
+def test_compare_of_a_greedy_and_a_sampled_run_is_refused_unless_asked(tmp_path):
+    from cli_runner import dfo
+
+    a = make_run(tmp_path, {"ours": [2.0, 3.0]})
+    b = make_run(tmp_path, {"ours": [3.0, 4.0]}, settings={"max_new_tokens": 64, "sampling": {
+        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "samples_per_prompt": 1, "seed": 0}})
+    before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    refused = dfo("runs", "compare", a.name, b.name, env={"DFO_RUNS_DIR": str(tmp_path)})
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    text = " ".join(refused.stderr.split())
+    assert f"{a.name} drew its continuations at T=0 and {b.name} at T=1" in text and "--across-temperatures" in text
+    assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+    asked = dfo("runs", "compare", a.name, b.name, "--across-temperatures", env={"DFO_RUNS_DIR": str(tmp_path)})
+    assert asked.returncode == 0, asked.stderr
+    shown = " ".join(asked.stdout.split())
+    assert "temperatures differ: T=0 in A, T=1 in B" in shown and "sampling differs: greedy (T = 0) in A; T=1" in shown

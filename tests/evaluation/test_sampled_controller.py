@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from cli_runner import dfo
 
+from orchestrator.core.errors import InputError
 from orchestrator.evaluation.compare import compare_runs
 from orchestrator.evaluation.report import summary_table, write_report
 from orchestrator.evaluation.runs import new_run, write_json_atomic
@@ -120,7 +121,13 @@ def test_runs_compare_pairs_the_draws_by_prompt_and_seed(tmp_path):
     other = _sampled_run(tmp_path, {"ours": [[3.0, 3.0], [5.0, 5.0], [2.0, 2.0]]}, seed=7)
     assert any("the runs' draws are independent" in n for n in compare_runs(a, other)["notes"])
     hotter = _sampled_run(tmp_path, {"ours": [[3.0, 3.0], [5.0, 5.0], [2.0, 2.0]]}, temperature=0.6)
-    assert any("settings differ: sampling" in n for n in compare_runs(a, hotter)["notes"])
+    with pytest.raises(InputError, match="drew its continuations at T=1 and .* at T=0.6: the temperature changes τ"):
+        compare_runs(a, hotter)
+    notes = compare_runs(a, hotter, across_temperatures=True)["notes"]
+    assert "temperatures differ: T=1 in A, T=0.6 in B (--across-temperatures): Δτ includes the temperature's " \
+        "effect" in notes
+    assert "sampling differs: T=1, top-p 1, top-k 0, 2 draw(s) per prompt, seed 0 in A; T=0.6, top-p 1, top-k 0, " \
+        "2 draw(s) per prompt, seed 0 in B" in notes and not any("{" in n for n in notes)
 
 
 def test_runs_compare_refuses_two_draft_rules_unless_told(tmp_path):
