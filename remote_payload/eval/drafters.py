@@ -121,7 +121,8 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
     for i, ref in enumerate(refs):
         feats = ctx.extraction.store.get(i)
         drafts = draft_sample(source, feats, ref.tokens, len(ref.prompt_ids), topk=s.draft_topk,
-                              end=ends is not None and ref.stop_reason == "max_new_tokens")
+                              end=ends is not None and conv.anchors_at_last_token(
+                                  len(ref.tokens) - len(ref.prompt_ids), ref.stop_reason))
         rounds_all.append(replay(drafts))
         by_k.append(sample_record(drafts.tokens, drafts.prompt_len, drafts.top1, runtime.block_size))
         if by_rule is not None:  # τ under the sampled rule, exact given this continuation (eval/sampled_rule.py)

@@ -75,6 +75,14 @@ def _full_round(s: SampleEnd, a: int, B: int) -> Round:
     return Round(a, acc, acc + 1, len(truth))
 
 
+def anchors_at_last_token(continuation: int, stop_reason: str | None) -> bool:
+    """Whether the zlab-2604 rounds may anchor at the last kept token, so the draft pass must draft from it too:
+    at a max-tokens stop (rounds that land exactly on it run one more), and for an answer of one token, the stop
+    token alone (the loop looks for the stop only after a round, so its one round is anchored there). An empty
+    answer is a sample like any other: no committed or vllm round, one zlab-2604 round."""
+    return stop_reason == "max_new_tokens" or continuation == 1
+
+
 def vllm_rounds(s: SampleEnd, B: int) -> list[Round]:
     return [_full_round(s, r.anchor, B) for r in committed_rounds(s)]
 

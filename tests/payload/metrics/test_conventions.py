@@ -188,3 +188,38 @@ def test_reference_tail_is_cached_beside_an_old_entry(target, samples, tmp_path)
     eos = cached_reference(target, prompt, 160, tmp_path, tail=6)
     assert eos.stop_reason == "eos" and len(eos.tail) == 6
     assert eos.tail == _greedy(target, eos.tokens, 6, set())
+
+
+class _FixedDrafts:
+    """A drafter stand-in for the draft pass: every block drafts the same tokens (no model needed)."""
+
+    def prepare(self, features):
+        return None
+
+    def draft(self, ctx, tokens, anchors, topk=1):
+        import torch
+
+        ids = torch.tensor([[[3], [4], [7]] for _ in anchors], dtype=torch.long).reshape(len(anchors), 3, 1)
+        return ids, torch.zeros(ids.shape)
+
+
+@pytest.mark.parametrize("stop_reason", ["stop", "max_new_tokens"])
+def test_an_answer_of_the_stop_token_alone_is_a_sample_in_every_convention(stop_reason):
+    """The answer is the end token alone (a one-token continuation, e.g. a thinking-mode target that stops at
+    once): the draft pass drafts from that token, the zlab-2604 round anchored there is counted, and committed
+    and vllm have no round (the sample leaves their τ macro) — no convention fails after the references."""
+    from remote_payload.eval.offline import draft_sample
+
+    tokens, prompt_len = [9, 0], 1  # prompt [9], answer [0] (the end token)
+    assert cv.anchors_at_last_token(len(tokens) - prompt_len, stop_reason)
+    drafts = draft_sample(_FixedDrafts(), {}, tokens, prompt_len, topk=1,
+                          end=cv.anchors_at_last_token(len(tokens) - prompt_len, stop_reason))
+    end = cv.SampleEnd(tokens=tokens + [3, 4, 5], prompt_len=prompt_len, kept=len(tokens), max_new=8,
+                       stop_ids=frozenset({0}), drafts_at=drafts.top1)
+    assert cv.committed_rounds(end) == [] and cv.vllm_rounds(end, 4) == []
+    assert [(r.anchor, r.accepted, r.produced) for r in cv.zlab_2604_rounds(end, 4)] == [(1, 2, 3)]
+    got = cv.conventions([end, S1], 4)
+    assert got["committed"]["tau_macro"] == 2.0 and got["zlab-2604"]["rounds"] == 2  # S1's one round, and this one
+    assert cv.record(cv.vllm_rounds(end, 4)) is not None
+    # a longer answer that ends on the end token needs no draft from it
+    assert not cv.anchors_at_last_token(5, "stop")
