@@ -190,7 +190,7 @@ CASES = [
     ("connect-timeout-env", ["runs", "list"], {"DFO_CONNECT_TIMEOUT": "soon"},
      2, [(ERR, "DFO_CONNECT_TIMEOUT"), (ERR, "--connect-timeout")]),
     ("connect-timeout-zero", ["--connect-timeout", "0", "runs", "list"], {},
-     2, [(ERR, "greater than or equal to 0.1")]),
+     2, [(ERR, "error: --connect-timeout 0: expected at least 0.1 seconds")]),
     ("version", ["--version"], {}, 0, [(OUT, f"dfo {VERSION}")]),
     ("completion", [], {"_DFO_COMPLETE": "complete_bash", "COMP_WORDS": "dfo ser", "COMP_CWORD": "1"},
      0, [(OUT, "series")]),
@@ -262,10 +262,11 @@ CASES = [
      2, [(ERR, "holds 164 row(s), so the eval would run 164, not 100000: give @164 or less")]),
     ("watch-dataset-count-above-its-rows", [*WATCH, "--dataset", "humaneval@100000"], TEAM,
      2, [(ERR, "holds 164 row(s), so the eval would run 164, not 100000")]),
+    # in dfo's words, naming where the value came from (the option given: no word of the variable)
     ("connect-timeout-inf", ["--connect-timeout", "inf", "runs", "list"], {},
-     2, [(ERR, "inf is not a finite number of seconds")]),
+     2, [(ERR, "error: --connect-timeout inf: not a finite number of seconds"), (ERR, "hint: give e.g. 10 or 30")]),
     ("connect-timeout-env-inf", ["runs", "list"], {"DFO_CONNECT_TIMEOUT": "inf"},
-     2, [(ERR, "DFO_CONNECT_TIMEOUT"), (ERR, "not a finite number")]),
+     2, [(ERR, "error: DFO_CONNECT_TIMEOUT=inf: not a finite number of seconds")]),
     # engine arguments that would replace what dfo sets; options that need another
     ("engine-arg-port", [*EVAL, "--engine", "vllm", "--payload-arg=--engine-arg=--port=9000"], TEAM,
      2, [(ERR, "--engine-arg '--port=9000': dfo sets --port of the vllm server itself")]),
@@ -494,6 +495,30 @@ def test_a_command_loads_only_its_own_module():
              "; print(sorted(m for m in sys.modules if m.startswith('orchestrator.cli.') and m.endswith('_cmd')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['orchestrator.cli.runs_cmd']"
+
+
+def test_deploy_dry_run_against_a_silent_port_gives_its_hint_once(dfo, state):
+    result = dfo(["--connect-timeout", "1", "deploy", "--dry-run", "--host", "silent"],
+                 {"DFO_INVENTORY": state["broken"]})
+    both = result.out + result.err
+    assert result.code == 1 and "is silent" in result.out and both.count("raise --connect-timeout") == 1, both
+
+
+def test_connect_timeout_given_as_the_option_does_not_name_the_variable(dfo):
+    result = dfo(["--connect-timeout", "inf", "runs", "list"])
+    assert result.code == 2 and "DFO_CONNECT_TIMEOUT" not in result.err and "Invalid value" not in result.err
+
+
+def test_a_refused_port_says_what_to_check_in_words_not_the_library_s(dfo, tmp_path):
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: connections are refused
+    inventory = broken_inventory(tmp_path, {"refused": port})
+    result = dfo(["--connect-timeout", "1", "inventory", "check", "--connect"], {"DFO_INVENTORY": str(inventory)})
+    shown = " ".join((result.out + result.err).split())
+    assert result.code == 1 and f"connection refused by 127.0.0.1:{port} (is sshd running?)" in shown, shown
+    assert "Errno" not in shown and "Unable to connect" not in shown
+    assert "check that sshd listens there, and 'address' and 'port' of refused in the inventory" in shown
 
 
 def test_ssh_library_log_stays_off_the_terminal_unless_dfo_debug(broken_ports, tmp_path):

@@ -45,7 +45,8 @@ def deploy_cmd(
         # Errors, releases and file names may come from the host: Text cells, never markup.
         for n, o in outcomes.items():
             if not o.ok:
-                table.add_row(Text(n), Text("failed", style="red"), "", "", Text(str(o.error)))
+                message = o.error.message if o.error is not None else "failed"  # its hint follows, once, below
+                table.add_row(Text(n), Text("failed", style="red"), "", "", Text(message))
                 continue
             r = o.result
             detail = ""

@@ -20,7 +20,7 @@ from rich.text import Text
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from orchestrator.cli.context import AppContext  # noqa: E402 - after the line above
-from orchestrator.core.errors import DfoError  # noqa: E402
+from orchestrator.core.errors import DfoError, InputError  # noqa: E402
 
 app = typer.Typer(
     name="dfo",
@@ -50,9 +50,15 @@ def _show_version(wanted: bool) -> None:
         raise typer.Exit()
 
 
-def _finite_timeout(value: float) -> float:
-    if value != value or value == float("inf"):  # nan or inf: no socket takes it
-        raise typer.BadParameter(f"{value} is not a finite number of seconds (e.g. 10 or 30)")
+def _finite_timeout(ctx: typer.Context, value: float) -> float:
+    """--connect-timeout in dfo's own words, naming where the value came from: the option, or the variable."""
+    source = ctx.get_parameter_source("connect_timeout")
+    given = f"DFO_CONNECT_TIMEOUT={value:g}" if source is not None and source.name == "ENVIRONMENT" \
+        else f"--connect-timeout {value:g}"
+    if value != value or value in (float("inf"), float("-inf")):  # nan or inf: no socket takes it
+        raise InputError(f"{given}: not a finite number of seconds", hint="give e.g. 10 or 30")
+    if value < 0.1:
+        raise InputError(f"{given}: expected at least 0.1 seconds", hint="give e.g. 10 or 30")
     return value
 
 
@@ -69,7 +75,7 @@ def _global(
         help="Trust-on-first-use: accept host keys not yet in known_hosts and record them there. "
         "Mismatching keys are always refused.",
     ),
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", metavar="SECONDS", min=0.1,
+    connect_timeout: float = typer.Option(10.0, "--connect-timeout", metavar="SECONDS",
                                           callback=_finite_timeout, envvar="DFO_CONNECT_TIMEOUT",
                                           help="SSH connect timeout."),
     version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,

@@ -163,8 +163,8 @@ def _call(connector: Connector, host: str, func: str, *, call_timeout: float | N
                                    timeout=call_timeout, **kwargs)
     except HostError as exc:
         # Lookup failures on the host are bad input (unknown job), not a failed operation.
-        if "LookupError: " in exc.message:
-            raise InputError(exc.message.replace("jobs_host." + func + ": LookupError: ", ""),
+        if "LookupError: " in exc.detail:  # "jobs.resolve: LookupError: no job …": the host script's words only
+            raise InputError(f"{host}: {exc.detail.split('LookupError: ', 1)[1]}",
                              hint=f"list jobs with: dfo jobs list --host {host}") from None
         raise
 

@@ -393,7 +393,9 @@ def _open_error(host: ResolvedHost, keys: list[str], exc: Exception, bannerless:
         return HostError(host.name, f"cannot resolve host name {host.hostname!r} ({exc.strerror})",
                          hint="check 'address' in the inventory or the HostName in ssh_config")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return ConnectionLost(host.name, f"connection refused by {where} (is sshd running?)", hint=str(exc))
+        return ConnectionLost(host.name, f"connection refused by {where} (is sshd running?)",
+                              hint=f"check that sshd listens there, and 'address' and 'port' of {host.name} in the "
+                              "inventory (or its ssh_config entry)")
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return ConnectionLost(host.name, f"no answer from {where} within {host.connect_timeout:g}s "
                               "(host down or firewalled)")
