@@ -219,6 +219,10 @@ CASES = [
     ("runs-compare-without-samples", ["runs", "compare", "{good}", "{good}"], {},
      2, [(ERR, "{runs}/{good}/samples.jsonl: missing")]),
     ("runs-show-unknown", ["runs", "show", "nosuchrun"], {}, 2, [(ERR, "no run matches 'nosuchrun'")]),
+    ("runs-list-missing-runs-dir", ["runs", "list", "--runs-dir", "{runs}-typo"], {},
+     2, [(ERR, "--runs-dir {runs}-typo: no such folder"), (ERR, "leave it out for ./runs")]),
+    ("series-list-missing-runs-dir", ["series", "list"], {"DFO_RUNS_DIR": "{runs}-typo"},
+     2, [(ERR, "--runs-dir {runs}-typo: no such folder")]),
     # local state: series
     ("series-list-damaged", ["series", "list"], {},
      0, [(ERR, "unreadable: {runs}/series/broken/series.json: not readable JSON"),
@@ -549,6 +553,14 @@ def full_results() -> dict:
                               "gsm8k": {"tau_macro": {"value": 5.93, "ci": [5.73, 6.13]}}}}
     return {"drafters": {"z-lab/Qwen3.6-27B-DFlash": {"metrics": metrics, "timings": {"eval_s": 812.4}},
                          "ours-step-2000": {"metrics": {**metrics, "tau_macro": 5.02}, "timings": {"eval_s": 799.0}}}}
+
+
+def test_inventory_show_on_a_narrow_terminal_folds_and_cuts_no_host_name(dfo):
+    result = dfo(["inventory", "show"], {**TEAM, "COLUMNS": "60"})
+    assert result.code == 0, result.err
+    assert max(len(line) for line in result.out.splitlines()) <= 60
+    for name in ("kpro6", "ct129", "/data/models"):
+        assert f" {name} " in result.out, result.out
 
 
 @pytest.mark.parametrize("columns", ["80", "60"])

@@ -14,6 +14,7 @@ from orchestrator.cli.main import app
 from orchestrator.core.errors import InputError
 from orchestrator.core.inventory_edit import add_host, cli_value, remove_host, set_field, write_inventory
 from orchestrator.core.units import human_bytes
+from orchestrator.ui.fold import Folded
 
 inventory_app = typer.Typer(help="Validate, inspect and edit inventory.yaml (comments and order are kept).",
                             no_args_is_help=True)
@@ -131,7 +132,7 @@ def show(
         return
     table = Table(title=str(inv.source), title_justify="left")
     for col in ("host", "ssh", "roles", "workdir", "venv", "paths", "gpu", "reaches"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "host")  # a host name is what one types: never cut
     for name, h in inv.hosts.items():
         r = resolve_host(inv, name)
         table.add_row(
@@ -140,7 +141,7 @@ def show(
             "\n".join(f"{k}: {v}" for k, v in h.paths.model_dump().items() if v and k != "venv"),
             {True: "yes", False: "no", None: "detect"}[h.gpu], ", ".join(h.reaches) or "-",
         )
-    app_ctx.out.print(table)
+    app_ctx.out.print(Folded(table))  # a narrow terminal: the columns fold under each other, nothing is cut
 
 
 @inventory_app.command("set")

@@ -26,7 +26,7 @@ from orchestrator.evaluation.profile import (
     write_profiles,
 )
 from orchestrator.evaluation.report import drafter_rows
-from orchestrator.evaluation.runs import find_run, runs_root, scan_runs
+from orchestrator.evaluation.runs import find_run, named_runs_root, runs_root, scan_runs
 from orchestrator.ui.fold import Folded
 
 runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull.",
@@ -45,7 +45,7 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
 
     A run whose run.json or results.json cannot be read is listed as such, with its path and what is wrong."""
     app_ctx: AppContext = ctx.obj
-    runs, unreadable = scan_runs(runs_root(runs_dir))
+    runs, unreadable = scan_runs(named_runs_root(runs_dir))
     rows: list[dict] = [{"run": path.name, "status": "unreadable", "hosts": None, "tau_macro": {}, "error": why}
                         for path, why in unreadable]
     for run in runs:

@@ -13,7 +13,7 @@ from orchestrator.cli.main import app
 from orchestrator.core import plotting
 from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import fmt_number
-from orchestrator.evaluation.runs import runs_root
+from orchestrator.evaluation.runs import named_runs_root, runs_root
 from orchestrator.watch import series as series_state
 from orchestrator.watch import supervisor
 from orchestrator.watch.plot import write_plot
@@ -49,7 +49,7 @@ def list_cmd(ctx: typer.Context, runs_dir: Optional[str] = RunsDir,
     A series whose series.json cannot be read is listed as unreadable, with its path and what is wrong."""
     app_ctx: AppContext = ctx.obj
     rows: list[dict] = []
-    for folder in sorted(series_state.series_root(runs_root(runs_dir)).glob("*")):
+    for folder in sorted(series_state.series_root(named_runs_root(runs_dir)).glob("*")):
         try:
             doc = series_state.load_series(folder) if (folder / "series.json").is_file() else None
         except InputError as exc:  # one damaged series: say so and list the others

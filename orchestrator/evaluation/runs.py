@@ -30,6 +30,18 @@ def runs_root(value: str | os.PathLike | None = None) -> Path:
     return Path(value or os.environ.get("DFO_RUNS_DIR") or "runs")
 
 
+def named_runs_root(value: str | os.PathLike | None = None) -> Path:
+    """The runs folder a listing reads: one named (--runs-dir or $DFO_RUNS_DIR) must exist, where an empty list
+    would hide a mistyped name; the default ./runs may be missing (no run yet)."""
+    root = runs_root(value)
+    named = value or os.environ.get("DFO_RUNS_DIR")
+    if named and not root.is_dir():
+        what = "is not a folder" if root.exists() else "no such folder"
+        raise InputError(f"--runs-dir {named}: {what}", hint="give the folder the runs were written to (dfo eval "
+                         "--runs-dir DIR), or leave it out for ./runs")
+    return root
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
