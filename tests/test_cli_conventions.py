@@ -638,3 +638,20 @@ def test_ctrl_c_during_connects_to_silent_hosts_ends_the_command_at_once(tmp_pat
         listener.close()
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, (proc.returncode, err)
     assert took < 10, f"Ctrl-C took {took:.1f}s to end the command (the connect timeout is 60 s)"
+
+
+def test_a_kept_cluster_demo_says_that_slurm_was_stopped():
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from orchestrator.cli import demo_cmd
+
+    def said(**outcome) -> str:
+        err = Console(record=True, width=300)
+        demo_cmd._finished(SimpleNamespace(err=err), SimpleNamespace(seconds=12.0, sandbox_root="/tmp/box", **outcome))
+        return err.export_text()
+
+    kept = said(kept=True, cluster=object())
+    assert "sandbox kept in /tmp/box" in kept and "the sandbox Slurm was stopped" in kept and "partition" in kept
+    assert "Slurm" not in said(kept=True, cluster=None) and "Slurm" not in said(kept=False, cluster=object())

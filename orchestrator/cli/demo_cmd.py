@@ -92,7 +92,15 @@ def _watch_demo(app_ctx: AppContext, root, keep, samples, max_new_tokens, runs_d
     render_series(app_ctx, outcome.folder, outcome.series)
 
 
+SLURM_NOT_KEPT = ("the sandbox Slurm was stopped (--keep keeps the hosts, not Slurm's daemons): host hpc answers "
+                  "over SSH, but its partition is down, so `dfo inventory check --connect` reports it and an eval on "
+                  "hpc fails; run `dfo demo --cluster slurm` again for a cluster")
+
+
 def _finished(app_ctx: AppContext, outcome) -> None:
     app_ctx.err.print(Text.assemble("\n", ("demo finished", "bold green"), f" in {outcome.seconds:.0f}s",
                                     f"; sandbox kept in {outcome.sandbox_root}" if outcome.kept
                                     else "; sandbox hosts stopped"))
+    if outcome.kept and getattr(outcome, "cluster", None) is not None:
+        # Slurm's daemons live only while the demo runs: the kept hosts answer, the cluster's partition does not.
+        app_ctx.err.print(Text(f"  {SLURM_NOT_KEPT}"))
