@@ -82,21 +82,33 @@ class SeriesLock:
     def __init__(self, folder: Path):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / ".watch.lock"
-        self.fh = open(self.path, "a+")
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.seek(0)
-            holder = self.fh.read().strip() or "?"
+        while True:
+            self.fh = open(self.path, "a+")
+            try:
+                fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.fh.seek(0)
+                holder = self.fh.read().strip() or "?"
+                self.fh.close()
+                raise InputError(f"another `dfo watch` (pid {holder}) is watching series {folder.name}",
+                                 hint=f"stop it first, or watch under another --series name ({self.path})") from None
+            try:  # the file is removed on release: a lock taken on a file already removed is taken again
+                if os.stat(self.path).st_ino == os.fstat(self.fh.fileno()).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
             self.fh.close()
-            raise InputError(f"another `dfo watch` (pid {holder}) is watching series {folder.name}",
-                             hint=f"stop it first, or watch under another --series name ({self.path})") from None
         self.fh.seek(0)
         self.fh.truncate()
         self.fh.write(str(os.getpid()))
         self.fh.flush()
 
     def release(self) -> None:
+        """Removed while still held (so no file is left behind a finished watch), then let go."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
         self.fh.close()
 
 
@@ -129,7 +141,17 @@ class Watcher:
                     return self.series
                 self._idle(plan)
         finally:
+            self._fold_journal()
             lock.release()
+
+    def _fold_journal(self) -> None:
+        """A watcher that stops leaves series.json whole (its journal folded in), the file the docs point to."""
+        if not self.series:
+            return
+        try:
+            series_state.save(self.folder, self.series)
+        except OSError:
+            pass  # the journal still holds every change: the next start folds it in
 
     def stop_worker(self) -> None:
         """Stop the resident workers now (else they stop by themselves after --worker-idle)."""
