@@ -138,3 +138,72 @@ def test_the_check_catches_what_it_is_for():
         "dfo -i x.yaml inventory check": [],
         "dfo --connect-timeout 5 jobs list": [],
     }
+
+
+# ------------------------------------------------------------------------------ `--flag` in prose
+
+PROSE_FLAG = re.compile(r"`(--[a-z][a-z0-9-]*)")
+# Flags of other programs a page names, by program: they are not dfo's, and each page says whose they are.
+FOREIGN = {
+    "sbatch / Slurm": {"--option", "--array", "--output", "--error", "--chdir", "--job-name", "--wrap", "--export",
+                       "--gpus-per-task"},
+    "vLLM / SGLang servers": {"--model", "--api-key", "--speculative-config", "--model-path", "--config",
+                              "--speculative-", "--tensor-parallel-size", "--speculative-algorithm"},
+    "apt-get, pip": {"--no-install-recommends", "--no-deps"},
+    "scripts/test.sh": {"--quick"},
+    "z-lab's benchmark": {"--max-samples"},
+    "benchmarks/relay_bench.py": {"--size"},
+}
+PAYLOAD_CONTEXT = 2  # lines before a payload-only flag that may say it is the payload's
+
+
+def all_option_names(command: Any) -> set[str]:
+    names = option_names(command)
+    for sub in (getattr(command, "commands", None) or {}).values():
+        names |= all_option_names(sub)
+    return names
+
+
+def payload_option_names() -> set[str]:
+    from remote_payload.eval.options import payload_options
+
+    return {o.flag for o in payload_options()} | {"--no-" + o.flag[2:] for o in payload_options() if o.negatable}
+
+
+def prose_flag_problems(text: str, dfo_flags: set[str], payload_flags: set[str]) -> list[tuple[int, str]]:
+    """(line, flag) for each `--flag` of a prose code span that no dfo command has, that is not the payload's
+    where the page says so (the word "payload" on its line or just before), and that no other program named in
+    FOREIGN has. Fenced blocks (commands and their output) are test_every_dfo_form_in_the_docs_matches_the_cli's."""
+    foreign = set().union(*FOREIGN.values())
+    lines, fenced, bad = text.splitlines(), False, []
+    for n, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        for flag in PROSE_FLAG.findall(line):
+            if flag in dfo_flags or flag in foreign:
+                continue
+            context = " ".join(lines[max(0, n - PAYLOAD_CONTEXT):n + 1])
+            if flag in payload_flags and "payload" in context:
+                continue
+            bad.append((n + 1, flag))
+    return bad
+
+
+def test_every_flag_the_docs_name_in_prose_exists():
+    flags, payload = all_option_names(root_command()), payload_option_names()
+    bad = [f"{path.relative_to(REPO)}:{line}: {flag}" for path in doc_files()
+           for line, flag in prose_flag_problems(path.read_text(encoding="utf-8"), flags, payload)]
+    assert bad == [], "the docs name flags no dfo command has (a payload option: say it is the payload's):\n" + \
+        "\n".join(bad)
+
+
+def test_the_prose_flag_check_catches_what_it_is_for():
+    flags, payload = all_option_names(root_command()), payload_option_names()
+    text = ("With `--topk` above K a warning names the ranks.\n"  # the payload's, not said: refused
+            "The payload's `--topk 16` is given as `--payload-arg=--topk=16`.\n"
+            "`--samples 4` and `--no-resident` are dfo's; `--frobnicate` is nobody's.\n"
+            "```\n$ dfo eval --anything-in-a-fence\n```\n")
+    assert prose_flag_problems(text, flags, payload) == [(1, "--topk"), (3, "--frobnicate")]
