@@ -655,3 +655,35 @@ def test_a_kept_cluster_demo_says_that_slurm_was_stopped():
     kept = said(kept=True, cluster=object())
     assert "sandbox kept in /tmp/box" in kept and "the sandbox Slurm was stopped" in kept and "partition" in kept
     assert "Slurm" not in said(kept=True, cluster=None) and "Slurm" not in said(kept=False, cluster=object())
+
+
+CLUSTER_INVENTORY = """hosts:
+  hpc:
+    address: login1.hpc.example.org
+    workdir: /lustre/lab/dfo
+    roles: [eval]
+    slurm: {shared: /lustre/lab}
+"""
+
+
+def step_numbers(text: str) -> list[int]:
+    return [int(m.group(1)) for m in re.finditer(r"^(\d+)\. ", text, re.M)]
+
+
+def test_eval_plans_number_their_steps_without_a_gap_and_a_cluster_plan_shows_no_ssh_shard(dfo, tmp_path):
+    plain = dfo(EVAL, TEAM)
+    assert plain.code == 0 and step_numbers(plain.out) == [1, 2, 3, 4, 5], plain.out
+    assert "5. run as a detached job" in plain.out
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hi"}\n', encoding="utf-8")
+    uploaded = dfo([*EVAL, "--prompts", str(prompts)], TEAM)
+    assert uploaded.code == 0 and step_numbers(uploaded.out) == [1, 2, 3, 4, 5, 6], uploaded.out
+    assert f"5. upload prompts {prompts}" in uploaded.out
+    inventory = tmp_path / "hpc.yaml"
+    inventory.write_text(CLUSTER_INVENTORY, encoding="utf-8")
+    cluster = dfo(["eval", "--host", "hpc", "--target", "/lustre/lab/m/t", "--drafter", "a=/lustre/lab/d/a",
+                   "--shards", "2", "--dry-run"], {"DFO_INVENTORY": str(inventory)})
+    assert cluster.code == 0, cluster.err
+    assert step_numbers(cluster.out) == [1, 2, 3, 4, 5, 6] and "shard 0/1" not in cluster.out
+    assert "5. run as one Slurm array of 2 task(s) on hpc" in " ".join(cluster.out.split())
+    assert "6. on hpc: sbatch this batch script (2 array task(s))" in cluster.out and "#SBATCH --array=0-1" in cluster.out

@@ -60,9 +60,9 @@ def eval_cmd(
     cluster = _cluster_host(inv, request, shards, prompts.count)
     writable_folder(runs_root(runs_dir), "--runs-dir")  # where the run folder goes: checked before anything moves
     if dry_run:
-        _print_plan(app_ctx, plan, json_out)
+        _print_plan(app_ctx, plan, json_out, shards if cluster else None)
         if cluster and not json_out:
-            app_ctx.out.print(Text(_cluster_script(inv, cluster, plan, shards)))
+            app_ctx.out.print(Text(_cluster_script(inv, cluster, plan, shards, len(plan_steps(plan, shards)) + 1)))
         return
     console = app_ctx.err
     connector = app_ctx.connector
@@ -101,7 +101,7 @@ def _cluster_host(inv, request, shards: int, prompt_count: int | None) -> str | 
     return clusters[0]
 
 
-def _cluster_script(inv, host: str, plan, shards: int) -> str:
+def _cluster_script(inv, host: str, plan, shards: int, step: int) -> str:
     """The batch script `dfo eval --dry-run` shows for a cluster host (the run's name is known at submission)."""
     from orchestrator.cluster.eval_run import eval_request
     from orchestrator.cluster.plan import batch_script
@@ -112,35 +112,53 @@ def _cluster_script(inv, host: str, plan, shards: int) -> str:
     request = eval_request(h.slurm, "RUN", argv, payload_dir(h.workdir), shards)
     engine = ("   each task starts its own engine server on its compute node's loopback: the port picked free "
               "there, the key drawn there (neither is in this script)\n") if plan.engine_pythons else ""
-    return f"7. on {host}: sbatch this batch script ({shards} array task(s)):\n{engine}" + batch_script(h.slurm, request)
+    return f"{step}. on {host}: sbatch this batch script ({shards} array task(s)):\n{engine}" + batch_script(h.slurm, request)
 
 
-def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
+def _print_plan(app_ctx: AppContext, plan, json_out: bool, cluster_shards: int | None = None) -> None:
     if json_out:
         app_ctx.print_json({"dry_run": True, "plan": json.loads(json.dumps(plan.as_dict(), default=str))})
         return
     out = app_ctx.out
     out.print(Text.assemble(("dfo eval plan", "bold"), " (dry run: nothing is changed)"))
-    lines = ["1. check on the hosts that these exist:"]
-    lines += [f"     {h}: {p}" for h, paths in plan.checks.items() for p in paths]
-    lines += [f"2. deploy remote_payload/ to {', '.join(plan.deploy_hosts)} (only changed files; "
-              "`dfo deploy --dry-run` lists them)",
-              f"3. provision the venv on {', '.join(plan.provision_hosts)} (skipped when up to date; "
-              "`dfo provision --dry-run`)"]
-    if plan.relays:
-        lines.append("4. relay drafters:")
-        lines += [f"     {r.drafter}: {r.source} → {r.destination}"
-                  + (" (strip optimizer state on the source first)" if r.strip else "") + f" → {r.lands_at}"
-                  for r in plan.relays]
-    else:
-        lines.append("4. relay: nothing (every drafter is already on the eval host)")
-    if plan.request.prompts != "builtin":
-        lines.append(f"5. upload prompts {plan.request.prompts}")
-    lines.append("6. run as a detached job (then follow, pull, merge, report):")
-    lines += [f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload " + shlex.join(j.args)
-              for j in plan.jobs]
-    for line in lines + _engine_plan_lines(plan):
+    for line in plan_lines(plan, cluster_shards):
         out.print(Text(line))  # paths and names are printed as they are, never read as markup
+
+
+def plan_steps(plan, cluster_shards: int | None = None) -> list[list[str]]:
+    """The plan's steps (each a title line and its detail lines), in order; a step that does not apply is left
+    out, so the numbers never skip. ``cluster_shards``: the eval is one Slurm array of that many tasks, whose
+    batch script is the step after these."""
+    steps: list[list[str]] = [["check on the hosts that these exist:",
+                               *[f"     {h}: {p}" for h, paths in plan.checks.items() for p in paths]],
+                              [f"deploy remote_payload/ to {', '.join(plan.deploy_hosts)} (only changed files; "
+                               "`dfo deploy --dry-run` lists them)"],
+                              [f"provision the venv on {', '.join(plan.provision_hosts)} (skipped when up to date; "
+                               "`dfo provision --dry-run`)"]]
+    if plan.relays:
+        steps.append(["relay drafters:", *[f"     {r.drafter}: {r.source} → {r.destination}"
+                                           + (" (strip optimizer state on the source first)" if r.strip else "")
+                                           + f" → {r.lands_at}" for r in plan.relays]])
+    else:
+        steps.append(["relay: nothing (every drafter is already on the eval host)"])
+    if plan.request.prompts != "builtin":
+        steps.append([f"upload prompts {plan.request.prompts}"])
+    if cluster_shards is not None:
+        steps.append([f"run as one Slurm array of {cluster_shards} task(s) on {plan.jobs[0].host}, each task on its "
+                      f"share of the prompts, by the batch script of step {len(steps) + 2} (then follow, pull, "
+                      "merge, report)"])
+    else:
+        steps.append(["run as a detached job (then follow, pull, merge, report):",
+                      *[f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload "
+                        + shlex.join(j.args) for j in plan.jobs]])
+    return steps
+
+
+def plan_lines(plan, cluster_shards: int | None = None) -> list[str]:
+    """The plan as numbered lines, then the engine's steps inside the job."""
+    lines = [f"{n}. {line}" if i == 0 else line
+             for n, step in enumerate(plan_steps(plan, cluster_shards), 1) for i, line in enumerate(step)]
+    return lines + _engine_plan_lines(plan)
 
 
 def _engine_plan_lines(plan) -> list[str]:

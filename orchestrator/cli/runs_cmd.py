@@ -1,4 +1,5 @@
-"""`dfo runs …`: the local run folders: list, show, compare, and pull (reattach to) a detached run."""
+"""`dfo runs …`: the local run folders: list, show, compare, pull (reattach to) a detached run, and export a
+drafter's speculation profile."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from orchestrator.evaluation.report import drafter_rows
 from orchestrator.evaluation.runs import find_run, named_runs_root, runs_root, scan_runs
 from orchestrator.ui.fold import Folded
 
-runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull.",
+runs_app = typer.Typer(help="Run folders under ./runs (or $DFO_RUNS_DIR): list, show, compare, pull, profile.",
                        no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 
