@@ -10,7 +10,6 @@ tasks' states, and `dfo runs pull RUN --resume` submits only those tasks again.
 from __future__ import annotations
 
 import posixpath
-import re
 import shutil
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from orchestrator.cluster.operation import (
     submit,
     task_records,
 )
-from orchestrator.cluster.plan import BatchRequest, task_dir
+from orchestrator.cluster.plan import BatchRequest, job_folder, task_dir
 from orchestrator.cluster.replies import TaskState
 from orchestrator.core.confine import check_component
 from orchestrator.core.errors import InputError, OperationError
@@ -77,10 +76,10 @@ def check_cluster_eval(inventory: Any, host: str, shards: int, request: Any, pro
                          hint="set paths.checkpoints to a folder on the cluster's shared filesystem")
 
 
-def eval_request(section: SlurmSection, run_name: str, argv: list[str], cwd: str, shards: int,
+def eval_request(workdir: str, run_name: str, argv: list[str], cwd: str, shards: int,
                  env: dict[str, str] | None = None) -> BatchRequest:
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"dfo-eval-{run_name}")[:64]
-    job_dir = posixpath.join(section.shared, "dfo-jobs", name)
+    """The array of RUN_NAME's eval, its folder under the host's private WORKDIR (cluster/plan.py job_dir)."""
+    name, job_dir = job_folder(workdir, f"dfo-eval-{run_name}")
     return BatchRequest(name, job_dir, tuple(range(shards)), eval_task_command(argv, shards), dict(env or {}), cwd)
 
 
@@ -198,7 +197,8 @@ def resume_eval(connector: Any, host: str, job: dict) -> tuple[int, ...]:
     if not missing:
         return ()
     again = submit(login, _section(connector, host), BatchRequest(request.name, request.job_dir, missing,
-                                                                 request.command, request.env, request.cwd))
+                                                                 request.command, request.env, request.cwd),
+                   resume=True)
     slurm["array_job_id"], slurm["pending_tasks"] = again.array_job_id, list(missing)
     slurm["submitted_at"] = time.time()
     job["job_id"] = again.array_job_id
@@ -226,7 +226,8 @@ def submit_cluster_eval(connector: Any, host: str, run_name: str, argv: list[str
     from orchestrator.deploy.operation import payload_dir
 
     inv_host = connector.inventory.hosts[host]
-    request = eval_request(_section(connector, host), run_name, argv, payload_dir(inv_host.workdir), shards)
+    _section(connector, host)  # a cluster host
+    request = eval_request(inv_host.workdir, run_name, argv, payload_dir(inv_host.workdir), shards)
     job = submit_eval(connector, host, request)
     events.info(f"  {host}: Slurm array job {job['job_id']} submitted ({shards} task(s), folder {request.job_dir})")
     return job

@@ -63,7 +63,12 @@ def login_session(connector: Any, host: str) -> ClusterLogin:
                         connector.inventory.hosts[host].python)
 
 
-def call(login: LoginSession, func: str, timeout: float | None = None, **kwargs: Any) -> Any:
+# Every call to the login node ends: its Slurm commands time out at 120 s each (host_script._run) and its file reads
+# are bounded and never block (a FIFO planted in a job folder is not read), so a call past this is a stuck host.
+CALL_TIMEOUT_S = 600.0
+
+
+def call(login: LoginSession, func: str, timeout: float | None = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
     """``host_script.FUNC(**kwargs)`` on the login node (its answer still to be typed by the caller)."""
     return hostcall.call(login.session, HOST_SCRIPT, func, python=login.interpreter, timeout=timeout,
                          host_env=login.env, **kwargs)
@@ -77,13 +82,14 @@ class Submitted:
     script: str
 
 
-def submit(session: LoginSession, section: SlurmSection, request: BatchRequest) -> Submitted:
-    """Create the task folders, keep the script beside them, submit it; the array's job id."""
+def submit(session: LoginSession, section: SlurmSection, request: BatchRequest, *, resume: bool = False) -> Submitted:
+    """Create the job's folder (a new one, 0700: never one that exists, unless RESUME submits tasks of this
+    job again) and its task folders, keep the script beside them, submit it; the array's job id."""
     spec = batch_spec(section, request)
     folders = [task_dir(request.job_dir, task) for task in request.tasks]
     keep_as = f"{request.job_dir}/batch-{int(time.time() * 1000)}.sh"
     reply = command_reply(session.name, "sbatch", call(session, "submit", spec=spec, folders=folders,
-                                                       keep_as=keep_as))
+                                                       keep_as=keep_as, resume=resume))
     if reply.exit_code != 0:
         raise HostError(session.name, f"sbatch refused the job: {refusal_reason(reply.err or reply.out)}",
                         hint=refusal_hint(section))
@@ -261,4 +267,4 @@ def resubmit(session: LoginSession, section: SlurmSection, request: BatchRequest
     if not missing:
         return None
     return submit(session, section, BatchRequest(request.name, request.job_dir, missing, request.command,
-                                                 request.env, request.cwd))
+                                                 request.env, request.cwd), resume=True)
