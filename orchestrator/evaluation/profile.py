@@ -16,6 +16,7 @@ import json
 import math
 from pathlib import Path
 
+from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.errors import InputError
 from remote_payload.models.spec import MAX_BLOCK_SIZE  # the largest block a drafter may declare
 
@@ -186,9 +187,7 @@ def write_profiles(run_dir: Path, results: dict, samples: list[dict], skipped: l
             continue
         out_dir.mkdir(exist_ok=True)
         path = out_dir / f"{name}{PROFILE_SUFFIX}"
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(profile, indent=2) + "\n")
         paths.append(path)
     return paths
 
