@@ -220,6 +220,30 @@ def records(job_dir, tasks):
     return out
 
 
+def task_results(job_dir, task, limit=1000):
+    """sha256 and size of each regular file of task TASK's results folder and its engine/ folder (what a pull
+    must reproduce), the job's folders checked first; links and anything else are left out."""
+    folder = os.path.join(_checked(job_dir), "tasks", str(int(task)))
+    _checked(os.path.join(job_dir, "tasks"))
+    _checked(folder)
+    files = {}
+    for sub in ("", "engine"):
+        where = os.path.join(folder, "results", sub) if sub else os.path.join(folder, "results")
+        try:
+            names = sorted(os.listdir(where))[:limit]
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(where, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and len(files) < limit:
+                files[sub + "/" + name if sub else name] = {"sha256": _sha256(path), "size": st.st_size}
+    return files
+
+
 def find_array(jobs_root, array_job_id, limit=2000):
     """The task folders under JOBS_ROOT (<workdir>/slurm-jobs) whose started.json names ARRAY_JOB_ID:
     [[job folder, task, started.json text], ...] (read only; the controller checks each). The root and every

@@ -27,6 +27,7 @@ from orchestrator.cluster.replies import (
 )
 from orchestrator.core.errors import HostError, OperationError
 from orchestrator.core.slurm_section import SlurmSection
+from orchestrator.jobs.operation import checked_manifest
 from orchestrator.transport import hostcall
 
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")
@@ -228,6 +229,12 @@ def task_records(session: LoginSession, job_dir: str, tasks: tuple[int, ...]) ->
     answer = call(session, "records", job_dir=job_dir, tasks=[int(t) for t in tasks])
     answer = answer if isinstance(answer, dict) else {}
     return {task: task_record(task, answer.get(str(task))) for task in tasks}
+
+
+def task_results(session: LoginSession, job_dir: str, task: int) -> dict[str, dict]:
+    """The manifest of task TASK's results folder (name -> sha256 and size), checked as an SSH job's is:
+    names confined, digests and sizes typed, the total within the pull's limit (jobs/operation.py)."""
+    return checked_manifest(session.name, call(session, "task_results", job_dir=job_dir, task=int(task)))
 
 
 def task_record(task: int, texts: Any) -> TaskRecord:

@@ -194,3 +194,34 @@ def test_job_folders_of_two_runs_sharing_their_first_64_characters_differ():
     for request in (a, b):
         assert request.job_dir.startswith("/shared/dfo/slurm-jobs/") and len(request.name) <= 64
         assert len(Path(request.job_dir).name) <= 64
+
+
+def test_a_cluster_pull_is_listed_and_checked_as_an_ssh_pull_is(workdir, tmp_path):
+    """Not counted in the issue: cluster pulls had no size limit or checksum. The login node now lists each
+    regular file of a task's results with its sha256 and size (links and FIFOs left out), and the controller
+    checks that list as an SSH job's (jobs/operation.py) before and after each download."""
+    import hashlib
+
+    from orchestrator.cluster.operation import HOST_SCRIPT
+    from orchestrator.core.errors import HostError
+    from orchestrator.jobs.operation import MAX_RESULTS_BYTES, checked_manifest
+    from orchestrator.transport.hostcall import program_source
+
+    spec = _spec(workdir)
+    _submit(spec)
+    results = Path(task_dir(spec["job_dir"], 0), "results")
+    (results / "engine").mkdir(parents=True)
+    (results / "results.json").write_text("{}\n")
+    (results / "engine" / "vllm-1.log").write_text("log\n")
+    (results / "samples.jsonl").symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(results / "engine" / "pipe.log")
+    script: dict = {}
+    exec(compile(program_source(HOST_SCRIPT), str(HOST_SCRIPT), "exec"), script)  # the host prelude with it
+    manifest = checked_manifest("hpc", script["task_results"](spec["job_dir"], 0))
+    assert manifest == {"results.json": {"sha256": hashlib.sha256(b"{}\n").hexdigest(), "size": 3},
+                        "engine/vllm-1.log": {"sha256": hashlib.sha256(b"log\n").hexdigest(), "size": 4}}
+    claimed = {"results.json": {"sha256": "0" * 64, "size": MAX_RESULTS_BYTES + 1}}
+    with pytest.raises(HostError, match="more than the [0-9,]+ dfo pulls: nothing was downloaded"):
+        checked_manifest("hpc", claimed)
+    with pytest.raises(HostError, match="not a plain name|refused|results file name"):
+        checked_manifest("hpc", {"../x": {"sha256": "0" * 64, "size": 1}})
