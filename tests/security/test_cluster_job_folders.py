@@ -225,3 +225,29 @@ def test_a_cluster_pull_is_listed_and_checked_as_an_ssh_pull_is(workdir, tmp_pat
         checked_manifest("hpc", claimed)
     with pytest.raises(HostError, match="not a plain name|refused|results file name"):
         checked_manifest("hpc", {"../x": {"sha256": "0" * 64, "size": 1}})
+
+
+def test_every_call_to_the_login_node_has_a_timeout():
+    """Finding 5: task_records and find_array called the login node with no timeout (a stuck host hung eval
+    follow, `runs pull --resume`, `jobs status` and a cluster watch with no message)."""
+    from orchestrator.cluster.jobs import recorded_job_ids
+    from orchestrator.cluster.operation import task_records
+    from orchestrator.transport.control import CommandResult
+    from orchestrator.transport.hostcall import RESULT_MARKER
+
+    class Login:  # records the timeout each call asks for; answers an empty result
+        name, env, interpreter = "hpc", {}, "python3"
+        timeouts: list = []
+
+        @property
+        def session(self):
+            return self
+
+        def python(self, script, *, python, check, timeout, **kwargs):
+            self.timeouts.append(timeout)
+            return CommandResult("hpc", "python3 -", 0, f"\n{RESULT_MARKER}{{\"ok\": []}}\n".encode(), b"")
+
+    login = Login()
+    task_records(login, "/shared/dfo/slurm-jobs/j", (0,))
+    recorded_job_ids(login, "/shared/dfo/slurm-jobs", "12")
+    assert len(login.timeouts) == 2 and all(t is not None and 0 < t <= 600 for t in login.timeouts)
