@@ -110,6 +110,7 @@ class EvalRequest:
     cache_limit_gib: float | None = None  # the host's reference/feature cache size limit (payload default 200)
     engine_k: str | None = None  # "1,3": extra draft counts timed per drafter in the engine
     engine_check: str | None = None  # "synthetic": the engine replays each drafter's profile (its marginals)
+    decode_batch: str | None = None  # rows per forward in the reference stage: N or auto (payload default auto)
 
     @property
     def uses_engine(self) -> bool:
