@@ -286,7 +286,7 @@ def compare_runs(a: Run, b: Run, across_rules: bool = False, across_temperatures
     notes += pairing_notes
     for name_a, name_b in pairs:
         if name_a is None or name_b is None:
-            name = name_a or name_b
+            name = str(name_a or name_b)  # one of the two is a name
             rows.append({"drafter": name, "note": f"only in {'A' if name_a else 'B'}",
                          "tau_a" if name_a else "tau_b": _real(_metrics(ra if name_a else rb, name).get("tau_macro"))})
             continue
