@@ -498,6 +498,22 @@ def test_strip_optimizer_refuses_an_unknown_layout_listing_its_keys(sandbox, pat
     assert list(dst.iterdir()) == []
 
 
+@pytest.mark.parametrize("content, said", [(b"", "an empty file (0 bytes)"),
+                                           (b"not a checkpoint\n", "a text file, not a torch.save file")],
+                         ids=["empty", "text"])
+def test_strip_optimizer_of_a_file_that_is_no_torch_file_says_so_without_a_traceback(sandbox, paths, tmp_path,
+                                                                                     content, said):
+    src, dst = paths
+    ckpt = src / "garbage.pt"
+    ckpt.write_bytes(content)
+    inventory = _inventory_with_torch_on_kpro6(sandbox, tmp_path)
+    proc = dfo(sandbox, "relay-checkpoint", f"kpro6:{ckpt}", f"ct129:{dst}/", "--strip-optimizer", inventory=inventory)
+    shown = " ".join(proc.stderr.split())
+    assert proc.returncode == 1 and f"kpro6: strip-checkpoint of {ckpt} failed: training checkpoint" in shown, shown
+    assert said in shown and "Traceback" not in proc.stderr and "IndexError" not in proc.stderr
+    assert "Python objects" not in shown and list(dst.iterdir()) == []
+
+
 def test_api_errors_are_dfo_errors(sandbox, paths):
     src, dst = paths
     random_file(src / "x.bin", 10)
