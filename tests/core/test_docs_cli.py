@@ -146,7 +146,7 @@ PROSE_FLAG = re.compile(r"`(--[a-z][a-z0-9-]*)")
 # Flags of other programs a page names, by program: they are not dfo's, and each page says whose they are.
 FOREIGN = {
     "sbatch / Slurm": {"--option", "--array", "--output", "--error", "--chdir", "--job-name", "--wrap", "--export",
-                       "--gpus-per-task"},
+                       "--gpus-per-task", "--outp"},  # --outp: sbatch's prefix of --output
     "vLLM / SGLang servers": {"--model", "--api-key", "--speculative-config", "--model-path", "--config",
                               "--speculative-", "--tensor-parallel-size", "--speculative-algorithm"},
     "apt-get, pip": {"--no-install-recommends", "--no-deps"},

@@ -31,7 +31,7 @@ BAD = [
     ("bad split", ["--dataset", "humaneval:train"], "humaneval has no split 'train'"),
     ("zero count", ["--dataset", "humaneval@0"], "@N must be a whole number of at least 1"),
     ("twice", ["--dataset", "mbpp", "--dataset", "mbpp@2"], "mbpp given twice"),
-    ("unknown suite", ["--suite", "helm"], "--suite 'helm': unknown suite (known: zlab)"),
+    ("unknown suite", ["--suite", "helm"], "--suite 'helm': expected one of zlab"),
     ("no file for a hub-only set", ["--dataset", "gsm8k@8"], "gsm8k ships in no package: give its rows with "
      "--dataset-file gsm8k=PATH"),
     ("suite without files", ["--suite", "zlab"], "gsm8k ships in no package"),
