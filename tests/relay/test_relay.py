@@ -498,14 +498,12 @@ def test_strip_optimizer_refuses_an_unknown_layout_listing_its_keys(sandbox, pat
     assert list(dst.iterdir()) == []
 
 
-@pytest.mark.parametrize("content, said", [(b"", "an empty file (0 bytes)"),
-                                           (b"not a checkpoint\n", "a text file, not a torch.save file")],
-                         ids=["empty", "text"])
-def test_strip_optimizer_of_a_file_that_is_no_torch_file_says_so_without_a_traceback(sandbox, paths, tmp_path,
-                                                                                     content, said):
+def test_strip_optimizer_of_an_empty_pt_says_so_without_a_traceback(sandbox, paths, tmp_path):
+    # (a text file and the other cases: tests/payload/models/test_drafter_formats.py, no host needed)
     src, dst = paths
     ckpt = src / "garbage.pt"
-    ckpt.write_bytes(content)
+    ckpt.write_bytes(b"")
+    said = "an empty file (0 bytes)"
     inventory = _inventory_with_torch_on_kpro6(sandbox, tmp_path)
     proc = dfo(sandbox, "relay-checkpoint", f"kpro6:{ckpt}", f"ct129:{dst}/", "--strip-optimizer", inventory=inventory)
     shown = " ".join(proc.stderr.split())
