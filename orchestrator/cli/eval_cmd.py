@@ -15,7 +15,7 @@ from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
 from orchestrator.core.errors import InputError
 from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
-from orchestrator.evaluation.plan import EvalRequest, eval_hosts, hosts_used, parse_drafter, plan_eval
+from orchestrator.evaluation.plan import EvalRequest, card_prompts, eval_hosts, hosts_used, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
 from remote_payload.engines import registry as engine_registry
 from remote_payload.eval.options import EVAL
@@ -50,7 +50,7 @@ def eval_cmd(
     app_ctx: AppContext = ctx.obj
     inv = app_ctx.inventory
     # Every check that needs no host comes first: a bad value never waits for a deploy or a relay.
-    prompts = read_prompts(options["prompts"])
+    prompts = read_prompts(card_prompts(options.get("card"), options["prompts"]))
     request = EvalRequest(hosts=eval_hosts(host, inv), drafters=[parse_drafter(d, inv) for d in drafter],
                           **{**options, "prompts": prompts.spec})
     plan = plan_eval(request, inv, prompts_digest=prompts.digest, prompt_count=prompts.count)

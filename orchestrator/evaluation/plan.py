@@ -88,6 +88,9 @@ class EvalRequest:
     top_k: int | None = None
     samples_per_prompt: int | None = None  # draws per prompt at T > 0 (payload default 1)
     protocol: str | None = None          # a named card protocol (remote_payload/eval/protocols.py)
+    card: str | None = None              # a published card: a shipped name or a local file (remote_payload/cards/)
+    explain: bool = False                # with a card: rank the knobs behind a gap
+    explain_prompts: int | None = None   # rows of --explain's subset reruns (payload default 16)
     draft_rule: str | None = None        # at T > 0: "sampled" or "greedy" (payload default sampled)
     selection: str | None = None         # dataset rows: zlab-transformers (payload default) or zlab-server
     selection_concurrency: int | None = None  # zlab-server: warm-up rows (payload default 1)
@@ -297,11 +300,77 @@ def with_protocol(req: EvalRequest) -> EvalRequest:
     return dataclasses.replace(req, **filled)
 
 
+def load_request_card(spec: str):
+    """``--card NAME|FILE`` on the controller: a shipped card or a local file, its schema checked before anything
+    connects (the file and the field named)."""
+    from remote_payload.cards.schema import load_card
+
+    try:
+        return load_card(spec)
+    except PayloadError as exc:
+        raise InputError(str(exc), hint="docs/cards.md describes every card field; shipped cards: "
+                         "remote_payload/cards/data/") from None
+
+
+def with_card(req: EvalRequest) -> EvalRequest:
+    """The request with ``--card``'s known protocol values in every option left at its default, as
+    ``with_protocol`` (a conflicting option is refused by the payload's check on the planned command)."""
+    if not req.card:
+        return req
+    from remote_payload.cards import protocol as card_protocol
+
+    card = load_request_card(req.card)
+    if req.explain and len(req.hosts) > 1:
+        raise InputError(f"--explain reruns the first rows of one host's share: evaluate card {card.card} on one "
+                         "host", hint="give one --host, or drop --explain (the verdict is computed over every host)")
+    fields = {f.name for f in dataclasses.fields(req)}
+    defaults = {o.field: o.request_default for o in declared.request_options() if o.field in fields}
+    try:
+        fixed = card_protocol.fixed_values(card)
+    except PayloadError as exc:
+        raise InputError(str(exc)) from None
+    values = {k: getattr(req, k) for k in fixed if k in fields}
+    return dataclasses.replace(req, **protocols_fill(values, defaults, fixed))
+
+
+def protocols_fill(values: dict, defaults: dict, fixed: dict) -> dict:
+    from remote_payload.eval import protocols
+
+    return protocols.fill_from(values, defaults, fixed)
+
+
+def card_prompts(card_spec: str | None, prompts: str) -> str:
+    """--prompts as the eval reads it: a card's prompts file where --prompts was left at builtin."""
+    if not card_spec or prompts != "builtin":
+        return prompts
+    from remote_payload.cards import protocol as card_protocol
+    from remote_payload.cards.schema import is_prompts_file
+
+    card = load_request_card(card_spec)
+    return card_protocol.prompts_path(card) if is_prompts_file(card) else prompts
+
+
+def card_argument(req: EvalRequest, prompts: str) -> str | None:
+    """The payload's ``--card`` value: a shipped card by name, else the card's own document (one JSON line, so
+    nothing is uploaded), its prompts file replaced by where the job reads it."""
+    if not req.card:
+        return None
+    from remote_payload.cards.schema import is_prompts_file, parse_card, shipped_names
+
+    if req.card in shipped_names():
+        return req.card
+    card = load_request_card(req.card)
+    doc = card.as_json()
+    if is_prompts_file(card) and card.protocol.dataset != "builtin":
+        doc["protocol"]["dataset"] = prompts
+    return parse_card(doc, card.where).text()
+
+
 def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | None = None,
               payload_args_extra: list[str] | None = None, prompt_count: int | None = None) -> EvalPlan:
     """``prompts_digest``: sha256 of the local prompts file (it is uploaded under a content name);
     ``prompt_count``: the prompts it holds (the set was parsed)."""
-    req = with_protocol(req)
+    req = with_card(with_protocol(req))
     datasets = plan_datasets(req.datasets, req.suite, req.dataset_files)
     if datasets:  # they replace the prompt set: shards split their rows
         units = [d.units for d in datasets]
@@ -389,4 +458,5 @@ def _planned_values(req: EvalRequest, inventory: Inventory, host: str, drafters:
     return {"drafters": [f"{name}={path}" for name, path in drafters.items()], "prompts": prompts,
             "out": "{results}", "shard": f"{shard[0]}/{shard[1]}" if shard[1] > 1 else None,
             "reference": engine_reference or url, "reference_model": req.reference_model if url else None,
-            "engine": req.engine if engine_python else None, "engine_python": engine_python}
+            "engine": req.engine if engine_python else None, "engine_python": engine_python,
+            "card": card_argument(req, prompts)}

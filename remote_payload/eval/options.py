@@ -183,6 +183,15 @@ def _engine_settings(value: str | None) -> dict:
     return {"engine": name, "engine_version": version}
 
 
+def _check_card(value: str | None) -> str | None:
+    """A card loads and passes its schema (the file and the field named otherwise); the spec is kept as given."""
+    if value is not None:
+        from remote_payload.cards.schema import load_card
+
+        load_card(value)
+    return value
+
+
 def _check_engine(value: str | None) -> str | None:
     if value is not None:
         split_engine(value)
@@ -251,6 +260,20 @@ OPTIONS: tuple[Option, ...] = (
            "selection, sampling law, thinking mode, max new tokens and draft rule (options left at their default "
            "take the protocol's value; one given with another value is refused).", choices=tuple(PROTOCOLS),
            commands=BOTH),
+    # Cards (remote_payload/cards/): a published figure and its protocol, the verdict and the knobs behind a gap.
+    Option("--card", "card", "A published card to measure against: a shipped card's name or a card file "
+           "(YAML/JSON, docs/cards.md). Its known protocol fields are applied as --protocol's are (an option given "
+           "with another value is refused); results.json 'card' holds the verdict (reproduced, below, above).",
+           metavar="NAME|FILE", parse=lambda v: _check_card(v), commands=(EVAL,), planned=True,
+           dfo_help="A published card to measure against: a shipped card's name (docs/cards.md lists them) or a "
+           "local card file (YAML), checked here before anything connects. Its known protocol fields are applied "
+           "as --protocol's are; the verdict (reproduced, below, above) is printed beside the τ table."),
+    Option("--explain", "explain", "With --card: measure the knobs that explain a gap to the published figure and "
+           "rank them by how much of it each closes (on by itself when the verdict is not 'reproduced').",
+           kind=bool, default=False, commands=(EVAL,)),
+    Option("--explain-prompts", "explain_prompts", "With --card: rows (the run's first N) that the subset reruns of "
+           "--explain measure under each alternative setting (thinking, max new tokens).", kind=int, default=16,
+           minimum=1, metavar="N", commands=(EVAL,)),
     Option("--draft-rule", "draft_rule", "With --temperature > 0: how a round drafts and verifies. sampled (z-lab's "
            "current code): drafts drawn from the drafter's law, accepted while u·q(d) < p(d), a residual draw at the "
            "first rejection; τ integrated exactly over the round boundaries of each drawn continuation. greedy "
@@ -420,7 +443,13 @@ def check_value(option: Option, value: Any) -> None:
 def settings_values(given: dict[str, Any]) -> dict[str, Any]:
     """EvalSettings' keyword arguments from the parsed value of every payload option (by field)."""
     out: dict[str, Any] = {}
-    given = protocols.fill(given, {o.field: o.default for o in payload_options()}, given.get("protocol"))
+    defaults = {o.field: o.default for o in payload_options()}
+    given = protocols.fill(given, defaults, given.get("protocol"))
+    if given.get("card"):
+        from remote_payload.cards import protocol as card_protocol
+        from remote_payload.cards.schema import load_card
+
+        given = card_protocol.fill(given, defaults, load_card(given["card"]))
     for o in payload_options():
         value = given.get(o.field, o.default)
         if o.settings is not None:

@@ -44,6 +44,9 @@ class EvalSettings:
     suite: str | None = None  # "zlab": z-lab's sets and counts
     dataset_files: dict = field(default_factory=dict)  # dataset name -> its rows' file or folder here
     protocol: str | None = None  # a named card protocol (eval/protocols.py): its values are the settings'
+    card: str | None = None  # a published card (cards/): its known protocol fields are the settings'
+    explain: bool = False  # with a card: the knobs behind a gap, ranked (also when the verdict is not reproduced)
+    explain_prompts: int = 16  # rows the subset reruns of --explain measure
     selection: str = "zlab-transformers"  # which rows of a dataset (inputs/datasets/selection.py)
     selection_concurrency: int = 1  # zlab-server: the warm-up rows before the measured ones
     shard: tuple = (0, 1)
@@ -151,6 +154,7 @@ def check_values(s: EvalSettings) -> None:
     if clash:
         raise PayloadError(f"--protocol {s.protocol} fixes what it measures, but {'; '.join(clash)}: drop those "
                            "options, or drop --protocol")
+    check_card_values(s)
     if s.dtype == "float16" and not s.allow_fp16:
         raise PayloadError(f"{FP16_REFUSED}. Use bfloat16 (float32 on CPU), or pass --allow-fp16 to force it")
     if not s.drafters:
@@ -165,6 +169,23 @@ def check_values(s: EvalSettings) -> None:
     check_engine_values(s)
     check_dataset_values(s)
     check_sampling_values(s)
+
+
+def check_card_values(s: EvalSettings) -> None:
+    """--card fixes its known protocol fields (as --protocol does); --explain needs a card."""
+    if s.card is None:
+        if s.explain:
+            raise PayloadError("--explain ranks the knobs behind a gap to a published figure: give --card NAME|FILE")
+        return
+    if s.protocol:
+        raise PayloadError(f"--card and --protocol {s.protocol} both fix the protocol: give one of them")
+    from remote_payload.cards import protocol as card_protocol
+    from remote_payload.cards.schema import load_card
+
+    card = load_card(s.card)
+    clash = card_protocol.conflicts(vars(s), card)
+    if clash:
+        raise PayloadError(card_protocol.refusal(card, clash))
 
 
 def check_sampling_values(s: EvalSettings) -> None:

@@ -74,6 +74,16 @@ def check_inputs(ctx: EvalContext) -> None:
         reserved = f", reserved {ld.spec.reserved_layer_ids}" if ld.spec.reserved_layer_ids else ""
         progress.emit("stage", stage="load", status="drafter",
                       message=f"{name}: {ld.spec.format} format, fc layers {ld.spec.fc_layer_ids}{reserved}")
+    select_prompts(ctx)
+    if ctx.fault:
+        ctx.warn(f"TEST FAULT {ctx.fault} planted (${TEST_FAULT_ENV}): {TEST_FAULTS[ctx.fault]}; these results are "
+                 "not a measurement")
+
+
+def select_prompts(ctx: EvalContext, rows: int | None = None) -> None:
+    """The run's prompts (its datasets' rows or its prompt set, its shard; at T > 0 every draw); ``rows``: only
+    the first N conversations of them, every turn of each (--explain's subset reruns)."""
+    s = ctx.settings
     specs = s.dataset_specs
     if specs:  # the benchmark datasets replace the prompt set
         all_prompts, ctx.datasets = load_datasets(specs, s.dataset_files, s.selection, s.selection_concurrency)
@@ -86,11 +96,18 @@ def check_inputs(ctx: EvalContext) -> None:
         chosen = all_prompts if s.samples is None else all_prompts[:s.samples]
         raise PayloadError(f"no prompts selected: shard {s.shard[0]}/{s.shard[1]} of "
                            f"{prompts_mod.conversations(chosen)} prompt(s)")
+    if rows is not None:
+        kept: set[int] = set()
+        first_turns = 0
+        for p in ctx.prompts:
+            if p.follows is None and first_turns < rows:
+                first_turns += 1
+                kept.add(p.index)
+            elif p.follows in kept:
+                kept.add(p.index)
+        ctx.prompts = [p for p in ctx.prompts if p.index in kept]
     if s.sampled:  # K draws per prompt, each one sample of the run (eval/draws.py)
         ctx.prompts, ctx.draws = draws_mod.expand(ctx.prompts, s.samples_per_prompt)
-    if ctx.fault:
-        ctx.warn(f"TEST FAULT {ctx.fault} planted (${TEST_FAULT_ENV}): {TEST_FAULTS[ctx.fault]}; these results are "
-                 "not a measurement")
 
 
 def load_target(ctx: EvalContext) -> None:

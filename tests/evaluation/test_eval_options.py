@@ -240,7 +240,8 @@ def test_every_request_value_reaches_the_payload_settings_unchanged():
     skip = {"target", "prompts", "reference", "reference_model", "engine", "payload_args",  # planned: below
             "datasets", "suite", "dataset_files",  # real sets: tests/evaluation/test_dataset_options.py
             "selection", "selection_concurrency",  # they need a dataset: test_selection_reaches_the_payload below
-            "protocol"}  # it fixes a dataset: test_a_protocol_fills_the_options_left_at_their_default below
+            "protocol",  # it fixes a dataset: test_a_protocol_fills_the_options_left_at_their_default below
+            "card", "explain"}  # a card fixes its protocol, --explain needs one: tests/cards/test_card_options.py
     given = {o.field: _non_default(o) for o in declared.request_options() if o.payload and o.field not in skip}
     assert given, "no option to carry"
     req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)], **given,

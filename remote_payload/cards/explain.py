@@ -1,0 +1,144 @@
+"""``--explain``: the knobs that explain a gap between a measurement and a card, ranked by how much of it each
+closes, and the card block of results.json. Pure stdlib: the free knobs come from the run's own sample lines;
+the subset knobs (eval/card_stage.py reruns the first rows under another setting) arrive as entries.
+
+gap = published − measured. A knob's setting moves τ by shift = τ(setting) − τ(the run's setting) on the same
+rows; gap_closed = shift / gap (1: the whole gap, 0: none, < 0: the wrong way). A knob explains the gap when it
+closes between half and one and a half of it and the published figure lies inside its setting's CI carried to
+the whole run (τ measured + shift, the CI shifted with it). Knob names are fixed words (KNOBS).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from remote_payload.cards import protocol as card_protocol
+from remote_payload.cards.schema import AGGREGATIONS, COUNTS, UNKNOWN, Card
+from remote_payload.cards.verdict import (
+    aggregation_of,
+    by_k_figure,
+    count_of,
+    figure,
+    judge,
+)
+
+FREE = ("count", "aggregation", "draft_rule", "k", "end_rule")  # from the run itself
+SUBSET = ("thinking", "max_new_tokens")  # reruns of the first --explain-prompts rows
+KNOBS = (*FREE, *SUBSET, "chat_template", "selection", "temperature", "top_p", "top_k", "prompt_normalization",
+         "dtype", "layer_offset", "quantization")
+EXPLAINS = (0.5, 1.5)  # the share of the gap a knob must close to explain it
+SUSPECT = ("no knob explains the gap: the drafter itself is the suspect (its weights, its training, or an export "
+           "that changed it), not the way it was measured")
+
+
+def card_block(card: Card, lines: Sequence[dict], name: str, settings: dict, *, seed: int = 0,
+               explain: bool = False, subset: Sequence[dict] = ()) -> dict:
+    """results.json ``card``: the card, how it was applied, the verdict of drafter NAME and (with ``explain``,
+    or when the verdict is not reproduced) the knobs ranked."""
+    rule = _rule(settings)
+    count, aggregation = count_of(card), aggregation_of(card)
+    measured = figure(lines, name, count, aggregation, rule, seed=seed)
+    out: dict[str, Any] = {
+        "name": card.card, "source": card.source, "target": card.target.name, "drafter_on_card": card.drafter.name,
+        "figure": {"tau": card.figure.tau, "ci": list(card.figure.ci) if card.figure.ci else None,
+                   "n": card.figure.n},
+        "card_count": card.count, "card_aggregation": card.aggregation, "protocol": card.as_json()["protocol"],
+        "applied": card_protocol.fixed_values(card), "not_applied": card_protocol.not_applied(card),
+        "run_values": _run_values(card, settings), "drafter": name, "count": count, "aggregation": aggregation,
+        "draft_rule": rule}
+    if measured is None:
+        return {**out, "verdict": None, "reason": f"drafter '{name}' has no rounds to measure"}
+    out.update(judge(measured, card), card=card.card)
+    out.pop("card")
+    if explain or out["verdict"] != "reproduced":
+        free = free_knobs(card, lines, name, settings, seed=seed)
+        out["explain"] = rank([*free, *subset], measured["value"], card.figure.tau)
+        out["explanation"] = explanation(out["explain"])
+    return out
+
+
+def free_knobs(card: Card, lines: Sequence[dict], name: str, settings: dict, *, seed: int = 0) -> list[dict]:
+    """Every free knob's alternative settings, each measured from the run's own lines."""
+    rule = _rule(settings)
+    count, aggregation = count_of(card), aggregation_of(card)
+    base = figure(lines, name, count, aggregation, rule, seed=seed)
+    out = []
+
+    def add(knob: str, setting: str, fig: dict | None, **more: Any) -> None:
+        if fig is not None and fig.get("value") is not None:
+            out.append({"knob": knob, "setting": setting, "tau": fig["value"], "ci": fig["ci"],
+                        "tau_base": base["value"] if base else None, "rows": fig["prompts"], "from": "the run", **more})
+
+    for other in (c for c in COUNTS if c not in ("zlab", count)):
+        add("count", other, figure(lines, name, other, aggregation, rule, seed=seed), card=card.count)
+    for other in (a for a in AGGREGATIONS if a != aggregation):
+        add("aggregation", other, figure(lines, name, count, other, rule, seed=seed), card=card.aggregation)
+    if rule == "sampled":  # the greedy rule's replay of the same draws
+        add("draft_rule", "greedy", figure(lines, name, count, aggregation, "greedy", seed=seed),
+            card=card.protocol.draft_rule)
+    block = _block_size(lines, name)
+    k = card.protocol.k  # unknown: block size − 1, what the run measures (no K is fitted to the figure)
+    if k != UNKNOWN and block is not None and k < block - 1:
+        add("k", str(k), by_k_figure(lines, name, int(k), aggregation, seed=seed), card=k)
+    add("end_rule", "full rounds only", figure(lines, name, count, aggregation, rule, seed=seed,
+                                               drop_last_round=True))
+    return out
+
+
+def rank(entries: Sequence[dict], measured: float, published: float) -> list[dict]:
+    """Each entry with gap_closed and explains, best first (closest to closing the whole gap); one entry per
+    knob (its best setting), then the others."""
+    gap = published - measured
+    scored = []
+    for e in entries:
+        shift = e["tau"] - (e["tau_base"] if e.get("tau_base") is not None else measured)
+        closed = shift / gap if gap else None
+        ci = e.get("ci")
+        carried = [c + measured - (e.get("tau_base") if e.get("tau_base") is not None else measured) for c in ci] \
+            if ci else None
+        explains = closed is not None and EXPLAINS[0] <= closed <= EXPLAINS[1] and \
+            (carried is None or carried[0] <= published <= carried[1])
+        scored.append({**e, "gap_closed": closed, "explains": explains})
+    scored.sort(key=lambda e: (not e["explains"], abs(1 - e["gap_closed"]) if e["gap_closed"] is not None else 9e9))
+    best: dict[str, dict] = {}
+    for e in scored:
+        best.setdefault(e["knob"], e)
+    firsts = list(best.values())
+    return firsts + [e for e in scored if e not in firsts]
+
+
+def explanation(ranked: Sequence[dict]) -> str:
+    """The report's one sentence."""
+    if not ranked:
+        return SUSPECT + " (no knob could be measured)"
+    top = ranked[0]
+    closed = top["gap_closed"]
+    share = f"{closed:.0%}" if closed is not None else "none"
+    if top["explains"]:
+        ci = f" [{top['ci'][0]:.2f}, {top['ci'][1]:.2f}]" if top.get("ci") else ""
+        return (f"{top['knob']} explains the gap: with {top['knob']} {top['setting']} τ is {top['tau']:.2f}{ci} "
+                f"({top['from']}, {top['rows']} prompt(s)), closing {share} of it")
+    return f"{SUSPECT}; the closest, {top['knob']} {top['setting']}, closes {share} of it"
+
+
+def _run_values(card: Card, settings: dict) -> dict:
+    """The run's own value of each protocol field the card leaves unknown (what the measurement assumed)."""
+    sampling = settings.get("sampling") or {}
+    known = {"thinking": "on" if settings.get("enable_thinking") else "off",
+             "max_new_tokens": settings.get("max_new_tokens"),
+             "temperature": sampling.get("temperature", 0.0), "top_p": sampling.get("top_p"),
+             "top_k": sampling.get("top_k"), "draft_rule": settings.get("draft_rule"),
+             "selection": settings.get("selection"), "chat_template": "target", "engine": "offline"}
+    return {f: known.get(f) for f in card.protocol.unknown() if f in known}
+
+
+def _rule(settings: dict) -> str:
+    return "sampled" if settings.get("draft_rule") == "sampled" else "greedy"
+
+
+def _block_size(lines: Sequence[dict], name: str) -> int | None:
+    for line in lines:
+        rec = (((line.get("drafters") or {}).get(name) or {}).get("by_k"))
+        if isinstance(rec, dict) and rec:
+            return max(int(k) for k in rec) + 1
+    return None

@@ -1,0 +1,106 @@
+"""``--card``: the verdict of the run's first drafter against the card and, with ``--explain`` or when the verdict
+is not reproduced, the knobs behind the gap (the ``card`` stage). The free knobs come from the run's own lines
+(cards/explain.py); the subset knobs rerun the first ``--explain-prompts`` rows under another setting with the
+target, tokenizer and drafter already loaded, and compare them with the same rows of the run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from remote_payload.cards.explain import card_block
+from remote_payload.cards.schema import UNKNOWN, Card, load_card
+from remote_payload.cards.verdict import aggregation_of, count_of, figure
+from remote_payload.eval import stages
+from remote_payload.eval.context import EvalContext
+from remote_payload.eval.drafters import evaluate_drafter
+from remote_payload.eval.report import sample_lines, sampling_block
+
+CARD_MAX_NEW = (2048, 4096)  # what cards measure when they give no length: z-lab's benchmark default, its cards'
+SERVER_NOTE = "the references came from a server: the subset reruns decode with this host's target, so they are skipped"
+
+
+def measure(ctx: EvalContext) -> dict:
+    """results.json ``card`` (with its own ``seconds``)."""
+    s, progress = ctx.settings, ctx.progress
+    started = time.perf_counter()
+    progress.stage_start("card")
+    card = load_card(str(s.card))
+    name = next(iter(ctx.results))
+    lines = sample_lines(ctx)
+    settings = settings_record(s)
+    block = card_block(card, lines, name, settings, seed=s.seed)
+    if s.explain or block.get("verdict") not in (None, "reproduced"):
+        subset, skipped = subset_knobs(ctx, card, name, lines)
+        block = card_block(card, lines, name, settings, seed=s.seed, explain=True, subset=subset)
+        if skipped:
+            block["explain_skipped"] = skipped
+    block["seconds"] = round(time.perf_counter() - started, 3)
+    verdict = block.get("verdict")
+    progress.stage_done("card", message=f"card {card.card}: {verdict}" + (f"; {block['explanation']}"
+                                                                          if block.get("explanation") else ""))
+    return block
+
+
+def settings_record(s) -> dict:
+    """The settings the card block reads, as results.json's ``settings`` holds them (the controller reads those)."""
+    return {"enable_thinking": s.enable_thinking, "max_new_tokens": s.max_new_tokens, "draft_rule": s.rule,
+            "selection": s.selection, **({"sampling": sampling_block(s)} if s.sampled else {})}
+
+
+def alternatives(ctx: EvalContext, card: Card) -> list[tuple[str, str, dict]]:
+    """(knob, setting, the settings changed) for each subset rerun: thinking the other way; for a card that
+    gives no length, the lengths cards use."""
+    s = ctx.settings
+    out: list[tuple[str, str, dict]] = [("thinking", "off" if s.enable_thinking else "on",
+                                          {"enable_thinking": not s.enable_thinking})]
+    if card.protocol.max_new_tokens == UNKNOWN:
+        out += [("max_new_tokens", str(n), {"max_new_tokens": n}) for n in CARD_MAX_NEW if n != s.max_new_tokens]
+    return out
+
+
+def subset_knobs(ctx: EvalContext, card: Card, name: str, lines: list[dict]) -> tuple[list[dict], list[str]]:
+    s = ctx.settings
+    if ctx.references.from_server:
+        return [], [SERVER_NOTE]
+    out = []
+    for knob, setting, changed in alternatives(ctx, card):
+        t0 = time.perf_counter()
+        alt_lines = rerun(ctx, name, changed)
+        ids = {line["id"] for line in alt_lines}
+        base_lines = [line for line in lines if line["id"] in ids]
+        count, aggregation = count_of(card), aggregation_of(card)
+        rule = "sampled" if s.sampled and s.draft_rule == "sampled" else "greedy"
+        alt = figure(alt_lines, name, count, aggregation, rule, seed=s.seed)
+        base = figure(base_lines, name, count, aggregation, rule, seed=s.seed)
+        if alt is None or base is None:
+            continue
+        out.append({"knob": knob, "setting": setting, "tau": alt["value"], "ci": alt["ci"], "tau_base": base["value"],
+                    "rows": alt["prompts"], "from": "a rerun of the first rows",
+                    "card": _card_value(card, knob), "seconds": round(time.perf_counter() - t0, 3)})
+        ctx.progress.emit("stage", stage="card", status="metrics",
+                          message=f"{knob} {setting}: τ {alt['value']:.3f} vs {base['value']:.3f} on the same "
+                                  f"{alt['prompts']} prompt(s)")
+    return out, []
+
+
+def rerun(ctx: EvalContext, name: str, changed: dict) -> list[dict]:
+    """The sample lines of the first --explain-prompts rows evaluated again with ``changed`` settings, drafter
+    NAME only, reusing the loaded target and drafter (and the caches: a row whose setting did not change is read
+    back, not decoded again)."""
+    s = replace(ctx.settings, **changed, online_check=False, diagnose=False, card=None, explain=False)
+    alt = EvalContext(settings=s, fault=ctx.fault, device=ctx.device, cache_dir=ctx.cache_dir,
+                      target_config=ctx.target_config, tokenizer=ctx.tokenizer, stop_ids=ctx.stop_ids,
+                      drafters={name: ctx.drafters[name]}, target=ctx.target)
+    stages.select_prompts(alt, rows=ctx.settings.explain_prompts)
+    stages.local_references(alt)
+    stages.run_checks(alt)
+    stages.extract_features(alt)
+    evaluate_drafter(alt, name)
+    return sample_lines(alt)
+
+
+def _card_value(card: Card, knob: str):
+    p = card.protocol
+    value = {"thinking": p.thinking, "max_new_tokens": p.max_new_tokens}.get(knob, UNKNOWN)
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
