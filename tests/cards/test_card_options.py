@@ -84,7 +84,7 @@ def test_a_card_fills_the_options_and_the_payload_reads_the_same_card(tmp_path):
     card = tmp_path / "card.yaml"
     card.write_text(GOOD)
     req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)], card=str(card),
-                      dataset_files=ROWS,                       explain=True)
+                      dataset_files=ROWS, explain=True)
     (job,) = plan_eval(req, INV).jobs
     args = job.args
     value = args[args.index("--card") + 1]
@@ -102,7 +102,7 @@ def test_an_option_given_with_another_value_than_the_card_is_refused(tmp_path):
     card = tmp_path / "card.yaml"
     card.write_text(GOOD)
     req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)], card=str(card),
-                      dataset_files=ROWS,                       temperature=0.6)
+                      dataset_files=ROWS, temperature=0.6)
     with pytest.raises(InputError, match=r"--card team-gsm8k fixes what it measures, but --temperature 0.6 "
                                          r"\(the card: 1\)"):
         plan_eval(req, INV)
@@ -119,7 +119,7 @@ def test_an_unknown_field_takes_the_run_value_and_a_clash_on_it_is_no_clash(tmp_
     card.write_text(GOOD.replace("thinking: on", "thinking: unknown").replace("max_new_tokens: 4096",
                                                                              "max_new_tokens: unknown"))
     req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)], card=str(card),
-                      dataset_files=ROWS,                       max_new_tokens=64)
+                      dataset_files=ROWS, max_new_tokens=64)
     (job,) = plan_eval(req, INV).jobs
     s = settings_from_values(vars(build_parser().parse_args(job.args)))
     assert (s.max_new_tokens, s.enable_thinking) == (64, False)
