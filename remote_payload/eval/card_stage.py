@@ -63,10 +63,17 @@ def subset_knobs(ctx: EvalContext, card: Card, name: str, lines: list[dict]) -> 
     s = ctx.settings
     if ctx.references.from_server:
         return [], [SERVER_NOTE]
-    out = []
+    out, skipped = [], []
+    ended_by: int | None = None  # a length under which every rerun response ended by itself
     for knob, setting, changed in alternatives(ctx, card):
+        if knob == "max_new_tokens" and ended_by is not None:
+            skipped.append(f"max_new_tokens {setting}: not rerun, every response ended before {ended_by} tokens, so "
+                           "it measures the same as max_new_tokens " + str(ended_by))
+            continue
         t0 = time.perf_counter()
         alt_lines = rerun(ctx, name, changed)
+        if knob == "max_new_tokens" and all(line.get("stop_reason") == "eos" for line in alt_lines):
+            ended_by = int(setting)
         ids = {line["id"] for line in alt_lines}
         base_lines = [line for line in lines if line["id"] in ids]
         count, aggregation = count_of(card), aggregation_of(card)
@@ -81,7 +88,7 @@ def subset_knobs(ctx: EvalContext, card: Card, name: str, lines: list[dict]) -> 
         ctx.progress.emit("stage", stage="card", status="metrics",
                           message=f"{knob} {setting}: τ {alt['value']:.3f} vs {base['value']:.3f} on the same "
                                   f"{alt['prompts']} prompt(s)")
-    return out, []
+    return out, skipped
 
 
 def rerun(ctx: EvalContext, name: str, changed: dict) -> list[dict]:
