@@ -137,6 +137,7 @@ def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
     lines.append("6. run as a detached job (then follow, pull, merge, report):")
     lines += [f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload " + shlex.join(j.args)
               for j in plan.jobs]
+    lines += [f"   {line}" for line in plan.card]
     for line in lines + _engine_plan_lines(plan):
         out.print(Text(line))  # paths and names are printed as they are, never read as markup
 

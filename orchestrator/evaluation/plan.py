@@ -152,6 +152,7 @@ class EvalPlan:
     jobs: list[HostJob] = field(default_factory=list)
     checks: dict[str, list[str]] = field(default_factory=dict)  # host -> paths that must exist there
     engine_pythons: dict[str, str] = field(default_factory=dict)  # host -> the engine venv's python (--engine)
+    card: list[str] = field(default_factory=list)  # --card: what the job measures against it and --explain's cost
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -404,7 +405,21 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
         jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote, uploads))
     # A relay with stripping deploys the payload to its source host itself.
     return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks,
-                    engine_pythons=engine_pythons)
+                    engine_pythons=engine_pythons, card=card_plan(req))
+
+
+def card_plan(req: EvalRequest) -> list[str]:
+    """The plan's card lines: the verdict, and what --explain adds (it runs by itself on a gap)."""
+    if not req.card:
+        return []
+    from remote_payload.cards.explain import explain_cost
+
+    card = load_request_card(req.card)
+    rows = req.explain_prompts or declared.BY_FIELD["explain_prompts"].default
+    cost = explain_cost(card, req.enable_thinking, req.max_new_tokens, rows, card.protocol.n)
+    return [f"card {card.card} ({card.source}): τ {card.figure.tau:g} published; the verdict of drafter "
+            f"{req.drafters[0].name} (reproduced, below or above) beside the τ table and in results.json card",
+            cost if req.explain else f"{cost} — only if the verdict is not reproduced (--explain: always)"]
 
 
 def engine_python(inventory: Inventory, host: str, engine: str = "vllm") -> str:

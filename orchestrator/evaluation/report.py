@@ -381,6 +381,10 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     if conv:
         out += ["", f"p_k and the τ histogram below are the {HEADLINE} convention's.", ""]
         out += conventions_markdown(results)
+    from orchestrator.evaluation.card_report import card_lines  # it reads this module's helpers
+
+    card = card_lines(results)
+    out += ["", "## Card", ""] + [f"- {md_text(line.strip())}" for line in card] if card else []
     out += sampled_markdown(results)
     out += benchmarks_markdown(results)
     engine = engine_lines(results, markdown=True)

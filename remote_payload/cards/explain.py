@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from remote_payload.cards import protocol as card_protocol
-from remote_payload.cards.schema import AGGREGATIONS, COUNTS, UNKNOWN, Card
+from remote_payload.cards.schema import AGGREGATIONS, COUNTS, UNKNOWN, Card, parse_card
 from remote_payload.cards.verdict import (
     aggregation_of,
     by_k_figure,
@@ -26,9 +26,27 @@ FREE = ("count", "aggregation", "draft_rule", "k", "end_rule")  # from the run i
 SUBSET = ("thinking", "max_new_tokens")  # reruns of the first --explain-prompts rows
 KNOBS = (*FREE, *SUBSET, "chat_template", "selection", "temperature", "top_p", "top_k", "prompt_normalization",
          "dtype", "layer_offset", "quantization")
+CARD_MAX_NEW = (2048, 4096)  # what cards measure when they give no length: z-lab's benchmark default, its cards'
 EXPLAINS = (0.5, 1.5)  # the share of the gap a knob must close to explain it
 SUSPECT = ("no knob explains the gap: the drafter itself is the suspect (its weights, its training, or an export "
            "that changed it), not the way it was measured")
+
+
+def merged_card(results: dict, samples: Sequence[dict]) -> dict | None:
+    """The card block over the merged samples of several hosts, recomputed from the card document each part
+    recorded (None when the parts measured no card); the subset knobs of one host are not carried over."""
+    shards = results.get("shards")
+    parts: list = shards if isinstance(shards, list) else []
+    blocks = [p.get("card") for p in parts if isinstance(p, dict)] + [results.get("card")]
+    block = next((b for b in blocks if isinstance(b, dict) and isinstance(b.get("document"), dict)), None)
+    if block is None:
+        return None
+    card = parse_card(block["document"], "results.json card.document")
+    given = results.get("settings")
+    settings: dict = given if isinstance(given, dict) else {}
+    seed = settings.get("seed")
+    seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+    return card_block(card, samples, str(block.get("drafter")), settings, seed=seed)
 
 
 def card_block(card: Card, lines: Sequence[dict], name: str, settings: dict, *, seed: int = 0,
@@ -45,7 +63,7 @@ def card_block(card: Card, lines: Sequence[dict], name: str, settings: dict, *, 
         "card_count": card.count, "card_aggregation": card.aggregation, "protocol": card.as_json()["protocol"],
         "applied": card_protocol.fixed_values(card), "not_applied": card_protocol.not_applied(card),
         "run_values": _run_values(card, settings), "drafter": name, "count": count, "aggregation": aggregation,
-        "draft_rule": rule}
+        "draft_rule": rule, "document": card.as_json()}
     if measured is None:
         return {**out, "verdict": None, "reason": f"drafter '{name}' has no rounds to measure"}
     out.update(judge(measured, card), card=card.card)
@@ -83,6 +101,30 @@ def free_knobs(card: Card, lines: Sequence[dict], name: str, settings: dict, *, 
     add("end_rule", "full rounds only", figure(lines, name, count, aggregation, rule, seed=seed,
                                                drop_last_round=True))
     return out
+
+
+def alternatives(card: Card, thinking: bool, max_new_tokens: int) -> list[tuple[str, str, dict]]:
+    """(knob, setting, the settings changed) of each subset rerun: thinking the other way; for a card that gives
+    no length, the lengths cards use (a longer one is skipped when every response ended before a shorter one)."""
+    out: list[tuple[str, str, dict]] = [("thinking", "off" if thinking else "on", {"enable_thinking": not thinking})]
+    if card.protocol.max_new_tokens == UNKNOWN:
+        out += [("max_new_tokens", str(n), {"max_new_tokens": n}) for n in CARD_MAX_NEW if n != max_new_tokens]
+    return out
+
+
+def explain_cost(card: Card, thinking: bool, max_new_tokens: int, rows: int, run_rows: int | None) -> str:
+    """The plan's line: which reruns --explain makes and their size against the run's own decode + extract."""
+    reruns = alternatives(card, thinking, max_new_tokens)
+    names = ", ".join(f"{k} {v}" for k, v, _ in reruns)
+    size = ""
+    if run_rows:
+        used = min(rows, run_rows)
+        tokens = sum(int(c.get("max_new_tokens", max_new_tokens)) for _, _, c in reruns)
+        size = (f"; at most ≈ {tokens * used / (max_new_tokens * run_rows):.2g}× the run's reference decoding "
+                f"and feature extraction ({len(reruns)} rerun(s) of {used} of its {run_rows} row(s), each up to its "
+                "max new tokens; references already cached are read back)")
+    return (f"--explain: the free knobs ({', '.join(FREE)}) from the run's own samples, no extra pass; subset reruns "
+            f"of the first {rows} row(s): {names}{size}")
 
 
 def rank(entries: Sequence[dict], measured: float, published: float) -> list[dict]:
@@ -129,7 +171,10 @@ def _run_values(card: Card, settings: dict) -> dict:
              "temperature": sampling.get("temperature", 0.0), "top_p": sampling.get("top_p"),
              "top_k": sampling.get("top_k"), "draft_rule": settings.get("draft_rule"),
              "selection": settings.get("selection"), "chat_template": "target", "engine": "offline"}
-    return {f: known.get(f) for f in card.protocol.unknown() if f in known}
+    if not sampling:  # T = 0: the sampling law and the draft rule do not enter the figure
+        for key in ("top_p", "top_k", "draft_rule"):
+            known.pop(key)
+    return {f: known[f] for f in card.protocol.unknown() if known.get(f) is not None}
 
 
 def _rule(settings: dict) -> str:

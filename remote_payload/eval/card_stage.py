@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from remote_payload.cards.explain import card_block
+from remote_payload.cards.explain import alternatives, card_block
 from remote_payload.cards.schema import UNKNOWN, Card, load_card
 from remote_payload.cards.verdict import aggregation_of, count_of, figure
 from remote_payload.eval import stages
@@ -16,7 +16,6 @@ from remote_payload.eval.context import EvalContext
 from remote_payload.eval.drafters import evaluate_drafter
 from remote_payload.eval.report import sample_lines, sampling_block
 
-CARD_MAX_NEW = (2048, 4096)  # what cards measure when they give no length: z-lab's benchmark default, its cards'
 SERVER_NOTE = "the references came from a server: the subset reruns decode with this host's target, so they are skipped"
 
 
@@ -48,24 +47,13 @@ def settings_record(s) -> dict:
             "selection": s.selection, **({"sampling": sampling_block(s)} if s.sampled else {})}
 
 
-def alternatives(ctx: EvalContext, card: Card) -> list[tuple[str, str, dict]]:
-    """(knob, setting, the settings changed) for each subset rerun: thinking the other way; for a card that
-    gives no length, the lengths cards use."""
-    s = ctx.settings
-    out: list[tuple[str, str, dict]] = [("thinking", "off" if s.enable_thinking else "on",
-                                          {"enable_thinking": not s.enable_thinking})]
-    if card.protocol.max_new_tokens == UNKNOWN:
-        out += [("max_new_tokens", str(n), {"max_new_tokens": n}) for n in CARD_MAX_NEW if n != s.max_new_tokens]
-    return out
-
-
 def subset_knobs(ctx: EvalContext, card: Card, name: str, lines: list[dict]) -> tuple[list[dict], list[str]]:
     s = ctx.settings
     if ctx.references.from_server:
         return [], [SERVER_NOTE]
     out, skipped = [], []
     ended_by: int | None = None  # a length under which every rerun response ended by itself
-    for knob, setting, changed in alternatives(ctx, card):
+    for knob, setting, changed in alternatives(card, s.enable_thinking, s.max_new_tokens):
         if knob == "max_new_tokens" and ended_by is not None:
             skipped.append(f"max_new_tokens {setting}: not rerun, every response ended before {ended_by} tokens, so "
                            "it measures the same as max_new_tokens " + str(ended_by))

@@ -123,3 +123,18 @@ def test_an_unknown_field_takes_the_run_value_and_a_clash_on_it_is_no_clash(tmp_
     (job,) = plan_eval(req, INV).jobs
     s = settings_from_values(vars(build_parser().parse_args(job.args)))
     assert (s.max_new_tokens, s.enable_thinking) == (64, False)
+
+
+def test_the_plan_states_the_card_and_the_cost_of_explain(tmp_path):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(INVENTORY)
+    proc = dfo("eval", "--host", "ct129", "--target", "/m/t", "--drafter", "z=/m/d", "--card",
+               "zlab-qwen3-8b-dflash-b16-humaneval-t0", "--explain", "--dry-run", inventory=inv, runs=tmp_path / "r")
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "card zlab-qwen3-8b-dflash-b16-humaneval-t0 (https://huggingface.co/z-lab/Qwen3-8B-DFlash-b16): τ 6.55" \
+        in text
+    # thinking is unknown on that card and max new tokens is the card's: one rerun, of 16 of its 164 rows
+    assert ("--explain: the free knobs (count, aggregation, draft_rule, k, end_rule) from the run's own samples, no "
+            "extra pass; subset reruns of the first 16 row(s): thinking on; at most ≈ 0.098× the run's") in text
+    assert "--explain --explain-prompts" not in text and "--card zlab-qwen3-8b-dflash-b16-humaneval-t0" in text

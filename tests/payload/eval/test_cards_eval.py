@@ -7,7 +7,10 @@ conventions.py), never from the card code under test."""
 from __future__ import annotations
 
 import pytest
+from payload_helpers import read_results
 
+from orchestrator.evaluation.card_report import card_lines
+from remote_payload.cards.explain import merged_card
 from remote_payload.cli import build_parser
 from remote_payload.eval.pipeline import run_eval
 from remote_payload.eval.settings import EvalSettings, settings_from_values
@@ -54,7 +57,8 @@ def card_run(fixture_dir, eval_cache, tmp_path):
     def run(card, *extra):
         args = ["eval", "--target", fixture_dir / "target", "--drafter", f"z={fixture_dir / 'zlab-drafter'}",
                 "--dtype", "float32", "--cache-dir", eval_cache, "--out", tmp_path / "run", "--card", card, *extra]
-        return run_eval(settings_from_values(vars(build_parser().parse_args(list(map(str, args))))))["card"]
+        run.results = run_eval(settings_from_values(vars(build_parser().parse_args(list(map(str, args))))))
+        return run.results["card"]
 
     return run
 
@@ -66,6 +70,13 @@ def test_a_card_measured_under_its_own_protocol_is_reproduced(measured, card_run
     lo, hi = card["measured"]["ci"]
     assert lo < card["published"]["tau"] < hi and card["difference"]["ci"][0] < 0 < card["difference"]["ci"][1]
     assert "explain" not in card  # reproduced and not asked: no knobs
+    # the controller's summary line, and the verdict recomputed over (here: one part's) merged samples
+    _, lines = read_results(tmp_path / "run")
+    (first, *_) = card_lines(card_run.results)
+    assert first.startswith(f"card fixture-card: τ {measured['off']:.2f} [") and ": reproduced, Δ +0.00" in first
+    again = merged_card({**card_run.results, "shards": []}, lines)
+    assert {k: again[k] for k in ("verdict", "measured", "difference")} == \
+        {k: card[k] for k in ("verdict", "measured", "difference")}
 
 
 def test_thinking_left_unknown_is_the_knob_that_explains_the_gap(measured, card_run, tmp_path):
@@ -76,6 +87,10 @@ def test_thinking_left_unknown_is_the_knob_that_explains_the_gap(measured, card_
     assert (top["knob"], top["setting"], top["explains"]) == ("thinking", "on", True)
     assert top["gap_closed"] == pytest.approx(1, abs=0.05) and top["rows"] == PROMPTS
     assert card["explanation"].startswith("thinking explains the gap: with thinking on τ is")
+    shown = card_lines(card_run.results)
+    assert ": above, Δ +" in shown[0] and "thinking off" in shown[1]
+    assert shown[1].startswith("  the card leaves unknown, measured as the run set it: ") and "top_p" not in shown[1]
+    assert shown[2].startswith("  thinking on: τ ") and "gap closed 100 %" in shown[2]
 
 
 def test_the_count_left_unknown_is_the_knob_that_explains_the_gap(measured, card_run, tmp_path):
