@@ -4,7 +4,7 @@ host: every value is checked for its type here, a wrong one shows as '?')."""
 from __future__ import annotations
 
 from orchestrator.core.host_text import fmt_number
-from orchestrator.evaluation.report import json_object
+from orchestrator.evaluation.report_values import json_object
 
 VERDICTS = ("reproduced", "below", "above")
 SHOWN_KNOBS = 6  # the best settings listed; results.json card.explain holds them all

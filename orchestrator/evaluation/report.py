@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.core.host_text import fmt_number, md_fence, md_text
+from orchestrator.evaluation.card_report import card_lines
 from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
 from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _objs, _real, _small_int
 from remote_payload.metrics.conventions import resolve
@@ -354,8 +355,6 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     if conv:
         out += ["", f"p_k and the τ histogram below are the {HEADLINE} convention's.", ""]
         out += conventions_markdown(results)
-    from orchestrator.evaluation.card_report import card_lines  # it reads this module's helpers
-
     card = card_lines(results)
     out += ["", "## Card", ""] + [f"- {md_text(line.strip())}" for line in card] if card else []
     out += sampled_markdown(results)
