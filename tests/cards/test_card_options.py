@@ -138,3 +138,21 @@ def test_the_plan_states_the_card_and_the_cost_of_explain(tmp_path):
     assert ("--explain: the free knobs (count, aggregation, draft_rule, k, end_rule) from the run's own samples, no "
             "extra pass; subset reruns of the first 16 row(s): thinking on; at most ≈ 0.098× the run's") in text
     assert "--explain --explain-prompts" not in text and "--card zlab-qwen3-8b-dflash-b16-humaneval-t0" in text
+
+
+def test_a_card_on_a_prompts_file_reads_it_beside_the_card_and_uploads_it(tmp_path):
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(INVENTORY)
+    (tmp_path / "cards").mkdir()
+    (tmp_path / "cards" / "mine.jsonl").write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n')
+    card = tmp_path / "cards" / "card.yaml"
+    card.write_text(GOOD.replace("dataset: gsm8k", "dataset: mine.jsonl").replace("n: 128", "n: 2")
+                    .replace("selection: server", "selection: file"))
+    proc = dfo("eval", "--host", "ct129", "--target", "/m/t", "--drafter", "z=/m/d", "--card", str(card),
+               "--dry-run", "--json", inventory=inv, runs=tmp_path / "r")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job,) = json.loads(proc.stdout)["plan"]["jobs"]
+    args = job["args"]
+    remote = args[args.index("--prompts") + 1]
+    assert remote == job["prompts_upload"] and args[args.index("--samples") + 1] == "2"
+    assert json.loads(args[args.index("--card") + 1])["protocol"]["dataset"] == remote  # where the job reads it
