@@ -23,11 +23,11 @@ from remote_payload.cards.verdict import (
 )
 
 FREE = ("count", "aggregation", "draft_rule", "k", "end_rule")  # from the run itself
-SUBSET = ("thinking", "max_new_tokens")  # reruns of the first --explain-prompts rows
-KNOBS = (*FREE, *SUBSET, "chat_template", "selection", "temperature", "top_p", "top_k", "prompt_normalization",
-         "dtype", "layer_offset", "quantization")
+SUBSET = ("thinking", "max_new_tokens", "selection", "layer_offset", "prompt_normalization")  # subset reruns
+KNOBS = (*FREE, *SUBSET, "chat_template", "temperature", "top_p", "top_k", "dtype", "quantization")  # fixed words
 CARD_MAX_NEW = (2048, 4096)  # what cards measure when they give no length: z-lab's benchmark default, its cards'
 EXPLAINS = (0.5, 1.5)  # the share of the gap a knob must close to explain it
+OTHER_SELECTION = {"zlab-transformers": "zlab-server", "zlab-server": "zlab-transformers"}
 SUSPECT = ("no knob explains the gap: the drafter itself is the suspect (its weights, its training, or an export "
            "that changed it), not the way it was measured")
 
@@ -103,28 +103,43 @@ def free_knobs(card: Card, lines: Sequence[dict], name: str, settings: dict, *, 
     return out
 
 
-def alternatives(card: Card, thinking: bool, max_new_tokens: int) -> list[tuple[str, str, dict]]:
-    """(knob, setting, the settings changed) of each subset rerun: thinking the other way; for a card that gives
-    no length, the lengths cards use (a longer one is skipped when every response ended before a shorter one)."""
+def alternatives(card: Card, thinking: bool, max_new_tokens: int, selection: str | None = None,
+                 layer_offsets: Sequence[int] = ()) -> list[tuple[str, str, dict]]:
+    """(knob, setting, what changes) of each subset rerun: thinking the other way; for a card that gives no
+    length, the lengths cards use (a longer one is skipped when every response ended before a shorter one); for a
+    dataset card that gives no selection, z-lab's other path; the drafter's target layer ids shifted by each of
+    ``layer_offsets`` (those in range); the prompts with repeated newlines collapsed. A change is a settings
+    field, or ``layer_offset`` / ``prompt_normalization`` (the rerun applies those itself)."""
     out: list[tuple[str, str, dict]] = [("thinking", "off" if thinking else "on", {"enable_thinking": not thinking})]
     if card.protocol.max_new_tokens == UNKNOWN:
         out += [("max_new_tokens", str(n), {"max_new_tokens": n}) for n in CARD_MAX_NEW if n != max_new_tokens]
+    if card.protocol.selection == UNKNOWN and selection in OTHER_SELECTION:
+        other = OTHER_SELECTION[selection]
+        out.append(("selection", other, {"selection": other}))
+    out += [("layer_offset", f"{d:+d}", {"layer_offset": d}) for d in layer_offsets]
+    out.append(("prompt_normalization", "repeated newlines collapsed", {"prompt_normalization": True}))
     return out
 
 
-def explain_cost(card: Card, thinking: bool, max_new_tokens: int, rows: int, run_rows: int | None) -> str:
-    """The plan's line: which reruns --explain makes and their size against the run's own decode + extract."""
-    reruns = alternatives(card, thinking, max_new_tokens)
+def explain_cost(card: Card, thinking: bool, max_new_tokens: int, rows: int, run_rows: int | None,
+                 selection: str | None = None) -> str:
+    """The plan's line: which reruns --explain makes and their size against the run's own decoding and extraction
+    (the layer offsets are known once the drafter's spec is read on the host: ±1 counted here; they read the run's
+    references back and extract other layers only)."""
+    reruns = alternatives(card, thinking, max_new_tokens, selection, (-1, 1))
     names = ", ".join(f"{k} {v}" for k, v, _ in reruns)
     size = ""
     if run_rows:
         used = min(rows, run_rows)
-        tokens = sum(int(c.get("max_new_tokens", max_new_tokens)) for _, _, c in reruns)
+        decoded = [c for k, _, c in reruns if k != "layer_offset"]
+        tokens = sum(int(c.get("max_new_tokens", max_new_tokens)) for c in decoded)
         size = (f"; at most ≈ {tokens * used / (max_new_tokens * run_rows):.2g}× the run's reference decoding "
-                f"and feature extraction ({len(reruns)} rerun(s) of {used} of its {run_rows} row(s), each up to its "
-                "max new tokens; references already cached are read back)")
+                f"({len(decoded)} rerun(s) of {used} of its {run_rows} row(s), each up to its max new tokens) and "
+                f"{len(reruns) * used / run_rows:.2g}× its feature extraction; references already cached are read "
+                "back")
     return (f"--explain: the free knobs ({', '.join(FREE)}) from the run's own samples, no extra pass; subset reruns "
-            f"of the first {rows} row(s): {names}{size}")
+            f"of the first {rows} row(s): {names}{size}; prompt_normalization only where a prompt has repeated "
+            "newlines, a layer offset only where it stays among the target's layers")
 
 
 def rank(entries: Sequence[dict], measured: float, published: float) -> list[dict]:

@@ -7,7 +7,7 @@ conventions.py), never from the card code under test."""
 from __future__ import annotations
 
 import pytest
-from payload_helpers import read_results
+from payload_helpers import drafter_copy, read_results
 
 from orchestrator.evaluation.card_report import card_lines
 from remote_payload.cards.explain import merged_card
@@ -54,8 +54,8 @@ def measured(fixture_dir, eval_cache, tmp_path_factory):
 
 @pytest.fixture
 def card_run(fixture_dir, eval_cache, tmp_path):
-    def run(card, *extra):
-        args = ["eval", "--target", fixture_dir / "target", "--drafter", f"z={fixture_dir / 'zlab-drafter'}",
+    def run(card, *extra, drafter=None):
+        args = ["eval", "--target", fixture_dir / "target", "--drafter", f"z={drafter or fixture_dir / 'zlab-drafter'}",
                 "--dtype", "float32", "--cache-dir", eval_cache, "--out", tmp_path / "run", "--card", card, *extra]
         run.results = run_eval(settings_from_values(vars(build_parser().parse_args(list(map(str, args))))))
         return run.results["card"]
@@ -87,6 +87,8 @@ def test_thinking_left_unknown_is_the_knob_that_explains_the_gap(measured, card_
     assert (top["knob"], top["setting"], top["explains"]) == ("thinking", "on", True)
     assert top["gap_closed"] == pytest.approx(1, abs=0.05) and top["rows"] == PROMPTS
     assert card["explanation"].startswith("thinking explains the gap: with thinking on τ is")
+    # no built-in prompt has three newlines in a row: the normalisation changes nothing and is not rerun
+    assert "prompt_normalization: no prompt of the first 16 row(s) has repeated newlines" in card["explain_skipped"]
     shown = card_lines(card_run.results)
     assert ": above, Δ +" in shown[0] and "thinking off" in shown[1]
     assert shown[1].startswith("  the card leaves unknown, measured as the run set it: ") and "top_p" not in shown[1]
@@ -118,3 +120,17 @@ def test_a_gap_no_knob_closes_names_the_drafter(measured, card_run, tmp_path):
     assert not any(e["explains"] for e in card["explain"])
     assert card["explanation"].startswith("no knob explains the gap: the drafter itself is the suspect")
     assert {e["knob"] for e in card["explain"]} >= {"count", "aggregation", "end_rule", "thinking"}
+
+
+def test_a_drafter_reading_the_wrong_layers_is_explained_by_layer_offset(measured, card_run, fixture_dir, tmp_path):
+    """Pitfall 1, planted: the same weights told to read target layers one below the ones they were trained on."""
+    shifted = drafter_copy(fixture_dir / "zlab-drafter", tmp_path / "shifted",
+                           config=lambda c: c["dflash_config"].update(target_layer_ids=[0, 2, 4]))
+    card = card_run(_card(tmp_path / "card.yaml", round(measured["off"], 4)), "--explain-prompts", "4",
+                    drafter=shifted)
+    assert card["verdict"] == "below"
+    top = card["explain"][0]
+    assert (top["knob"], top["setting"], top["explains"]) == ("layer_offset", "+1", True)
+    assert top["gap_closed"] == pytest.approx(1, abs=0.25) and top["rows"] == 4
+    # −1 would read layer −1: not measured
+    assert [e["setting"] for e in card["explain"] if e["knob"] == "layer_offset"] == ["+1"]
