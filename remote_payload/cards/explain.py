@@ -65,7 +65,8 @@ def card_block(card: Card, lines: Sequence[dict], name: str, settings: dict, *, 
         "run_values": _run_values(card, settings), "drafter": name, "count": count, "aggregation": aggregation,
         "draft_rule": rule, "document": card.as_json()}
     if measured is None:
-        return {**out, "verdict": None, "reason": f"drafter '{name}' has no rounds to measure"}
+        return {**out, "verdict": None, "reason": f"drafter '{name}' has no rounds in the {count} count (a count "
+                "past the end token needs the target's tokens past it: see results.json warnings)"}
     out.update(judge(measured, card), card=card.card)
     out.pop("card")
     if explain or out["verdict"] != "reproduced":
