@@ -70,3 +70,18 @@ def test_knobs_are_ranked_by_the_share_of_the_gap_they_close():
     assert explanation(ranked).startswith("count explains the gap: with count vllm τ is 2.90 [2.60, 3.20]")
     none = rank(entries[2:], measured=2.0, published=6.0)
     assert explanation(none).startswith("no knob explains the gap: the drafter itself is the suspect")
+
+
+def test_the_k_knob_reads_the_per_k_replay_when_the_card_drafts_fewer():
+    from remote_payload.cards.explain import free_knobs
+
+    # block size 4 (K = 1..3 recorded); at K = 1 the responses had 5 and 3 rounds with 3 and 0 accepted drafts
+    lines = [{**_line(0, [4, 4]), "drafters": {"z": {"produced": [4, 4], "by_k": {"1": [5, 3], "2": [4, 4],
+                                                                                   "3": [2, 6]}}}},
+             {**_line(1, [1]), "drafters": {"z": {"produced": [1, 1], "by_k": {"1": [3, 0], "2": [2, 0],
+                                                                                "3": [2, 0]}}}}]
+    card = parse_card({**CARD, "protocol": {**CARD["protocol"], "k": 1}}, "test")
+    (k,) = [e for e in free_knobs(card, lines, "z", {"draft_rule": "n/a at T = 0"}) if e["knob"] == "k"]
+    assert k["setting"] == "1" and k["tau"] == pytest.approx((8 / 5 + 3 / 3) / 2)
+    full = parse_card({**CARD, "protocol": {**CARD["protocol"], "k": 3}}, "test")  # the drafter's own K: no knob
+    assert not [e for e in free_knobs(full, lines, "z", {}) if e["knob"] == "k"]
