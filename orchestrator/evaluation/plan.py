@@ -291,14 +291,20 @@ def with_protocol(req: EvalRequest) -> EvalRequest:
         return req
     from remote_payload.eval import protocols
 
-    fields = {f.name for f in dataclasses.fields(req)}
-    defaults = {o.field: o.request_default for o in declared.request_options() if o.field in fields}
-    values = {k: getattr(req, k) for k in protocols.preset(req.protocol) if k in fields}
     try:
-        filled = protocols.fill(values, defaults, req.protocol)
+        return with_fixed(req, protocols.preset(req.protocol))
     except PayloadError as exc:
         raise InputError(str(exc)) from None
-    return dataclasses.replace(req, **filled)
+
+
+def with_fixed(req: EvalRequest, fixed: dict) -> EvalRequest:
+    """``fixed``'s value (a protocol's, a card's) in every request option left at its default."""
+    from remote_payload.eval import protocols
+
+    fields = {f.name for f in dataclasses.fields(req)}
+    defaults = {o.field: o.request_default for o in declared.request_options() if o.field in fields}
+    values = {k: getattr(req, k) for k in fixed if k in fields}
+    return dataclasses.replace(req, **protocols.fill_from(values, defaults, {k: fixed[k] for k in values}))
 
 
 def load_request_card(spec: str):
@@ -324,20 +330,7 @@ def with_card(req: EvalRequest) -> EvalRequest:
     if req.explain and len(req.hosts) > 1:
         raise InputError(f"--explain reruns the first rows of one host's share: evaluate card {card.card} on one "
                          "host", hint="give one --host, or drop --explain (the verdict is computed over every host)")
-    fields = {f.name for f in dataclasses.fields(req)}
-    defaults = {o.field: o.request_default for o in declared.request_options() if o.field in fields}
-    try:
-        fixed = card_protocol.fixed_values(card)
-    except PayloadError as exc:
-        raise InputError(str(exc)) from None
-    values = {k: getattr(req, k) for k in fixed if k in fields}
-    return dataclasses.replace(req, **protocols_fill(values, defaults, fixed))
-
-
-def protocols_fill(values: dict, defaults: dict, fixed: dict) -> dict:
-    from remote_payload.eval import protocols
-
-    return protocols.fill_from(values, defaults, fixed)
+    return with_fixed(req, card_protocol.fixed_values(card))
 
 
 def card_prompts(card_spec: str | None, prompts: str) -> str:

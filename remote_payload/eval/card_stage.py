@@ -58,8 +58,10 @@ def subset_knobs(ctx: EvalContext, card: Card, name: str, lines: list[dict]) -> 
     count, aggregation = count_of(card), aggregation_of(card)
     rule = "sampled" if s.sampled and s.draft_rule == "sampled" else "greedy"
     first_rows = subset_ids(ctx)
-    for knob, setting, changed in alternatives(card, s.enable_thinking, s.max_new_tokens, s.selection if
-                                               s.dataset_specs else None, layer_offsets(ctx, name)):
+    reruns = alternatives(card, s.enable_thinking, s.max_new_tokens, s.selection if s.dataset_specs else None,
+                          layer_offsets(ctx, name))
+    for done, (knob, setting, changed) in enumerate(reruns):
+        ctx.progress.progress("card", done, len(reruns), unit="reruns", message=f"{knob} {setting}")
         if knob == "max_new_tokens" and ended_by is not None:
             skipped.append(f"max_new_tokens {setting}: not rerun, every response ended before {ended_by} tokens, so "
                            "it measures the same as max_new_tokens " + str(ended_by))
