@@ -4,6 +4,7 @@ refuses one given with another value, and the payload gets the card as its own d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -18,7 +19,8 @@ from remote_payload.errors import PayloadError
 from remote_payload.eval.settings import check_values, settings_from_values
 
 # Every host is unreachable (port 1): a refusal with exit 2 came before any connection.
-INVENTORY = "hosts:\n  ct129: {address: 127.0.0.1, port: 1, workdir: /tmp/dfo-c, roles: [eval]}\n"
+INVENTORY = ("hosts:\n  ct129: {address: 127.0.0.1, port: 1, workdir: /tmp/dfo-c, roles: [eval]}\n"
+             "  ct130: {address: 127.0.0.1, port: 1, workdir: /tmp/dfo-d}\n")
 INV = parse_inventory(INVENTORY, "inventory.yaml")
 ROWS = ["gsm8k=/data/gsm8k/test.jsonl"]  # GSM8K ships in no package: the rows' file on the eval host
 GOOD = """card: team-gsm8k
@@ -159,3 +161,13 @@ def test_a_card_on_a_prompts_file_reads_it_beside_the_card_and_uploads_it(tmp_pa
     remote = args[args.index("--prompts") + 1]
     assert remote == job["prompts_upload"] and args[args.index("--samples") + 1] == "2"
     assert json.loads(args[args.index("--card") + 1])["protocol"]["dataset"] == remote  # where the job reads it
+
+
+def test_explain_runs_on_one_host(tmp_path):
+    card = tmp_path / "card.yaml"
+    card.write_text(GOOD)
+    req = EvalRequest(hosts=["ct129", "ct130"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                      card=str(card), dataset_files=ROWS, explain=True)
+    with pytest.raises(InputError, match="--explain reruns the first rows of one host's share"):
+        plan_eval(req, INV)
+    assert len(plan_eval(dataclasses.replace(req, explain=False), INV).jobs) == 2  # the verdict alone: any hosts
