@@ -86,7 +86,7 @@ def _global(
 COMMAND_MODULES = {
     "deploy": "deploy_cmd", "relay-checkpoint": "relay_cmd", "provision": "provision_cmd", "eval": "eval_cmd",
     "demo": "demo_cmd", "watch": "watch_cmd", "inventory": "inventory_cmd", "jobs": "jobs_cmd", "runs": "runs_cmd",
-    "series": "series_cmd",
+    "series": "series_cmd", "lint": "lint_cmd",
 }
 _OPTIONS_WITH_VALUES = {"-i", "--inventory", "--connect-timeout"}
 
