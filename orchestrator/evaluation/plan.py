@@ -110,6 +110,7 @@ class EvalRequest:
     cache_limit_gib: float | None = None  # the host's reference/feature cache size limit (payload default 200)
     engine_k: str | None = None  # "1,3": extra draft counts timed per drafter in the engine
     engine_check: str | None = None  # "synthetic": the engine replays each drafter's profile (its marginals)
+    lint: bool = True  # `dfo lint` on every drafter before anything is relayed or started (--no-lint: skipped)
 
     @property
     def uses_engine(self) -> bool:

@@ -95,7 +95,7 @@ def probe_ids(d: replies.DrafterFacts) -> list[int]:
     """The token ids whose pieces the target's tokenizer is asked for: the mask id, wherever the config keeps it."""
     cfg = d.doc("config.json") if d.kind != "torch" else next((doc.data for doc in d.json.values()), None)
     cfg = cfg if isinstance(cfg, dict) else {}
-    dcfg = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+    dcfg = cfg["dflash_config"] if isinstance(cfg.get("dflash_config"), dict) else {}
     ids = [dcfg.get("mask_token_id"), cfg.get("mask_token_id")]
     return sorted({i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0})
 

@@ -5,7 +5,7 @@ them defensively)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from orchestrator.core.errors import HostError
 
@@ -82,7 +82,7 @@ class TargetFacts:
         return out
 
 
-def _int(x: Any) -> bool:
+def _int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 

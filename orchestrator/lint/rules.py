@@ -7,7 +7,7 @@ rule rests on a public case, the case is named (docs/lint.md lists every code)."
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeGuard
 
 from orchestrator.lint.replies import DrafterFacts, TargetFacts, Tensor
 from remote_payload.errors import PayloadError
@@ -212,7 +212,7 @@ def errors(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == ERROR]
 
 
-def _int(x: Any) -> bool:
+def _int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -245,7 +245,8 @@ def _view(d: DrafterFacts, out: list[Finding]) -> View | None:
         out.append(finding("config-missing", "config.json", f"{d.where}: no config.json beside the weights"))
         return None
     if cfg_doc.error or not isinstance(cfg_doc.data, dict):
-        out.append(finding("config-invalid", "config.json", f"{d.where}/config.json: {cfg_doc.error or 'not an object'}"))
+        why = cfg_doc.error or "not an object"
+        out.append(finding("config-invalid", "config.json", f"{d.where}/config.json: {why}"))
         return None
     cfg = cfg_doc.data
     where = f"{d.where}/config.json" if d.kind == "folder" else "config.json"
@@ -402,13 +403,13 @@ def _layer_ids(v: View, target: Target | None, out: list[Finding]) -> list[int] 
     if dupes:
         out.append(finding("layer-ids-duplicate", v.ids_field, f"{v.where}: {v.ids_field} {raw} lists {dupes} more "
                            f"than once: {len(raw)} ids but {len(set(raw))} distinct layers"))
-    negative = [r for r, i in zip(raw, decoder) if i < 0]
+    negative = [r for r, i in zip(raw, decoder, strict=True) if i < 0]
     if negative:
         what = "0 is the embedding output, not a decoder layer" if v.hidden_states_index else "ids count from 0"
         out.append(finding("layer-ids-negative", v.ids_field, f"{v.where}: {v.ids_field} {raw} holds {negative} "
                            f"({what})"))
     if n is not None:
-        beyond = [r for r, i in zip(raw, decoder) if i >= n]
+        beyond = [r for r, i in zip(raw, decoder, strict=True) if i >= n]
         if beyond:
             most = n if v.hidden_states_index else n - 1
             out.append(finding("layer-ids-out-of-range", v.ids_field, f"{v.where}: {v.ids_field} {raw} holds "
@@ -533,9 +534,10 @@ def _mask(v: View, target: Target | None, out: list[Finding]) -> None:
 
 def _layer_types(lc: dict) -> list | None:
     types = lc.get("layer_types")
-    if types is None and lc.get("use_sliding_window") and lc.get("sliding_window") and _int(lc.get("num_hidden_layers")):
-        mwl = lc.get("max_window_layers", lc["num_hidden_layers"])
-        types = [SLIDING if _int(mwl) and i >= mwl else FULL for i in range(lc["num_hidden_layers"])]
+    layers = lc.get("num_hidden_layers")
+    if types is None and lc.get("use_sliding_window") and lc.get("sliding_window") and _int(layers):
+        mwl = lc.get("max_window_layers", layers)  # Qwen3: layer i slides iff i >= max_window_layers
+        types = [SLIDING if _int(mwl) and i >= mwl else FULL for i in range(layers)]
     return types if isinstance(types, list) else None
 
 
@@ -699,8 +701,8 @@ def _training(v: View, target: Target | None, enable_thinking: bool | None, out:
                            "true/false"))
         th = None
     if sha is not None and not (isinstance(sha, str) and len(sha) == 64):
-        out.append(finding("training-metadata-invalid", "training.chat_template_sha256", f"{v.where}: {str(sha)[:80]!r} "
-                           "is not 64 hex digits"))
+        out.append(finding("training-metadata-invalid", "training.chat_template_sha256",
+                           f"{v.where}: {str(sha)[:80]!r} is not 64 hex digits"))
         sha = None
     if th is None:
         out.append(finding("training-thinking-missing", "training.enable_thinking", f"{v.where}: training has no "
