@@ -40,7 +40,8 @@ CODES: dict[str, tuple[str, str, str]] = {
     "torch-not-read": (INFO, "a training checkpoint's weights are not read without loading it: its spec sidecar is "
                        "linted, the tensors are checked when the eval loads it", "strip it (dfo relay-checkpoint "
                        "--strip-optimizer) for a full lint of the safetensors"),
-    "torch-no-spec": (WARNING, "a training checkpoint with no spec.json beside it: nothing to lint without loading it",
+    "torch-no-spec": (INFO, "a training checkpoint with no spec.json beside it: its embedded config is read only when "
+                      "the eval loads it, so nothing is linted here",
                       "put its spec.json beside it, or lint the stripped folder"),
     "torch-not-zip": (ERROR, "the training checkpoint is empty or not a torch.save zip file", "re-copy or re-save it "
                       "with torch.save"),
