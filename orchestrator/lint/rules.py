@@ -167,6 +167,19 @@ CONFIRMED_BY_DIAGNOSE: dict[str, tuple[str, ...]] = {
     "no-training-metadata": ("training-metadata-missing",),
 }
 
+def confirmed_by_diagnose(diagnose_findings: Any) -> list[str]:
+    """One line per --diagnose finding (results.json's ``diagnostics.findings``) that confirms a lint code: what
+    `dfo lint` calls it, so the run's report and the checkpoint's lint speak of one thing by one name."""
+    lines = []
+    for f in diagnose_findings if isinstance(diagnose_findings, list) else []:
+        code = f.get("code") if isinstance(f, dict) else None
+        if code in CONFIRMED_BY_DIAGNOSE:
+            who = f" (drafter '{f['drafter']}')" if isinstance(f.get("drafter"), str) else ""
+            names = " / ".join(CONFIRMED_BY_DIAGNOSE[code])
+            lines.append(f"--diagnose {code}{who} confirms what `dfo lint` reports as {names} (docs/lint.md)")
+    return lines
+
+
 # The layer-id and window conventions of each reader (docs/lint.md shows the same table).
 ENGINE_CONVENTIONS: tuple[tuple[str, str, str], ...] = (
     ("z-lab / transformers (and dfo)", "dflash_config.target_layer_ids: decoder-layer index l = output of layer l "

@@ -235,3 +235,17 @@ def test_the_dflash2_key_parts_are_the_payloads():
     from remote_payload.models.validation import DFLASH2_KEY_PARTS
 
     assert rules.DFLASH2_KEY_PARTS == DFLASH2_KEY_PARTS
+
+
+
+def test_a_diagnose_finding_that_confirms_a_lint_code_names_it_in_the_report(tmp_path):
+    from orchestrator.evaluation.report import write_report
+
+    diag = {"text": "dfo diagnostics", "findings": [
+        {"severity": "warning", "code": "layer-shift", "message": "ids + 1 draft better", "drafter": "ours"},
+        {"severity": "info", "code": "mask-token", "message": "mask id 5", "drafter": "ours"}]}
+    lines = rules.confirmed_by_diagnose(diag["findings"])
+    assert lines == ["--diagnose layer-shift (drafter 'ours') confirms what `dfo lint` reports as layer-ids-shifted "
+                     "(docs/lint.md)"]
+    write_report(tmp_path, {"drafters": {}, "diagnostics": diag}, [])
+    assert "reports as layer-ids-shifted" in (tmp_path / "report.md").read_text()
