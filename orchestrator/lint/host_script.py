@@ -63,7 +63,8 @@ def _header(path, keep=None):
         return out
     meta = header.pop("__metadata__", None)
     out["metadata"] = meta if isinstance(meta, dict) else None
-    tensors, dtypes, end = {}, {}, 0
+    tensors, end = {}, 0
+    dtypes = {}  # type: dict
     for name, t in header.items():
         if not isinstance(t, dict) or not isinstance(t.get("data_offsets"), list) or len(t["data_offsets"]) != 2:
             out["error"] = "tensor %r has no data_offsets: a corrupt header" % name[:200]
@@ -179,7 +180,7 @@ def _tokenizer(folder, probe_ids):
         out["tokenizer_json_error"] = doc["error"]
     data = doc.get("data") if doc else None
     if isinstance(data, dict):
-        model = data.get("model") if isinstance(data.get("model"), dict) else {}
+        model = data["model"] if isinstance(data.get("model"), dict) else {}
         vocab = model.get("vocab")
         probes = {}
         if isinstance(vocab, dict):
