@@ -30,6 +30,14 @@ class WeightsFile:
     metadata: dict | None = None
 
 
+def all_tensors(files: list[WeightsFile]) -> dict[str, Tensor]:
+    """Every tensor of FILES by name (a sharded checkpoint's shards together)."""
+    out: dict[str, Tensor] = {}
+    for f in files:
+        out.update(f.tensors)
+    return out
+
+
 @dataclass
 class JsonDoc:
     data: Any = None
@@ -51,10 +59,7 @@ class DrafterFacts:
         return d.data if d is not None else None
 
     def tensors(self) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        for f in self.files:
-            out.update(f.tensors)
-        return out
+        return all_tensors(self.files)
 
 
 @dataclass
@@ -76,10 +81,7 @@ class TargetFacts:
     files: list[WeightsFile] = field(default_factory=list)
 
     def tensors(self) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        for f in self.files:
-            out.update(f.tensors)
-        return out
+        return all_tensors(self.files)
 
 
 def _int(x: Any) -> TypeGuard[int]:
