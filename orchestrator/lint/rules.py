@@ -742,4 +742,4 @@ def _spec_reader(v: View, shapes: dict, out: list[Finding]) -> None:
         else:
             from_zlab(v.cfg, shapes, v.where)
     except PayloadError as exc:
-        out.append(finding("config-invalid", v.where, str(exc)))
+        out.append(finding("config-invalid", v.where.rsplit("/", 1)[-1], str(exc)))
