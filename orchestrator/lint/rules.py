@@ -70,6 +70,10 @@ CODES: dict[str, tuple[str, str, str]] = {
                           "decoder-layer id is expected, or the reverse (SpecForge's layer L is hidden_states[L+1]; "
                           "onnxruntime-genai needs +1: microsoft/onnxruntime-genai#2538)", "convert once to the "
                           "reading engine's convention; --diagnose's layer-shift probe confirms it"),
+    "layer-ids-two-conventions": (WARNING, "the config lists the target layers twice, as decoder-layer ids and as "
+                                  "hidden_states indices, and the two lists do not differ by exactly one: readers of "
+                                  "either key capture other layers", "keep one key (dflash_config.target_layer_ids), "
+                                  "or make aux_hidden_state_layer_ids = ids + 1"),
     "fc-width": (ERROR, "fc's input width is not (number of fc layer ids) × the target's hidden size", "list the "
                  "layers fc was trained on (reserve_last_target_layer for training specs)"),
     "hidden-size": (ERROR, "the drafter's hidden size is not the target's", "pair the drafter with its own target"),
@@ -438,6 +442,11 @@ def _layer_ids(v: View, target: Target | None, out: list[Finding]) -> list[int] 
             sign = "plus" if everything[0] == default[0] + 1 else "minus"
             out.append(finding("layer-ids-shifted", v.ids_field, f"{v.where}: decoder layers {everything} are z-lab's "
                                f"default spread {default} over {n} layers {sign} one"))
+    aux = v.cfg.get("aux_hidden_state_layer_ids") if not v.hidden_states_index else None
+    if isinstance(aux, list) and aux != [i + 1 for i in decoder]:
+        out.append(finding("layer-ids-two-conventions", "aux_hidden_state_layer_ids", f"{v.where}: {v.ids_field} "
+                           f"{raw} (decoder layers) but aux_hidden_state_layer_ids {aux[:16]} (hidden_states "
+                           f"indices: {[i + 1 for i in decoder]} expected)"))
     return fc_ids if not dupes and not negative else None
 
 

@@ -63,6 +63,14 @@ def test_ids_shifted_by_one_from_zlabs_spread_are_named(tmp_path, tgt):
     assert str(default) in f.message and "plus one" in f.message
 
 
+def test_a_config_listing_its_layers_in_both_conventions_must_agree_by_one(tmp_path, tgt):
+    cfg = zlab_config()
+    cfg["aux_hidden_state_layer_ids"] = [1, 3, 5]  # the same numbers: one of the two readers is off by one
+    assert "layer-ids-two-conventions" in codes(run(zlab_drafter(tmp_path / "a", cfg), tgt))
+    cfg["aux_hidden_state_layer_ids"] = [2, 4, 6]
+    assert "layer-ids-two-conventions" not in codes(run(zlab_drafter(tmp_path / "b", cfg), tgt))
+
+
 def test_fc_width_off_names_both_widths(tmp_path, tgt):
     report = run(_with(tmp_path, drafter_tensors(fc_layers=4)), tgt)
     (f,) = [f for f in report.findings if f.code == "fc-width"]
