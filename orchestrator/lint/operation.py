@@ -130,7 +130,7 @@ def lint_before_eval(connector, plan, events: Events) -> list[LintReport]:
     from remote_payload.eval.options import parse_engine_k
 
     request = plan.request
-    if not getattr(request, "lint", True):
+    if not request.lint:
         events.warn(SKIPPED)
         return []
     events.step("lint the drafters (configs and safetensors headers)")
