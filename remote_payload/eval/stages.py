@@ -18,6 +18,7 @@ from remote_payload.diagnose.probes import probe_layer_ids
 from remote_payload.diagnose.tensors import TensorStats
 from remote_payload.errors import PayloadError
 from remote_payload.eval import draws as draws_mod
+from remote_payload.eval import thinking_modes
 from remote_payload.eval.context import EvalContext, Extraction, References
 from remote_payload.eval.settings import (
     REFERENCE_API_KEY_ENV,
@@ -86,6 +87,8 @@ def check_inputs(ctx: EvalContext) -> None:
         chosen = all_prompts if s.samples is None else all_prompts[:s.samples]
         raise PayloadError(f"no prompts selected: shard {s.shard[0]}/{s.shard[1]} of "
                            f"{prompts_mod.conversations(chosen)} prompt(s)")
+    if s.thinking_both:  # each prompt under both thinking modes, paired (eval/thinking_modes.py)
+        ctx.prompts = thinking_modes.expand(ctx.prompts)
     if s.sampled:  # K draws per prompt, each one sample of the run (eval/draws.py)
         ctx.prompts, ctx.draws = draws_mod.expand(ctx.prompts, s.samples_per_prompt)
     if ctx.fault:
@@ -107,7 +110,7 @@ def local_references(ctx: EvalContext) -> None:
     refs = References()
     for i in range(len(ctx.prompts)):
         p = ask(ctx, i, refs.refs)
-        ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
+        ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), thinking_modes.mode_of(p, s.enable_thinking))
         ref: Reference
         if s.sampled:
             draw = ctx.draws[i]
