@@ -507,8 +507,9 @@ def dataset_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> dic
 
 
 THINKING_NOTE = ("--enable-thinking both: every prompt evaluated under both chat-template modes; per mode the "
-                 "figures of by_dataset over that mode's samples; paired = mean over prompts of τ(on) − τ(off) (each prompt's τ "
-                 "macro under each mode, at T > 0 the mean over its draws), 95% percentile bootstrap CI over prompts")
+                 "figures of by_dataset over that mode's samples; paired = mean over prompts of τ(on) − τ(off) "
+                 "(each prompt's τ macro under each mode, at T > 0 the mean over its draws), 95% percentile "
+                 "bootstrap CI over prompts")
 
 
 def thinking_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> dict | None:
