@@ -116,7 +116,7 @@ def test_tau_by_context_depth_equals_a_replay_restricted_to_each_bucket(depth_ru
     results, lines, paths = depth_run
     by_id = {p.id: (ref, feats) for p, ref, feats in samples}
     assert load_drafter(paths["ours"]).spec.attn[0].window == 64
-    assert max(line["prompt_tokens"] + line["continuation_tokens"] for line in lines) > 2 * 64
+    assert max(line["prompt_tokens"] + line["continuation_tokens"] for line in lines) > 64 + 32
     for name, path in paths.items():
         depth = results["drafters"][name]["metrics"]["by_context_depth"]
         assert depth["layout"] == "power-of-two"  # samples of tens to hundreds of tokens: finer than < 1k
