@@ -29,6 +29,7 @@ from remote_payload.eval.settings import (
 )
 from remote_payload.inputs import prompts as prompts_mod
 from remote_payload.inputs.cache import enforce_limit
+from remote_payload.inputs.datasets import longctx
 from remote_payload.inputs.datasets.load import load_datasets
 from remote_payload.inputs.features import FeatureStore, bytes_per_token, cache_path, cached_features, extract
 from remote_payload.inputs.prompts import Prompt, with_history
@@ -89,6 +90,9 @@ def check_inputs(ctx: EvalContext) -> None:
                            f"{prompts_mod.conversations(chosen)} prompt(s)")
     if s.thinking_both:  # each prompt under both thinking modes, paired (eval/thinking_modes.py)
         ctx.prompts = thinking_modes.expand(ctx.prompts)
+    ctx.prompts = [longctx.fit(p, lambda m, p=p: targetmod.render_prompt(  # type: ignore[misc]
+        ctx.tokenizer, m, thinking_modes.mode_of(p, s.enable_thinking))) if p.depth is not None else p
+        for p in ctx.prompts]  # longctx: built to its depth in the target's tokens, under its mode
     if s.sampled:  # K draws per prompt, each one sample of the run (eval/draws.py)
         ctx.prompts, ctx.draws = draws_mod.expand(ctx.prompts, s.samples_per_prompt)
     if ctx.fault:

@@ -27,6 +27,7 @@ class Prompt:
     thinking: bool | None = None  # its chat template's thinking mode (None: the run's --enable-thinking)
     paired: int | None = None   # --enable-thinking both: the index the prompt had before the two modes were made
     depth: int | None = None    # a longctx prompt: the exact prompt length in target tokens it is built to
+    context: str | None = None  # a longctx prompt before it is built: the text its context is cut from
 
     def message_dicts(self) -> list[dict]:
         return [{"role": r, "content": c} for r, c in self.messages]
