@@ -33,7 +33,8 @@ def with_eval_options(command: str) -> Callable:
                 params += [inspect.Parameter(o.field, inspect.Parameter.KEYWORD_ONLY, default=typer_option(o),
                                              annotation=_annotation(o)) for o in declared]
                 params += [inspect.Parameter(_word_field(o, w), inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                                             default=typer.Option(False, _word_flag(o, w), hidden=True))
+                                             default=typer.Option(False, _word_flag(o, w), hidden=True,
+                                                                  help=f"{o.flag} {w} (the form to type)."))
                            for o in declared for w in o.words]
             else:
                 params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
