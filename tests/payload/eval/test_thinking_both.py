@@ -10,12 +10,12 @@ from remote_payload.eval.pipeline import run_eval
 from remote_payload.eval.settings import EvalSettings
 from remote_payload.metrics.stats import bootstrap_mean_ci
 
-DEPTH = 200
+DEPTH = 160
 
 
 def _run(fixture_dir, eval_cache, out, thinking):
     settings = EvalSettings(target=str(fixture_dir / "target"), drafters=[("z", str(fixture_dir / "zlab-drafter"))],
-                            datasets=[f"longctx:{DEPTH}@3"], max_new_tokens=24, dtype="float32", device="cpu",
+                            datasets=[f"longctx:{DEPTH}@3"], max_new_tokens=16, dtype="float32", device="cpu",
                             cache_dir=str(eval_cache), out=str(out), enable_thinking=thinking)
     results = run_eval(settings)
     return results, read_results(out)[1]
@@ -39,3 +39,30 @@ def test_both_modes_in_one_run_equal_two_runs_and_pair_their_difference(fixture_
     assert paired["ci"] == pytest.approx(list(bootstrap_mean_ci(diffs)))
     assert paired["ci"][0] <= paired["difference"] <= paired["ci"][1]
     assert both["settings"]["enable_thinking"] == "both"
+    _report_and_profile_show_both(both, lines, tmp_path / "report")
+
+
+def _report_and_profile_show_both(results, lines, run_dir):
+    """What the controller makes of the run: the table's columns, report.md's sections and plot, the profile."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.evaluation.profile import build_profile
+    from orchestrator.evaluation.report import summary_table, write_report
+    from orchestrator.evaluation.report_depth import THINKING_COLUMNS
+
+    run_dir.mkdir()
+    report = write_report(run_dir, results, lines).read_text()
+    paired = results["drafters"]["z"]["metrics"]["by_thinking"]["paired"]
+    assert "## Thinking modes" in report and f"{paired['difference']:+.2f} [{paired['ci'][0]:.2f}, " in report
+    assert "## τ by context depth" in report and "| z | " in report.split("## τ by context depth")[1]
+    assert (run_dir / "tau_by_depth.png").read_bytes()[:4] == b"\x89PNG" and "](tau_by_depth.png)" in report
+    out = io.StringIO()
+    Console(file=out, width=400).print(summary_table(results))
+    assert all(col in out.getvalue() for col in THINKING_COLUMNS), out.getvalue()
+    profile = build_profile(results, lines, "z")
+    assert set(profile["per_category"]) == {"longctx (thinking off)", "longctx (thinking on)"}
+    assert profile["x_dfo"]["by_thinking"]["paired"] == paired
+    depth = profile["x_dfo"]["by_context_depth"]
+    assert depth["buckets"][0]["lo"] <= DEPTH and depth["buckets"][0]["tau_macro"]["value"] is not None
