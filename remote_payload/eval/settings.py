@@ -110,7 +110,7 @@ class EvalSettings:
 
     @property
     def thinking_both(self) -> bool:
-        """``--enable-thinking both``: every prompt evaluated under each mode, paired (metrics/thinking.py)."""
+        """``--enable-thinking both``: every prompt evaluated under each mode, paired (aggregate.thinking_breakdown)."""
         return self.enable_thinking == THINKING_BOTH
 
     @property
