@@ -15,7 +15,7 @@ import warnings
 
 from remote_payload import __version__
 from remote_payload.errors import PayloadError
-from remote_payload.eval.options import Option, payload_options
+from remote_payload.eval.options import BY_FLAG, Option, payload_options
 
 EXIT_ERROR = 2
 
@@ -130,13 +130,12 @@ class _FlagOrWord(argparse.Action):
         super().__init__([flag, "--no-" + flag[2:]], dest, nargs="?", **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from remote_payload.eval.options import BY_FLAG
-
         negative = bool(option_string and option_string.startswith("--no-"))
         if negative and values is not None:
             parser.error(f"{option_string} takes no value")
+        parse = BY_FLAG[self.option_strings[0]].parse or (lambda v: v)
         try:
-            value = False if negative else True if values is None else BY_FLAG[self.option_strings[0]].parse(values)
+            value = False if negative else True if values is None else parse(values)
         except PayloadError as exc:
             parser.error(str(exc))
         setattr(namespace, self.dest, value)

@@ -121,7 +121,8 @@ def parse_datasets(values: list[str] | None) -> list[str]:
 
 
 THINKING_BOTH = "both"
-THINKING_WORDS = {"on": True, "true": True, "off": False, "false": False, THINKING_BOTH: THINKING_BOTH}
+THINKING_WORDS: dict[str, bool | str] = {"on": True, "true": True, "off": False, "false": False,
+                                         THINKING_BOTH: THINKING_BOTH}
 
 
 def parse_thinking(value) -> bool | str:

@@ -184,8 +184,8 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
         done = len(found)
         asked = [ask(ctx, i, [found.get(j) for j in range(len(ctx.prompts))]) for i in wave]
         sampled = SeededDraws(s.sampling, s.seed, [ctx.draws[i].number for i in wave]) if s.sampled else None
-        part = fetch_references(
-            endpoint, asked, ctx.tokenizer, enable_thinking=s.enable_thinking, max_tokens=s.max_new_tokens,
+        part = fetch_references(  # one mode: --enable-thinking both is refused with a server (check_thinking_values)
+            endpoint, asked, ctx.tokenizer, enable_thinking=bool(s.enable_thinking), max_tokens=s.max_new_tokens,
             stop_ids=ctx.stop_ids, cache_dir=ctx.cache_dir, strict_roundtrip=s.reference_strict_roundtrip,
             # mypy cannot infer a lambda with a default argument (done, bound per wave)
             on_sample=lambda d, t, r, done=done: progress.progress(  # type: ignore[misc]

@@ -523,7 +523,7 @@ def thinking_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> di
             continue
         modes[mode].append(line)
         tau = ((line.get("drafters") or {}).get(name) or {}).get("tau")
-        if _real(tau):
+        if tau is not None and _real(tau):
             per_pair.setdefault(line.get("thinking_pair"), {False: [], True: []})[mode].append(float(tau))
     if not modes[False] and not modes[True]:
         return None
