@@ -27,7 +27,7 @@ from remote_payload.metrics.depth import by_context_depth
 from remote_payload.metrics.sample_rounds import rounds_from_entry
 from remote_payload.metrics.sampled import cluster_sums, clusters_of, online_summary, sampled_figures
 from remote_payload.metrics.sampled_rule import rule_summary
-from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci
+from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci, verdict
 from remote_payload.metrics.tree import tree_summary
 
 # settings that legitimately differ between the parts of one sharded eval (the slice, and host-local paths)
@@ -532,18 +532,10 @@ def thinking_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> di
     ci = bootstrap_mean_ci(diffs, seed=seed)
     return {"off": _group_figures(modes[False], name, seed), "on": _group_figures(modes[True], name, seed),
             "paired": {"difference": sum(diffs) / len(diffs) if diffs else None, "ci": list(ci) if ci else None,
-                       "prompts": len(diffs), "verdict": _thinking_verdict(ci)},
+                       "prompts": len(diffs), "verdict": verdict(
+                           ci, higher="τ is higher with thinking on", lower="τ is lower with thinking on",
+                           same="no clear difference between the modes", unit="prompts")},
             "definition": THINKING_NOTE}
-
-
-def _thinking_verdict(ci) -> str:
-    if ci is None:
-        return "too few prompts for a confidence interval"
-    if ci[0] > 0:
-        return "τ is higher with thinking on (CI excludes 0)"
-    if ci[1] < 0:
-        return "τ is lower with thinking on (CI excludes 0)"
-    return "no clear difference between the modes (CI includes 0)"
 
 
 def _group_figures(lines: Sequence[dict], name: str, seed: int) -> dict:

@@ -335,3 +335,13 @@ def test_enable_thinking_both_reaches_the_payload_and_is_refused_with_a_server(f
     assert proc.returncode == 2 and "--enable-thinking both with --engine vllm" in proc.stderr, proc.stderr
     with pytest.raises(PayloadError, match="--enable-thinking 'sometimes': expected no value"):
         build_parser().parse_args(["eval", "--target", "t", "--drafter", "a=b", "--enable-thinking", "sometimes"])
+
+
+def test_longctx_depths_reach_the_payload_and_bad_ones_are_refused_before_anything_connects():
+    req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                      datasets=["longctx:4k,16k@2"])
+    (job,) = plan_eval(req, INV).jobs
+    settings = settings_from_values(vars(build_parser().parse_args(job.args)))
+    assert [s.depths for s in settings.dataset_specs] == [(4096, 16384)]
+    with pytest.raises(InputError, match="depth '4q' is not a token count"):
+        plan_eval(dataclasses.replace(req, datasets=["longctx:4q"]), INV)
