@@ -90,14 +90,26 @@ def check_inputs(ctx: EvalContext) -> None:
                            f"{prompts_mod.conversations(chosen)} prompt(s)")
     if s.thinking_both:  # each prompt under both thinking modes, paired (eval/thinking_modes.py)
         ctx.prompts = thinking_modes.expand(ctx.prompts)
-    ctx.prompts = [longctx.fit(p, lambda m, p=p: targetmod.render_prompt(  # type: ignore[misc]
-        ctx.tokenizer, m, thinking_modes.mode_of(p, s.enable_thinking))) if p.depth is not None else p
-        for p in ctx.prompts]  # longctx: built to its depth in the target's tokens, under its mode
+    build_longctx(ctx)
     if s.sampled:  # K draws per prompt, each one sample of the run (eval/draws.py)
         ctx.prompts, ctx.draws = draws_mod.expand(ctx.prompts, s.samples_per_prompt)
     if ctx.fault:
         ctx.warn(f"TEST FAULT {ctx.fault} planted (${TEST_FAULT_ENV}): {TEST_FAULTS[ctx.fault]}; these results are "
                  "not a measurement")
+
+
+def build_longctx(ctx: EvalContext) -> None:
+    """longctx prompts built to their depth in the target's tokens, under each one's thinking mode."""
+    s, deep = ctx.settings, [i for i, p in enumerate(ctx.prompts) if p.depth is not None]
+    for done, i in enumerate(deep, start=1):
+        p = ctx.prompts[i]
+        mode = thinking_modes.mode_of(p, s.enable_thinking)
+
+        def render(messages: list[dict], mode: bool = mode) -> list[int]:
+            return targetmod.render_prompt(ctx.tokenizer, messages, mode)
+
+        ctx.prompts[i] = longctx.fit(p, render)
+        ctx.progress.progress("load", done, len(deep), unit="prompts", message=f"{p.id}: {p.depth} tokens")
 
 
 def load_target(ctx: EvalContext) -> None:

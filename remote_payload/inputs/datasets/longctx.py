@@ -5,7 +5,8 @@ count). Each depth (``Nk`` = N × 1024 tokens, or a plain token count) gets N pr
 without @N, else z-lab's selection of N rows): the row's question after a context made of the other rows' text, in
 file order from the row after it, repeated as often as the depth needs. The source is dfo's built-in prompts
 (``remote_payload/data/prompts.jsonl``), or a user's JSONL of ``{"id", "messages" | "prompt"}``
-(``--dataset-file longctx=PATH``; longer, varied text makes a context that is less repetitive).
+(``--dataset-file longctx=PATH``; longer, varied text makes a context that is less repetitive: HumanEval's file, which
+the datasets extra ships, has the shape too, ``task_id`` and ``prompt``).
 
 The depth is reached exactly in the target's tokens: on the eval host, with the target's tokenizer and chat template
 under the prompt's thinking mode, the context is cut to the longest word prefix whose rendered prompt is at most the
@@ -42,8 +43,9 @@ def _turns(row: dict) -> list[str]:
 
 ADAPTER = Adapter(
     name=NAME, hub_id="dfo long-context prompts", config=None, split="all", splits=("all",),
-    fields=("id", "messages"), alternatives=(("id", "prompt"),), turns=_turns,
-    row_id=lambda row, i: str(row["id"]), zlab_samples=0, bundled="data/prompts.jsonl",
+    fields=("id", "messages"), alternatives=(("id", "prompt"), ("task_id", "prompt")), turns=_turns,
+    row_id=lambda row, i: str(row["id"] if "id" in row else row["task_id"]), zlab_samples=0,
+    bundled="data/prompts.jsonl",
 )
 
 
