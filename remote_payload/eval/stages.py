@@ -133,7 +133,8 @@ def local_references(ctx: EvalContext) -> None:
         requests = []
         for i in wave:
             p = ask(ctx, i, [found.get(j) for j in range(len(ctx.prompts))])
-            ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), thinking_modes.mode_of(p, s.enable_thinking))
+            mode = thinking_modes.mode_of(p, s.enable_thinking)  # --enable-thinking both: the prompt's own
+            ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), mode)
             if s.sampled:
                 ctx.draws[i].seed = draw_seed(s.seed, ids, ctx.draws[i].number)
             requests.append(Request(ids, ctx.draws[i].seed if s.sampled else None))
