@@ -166,7 +166,9 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from remote_payload.eval.options import flag_words  # `--enable-thinking both`: typer's flags take no value
+
+    argv = flag_words(list(sys.argv[1:] if argv is None else argv))
     _register(argv)
     debug = os.environ.get("DFO_DEBUG") == "1"
     err = AppContext().err

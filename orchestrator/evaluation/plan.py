@@ -81,7 +81,7 @@ class EvalRequest:
                                         # or an OpenAI-compatible URL (as seen from the eval host)
     device: str = "auto"
     dtype: str = "bfloat16"
-    enable_thinking: bool = False
+    enable_thinking: bool | str = False  # or "both": every prompt under each mode
     max_new_tokens: int = 256
     temperature: float | None = None     # > 0: continuations sampled at T (payload default 0: greedy)
     top_p: float | None = None
