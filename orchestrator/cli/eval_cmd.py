@@ -115,7 +115,7 @@ def _cluster_script(inv, host: str, plan, shards: int) -> str:
 
     h = inv.hosts[host]
     argv = [f"{h.venv}/bin/python", "-m", "remote_payload", *plan.jobs[0].args]
-    request = eval_request(h.slurm, "RUN", argv, payload_dir(h.workdir), shards)
+    request = eval_request(h.workdir, "RUN", argv, payload_dir(h.workdir), shards)
     engine = ("   each task starts its own engine server on its compute node's loopback: the port picked free "
               "there, the key drawn there (neither is in this script)\n") if plan.engine_pythons else ""
     return f"7. on {host}: sbatch this batch script ({shards} array task(s)):\n{engine}" + batch_script(h.slurm, request)
