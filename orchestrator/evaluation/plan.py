@@ -111,6 +111,7 @@ class EvalRequest:
     engine_k: str | None = None  # "1,3": extra draft counts timed per drafter in the engine
     engine_check: str | None = None  # "synthetic": the engine replays each drafter's profile (its marginals)
     decode_batch: str | None = None  # rows per forward in the reference stage: N or auto (payload default auto)
+    lint: bool = True  # `dfo lint` on every drafter before anything is relayed or started (--no-lint: skipped)
 
     @property
     def uses_engine(self) -> bool:

@@ -17,6 +17,7 @@ from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.host_text import fmt_number, md_fence, md_text
 from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
 from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _objs, _real, _small_int
+from orchestrator.lint.rules import confirmed_by_diagnose
 from remote_payload.metrics.conventions import resolve
 
 FIRST_POSITIONS = 4
@@ -371,6 +372,7 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     diag = results.get("diagnostics")
     if diag:
         out += ["", "## Diagnostics", "", *md_fence(_diagnostics_text(diag))]
+        out += [f"- {md_text(line)}" for line in confirmed_by_diagnose(_obj(diag).get("findings"))]
     warnings = results.get("warnings") or []
     if warnings:
         out += ["", "## Warnings", ""] + [f"- {md_text(w)}" for w in (warnings if isinstance(warnings, list)

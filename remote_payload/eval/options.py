@@ -393,6 +393,10 @@ OPTIONS: tuple[Option, ...] = (
            metavar="ARG", repeatable=True, payload=False, commands=BOTH),
     Option("--force", "force", "Start even if another job holds the eval host's GPU lock.", kind=bool,
            payload=False, commands=(EVAL,), compared=False),
+    # `dfo lint` on every drafter before anything is relayed or started (orchestrator/lint/, docs/lint.md).
+    Option("--lint", "lint", "Lint every drafter's configs and safetensors headers against the target first (dfo "
+           "lint): errors stop before anything is relayed or started, warnings are shown; --no-lint skips it.",
+           kind=bool, negatable=True, payload=False, commands=BOTH, compared=False, dfo_default=True),
 )
 BY_FLAG = {o.flag: o for o in OPTIONS}
 BY_FIELD = {o.field: o for o in OPTIONS}
