@@ -185,7 +185,7 @@ def longest_row(ctx: EvalContext) -> tuple[int, int]:
 
 def _reference_progress(ctx: EvalContext, at) -> None:
     ctx.progress.progress("reference", at.done, at.total, unit="rows", tokens_per_s=at.tokens_per_s,
-                          eta_s=at.eta_s, message=f"batch {at.stats.batch}")
+                          eta_s=at.eta_s, message=f"batch {at.stats.batch}" if at.total else "every row cached")
 
 
 def _decode_figures(stats: list) -> dict:

@@ -419,6 +419,10 @@ def _merge_reference(results_list) -> dict:
     servers = [p["server"] for p in parts if isinstance(p.get("server"), dict)]
     if servers:
         out["server"] = _merge_servers(servers)
+    in_order = sorted(results_list, key=lambda r: ((r.get("settings") or {}).get("shard") or {}).get("index") or 0)
+    decodes = [p["decode"] for p in (r.get("reference") or {} for r in in_order) if isinstance(p.get("decode"), dict)]
+    if decodes:  # each host decoded its own shard, at its own batch: one block per shard, in shard order
+        out["decode"] = decodes
     return out
 
 

@@ -143,6 +143,15 @@ def test_merged_metrics_equal_an_unsharded_run():
     assert "warnings" not in merged
 
 
+def test_each_shards_decode_figures_are_kept():
+    p0, p1 = _parts()
+    assert "decode" not in merge_shards([p0, p1])[0]["reference"]  # a server's references: none
+    p0[0]["reference"]["decode"] = {"batch": 32, "idle_share": 0.2}
+    p1[0]["reference"]["decode"] = {"batch": 1, "idle_share": 0.0}
+    merged, _ = merge_shards([p1, p0])
+    assert merged["reference"]["decode"] == [{"batch": 32, "idle_share": 0.2}, {"batch": 1, "idle_share": 0.0}]
+
+
 def test_provenance_timings_and_counts():
     p0, p1 = _parts()
     merged, _ = merge_shards([p0, p1])
