@@ -90,7 +90,7 @@ def subset_knobs(ctx: EvalContext, card: Card, name: str, lines: list[dict]) -> 
 
 def subset_ids(ctx: EvalContext) -> set[str]:
     """The sample ids of the run's first --explain-prompts rows."""
-    probe = EvalContext(settings=ctx.settings)
+    probe = EvalContext(settings=ctx.settings, tokenizer=ctx.tokenizer)  # longctx rows are built in its tokens
     stages.select_prompts(probe, rows=ctx.settings.explain_prompts)
     return {p.id for p in probe.prompts}
 
