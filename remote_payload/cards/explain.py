@@ -104,14 +104,16 @@ def free_knobs(card: Card, lines: Sequence[dict], name: str, settings: dict, *, 
     return out
 
 
-def alternatives(card: Card, thinking: bool, max_new_tokens: int, selection: str | None = None,
+def alternatives(card: Card, thinking: bool | str, max_new_tokens: int, selection: str | None = None,
                  layer_offsets: Sequence[int] = ()) -> list[tuple[str, str, dict]]:
     """(knob, setting, what changes) of each subset rerun: thinking the other way; for a card that gives no
     length, the lengths cards use (a longer one is skipped when every response ended before a shorter one); for a
     dataset card that gives no selection, z-lab's other path; the drafter's target layer ids shifted by each of
     ``layer_offsets`` (those in range); the prompts with repeated newlines collapsed. A change is a settings
     field, or ``layer_offset`` / ``prompt_normalization`` (the rerun applies those itself)."""
-    out: list[tuple[str, str, dict]] = [("thinking", "off" if thinking else "on", {"enable_thinking": not thinking})]
+    out: list[tuple[str, str, dict]] = []
+    if isinstance(thinking, bool):  # "both" (--enable-thinking both) measured each mode already
+        out.append(("thinking", "off" if thinking else "on", {"enable_thinking": not thinking}))
     if card.protocol.max_new_tokens == UNKNOWN:
         out += [("max_new_tokens", str(n), {"max_new_tokens": n}) for n in CARD_MAX_NEW if n != max_new_tokens]
     if card.protocol.selection == UNKNOWN and selection in OTHER_SELECTION:
@@ -122,7 +124,7 @@ def alternatives(card: Card, thinking: bool, max_new_tokens: int, selection: str
     return out
 
 
-def explain_cost(card: Card, thinking: bool, max_new_tokens: int, rows: int, run_rows: int | None,
+def explain_cost(card: Card, thinking: bool | str, max_new_tokens: int, rows: int, run_rows: int | None,
                  selection: str | None = None) -> str:
     """The plan's line: which reruns --explain makes and their size against the run's own decoding and extraction
     (the layer offsets are known once the drafter's spec is read on the host: ±1 counted here; they read the run's
@@ -182,7 +184,8 @@ def explanation(ranked: Sequence[dict]) -> str:
 def _run_values(card: Card, settings: dict) -> dict:
     """The run's own value of each protocol field the card leaves unknown (what the measurement assumed)."""
     sampling = settings.get("sampling") or {}
-    known = {"thinking": "on" if settings.get("enable_thinking") else "off",
+    mode = settings.get("enable_thinking")
+    known = {"thinking": mode if isinstance(mode, str) else "on" if mode else "off",
              "max_new_tokens": settings.get("max_new_tokens"),
              "temperature": sampling.get("temperature", 0.0), "top_p": sampling.get("top_p"),
              "top_k": sampling.get("top_k"), "draft_rule": settings.get("draft_rule"),
