@@ -19,7 +19,7 @@ from orchestrator.deploy.operation import payload_dir
 from orchestrator.executors import registry
 from orchestrator.executors.slurm import SlurmExecutor
 from orchestrator.executors.ssh import SshExecutor
-from orchestrator.jobs.operation import substitute
+from orchestrator.jobs.operation import job_status, launch_job, substitute
 
 
 def test_the_inventory_and_the_job_records_pick_the_place():
@@ -128,3 +128,12 @@ def test_dfo_eval_runs_through_a_registered_place(sandbox, eval_hosts, tmp_path)
     assert (run_dir / "report.md").is_file()
     # The host ran no job of its own: the eval went where the registry sent it.
     assert (sorted(p.name for p in jobs_on_host.iterdir()) if jobs_on_host.is_dir() else []) == before
+
+
+def test_the_ssh_place_cancels_an_eval_job_on_its_host(sandbox, connector):
+    handle = launch_job(connector, "ct129", ["sleep", "300"], lock=None)
+    job = {"job_id": handle.job_id, "job_dir": handle.job_dir}
+    place = registry.for_job(job)
+    assert isinstance(place, SshExecutor)
+    place.cancel(connector, "ct129", job)
+    assert job_status(connector, "ct129", handle.job_id).state == "cancelled"
