@@ -27,8 +27,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("orchestrator.ui",),  # the terminal's rendering: imported by the CLI alone
     ("orchestrator.demo",),
     ("orchestrator.testing",),
-    ("orchestrator.watch", "orchestrator.evaluation", "orchestrator.executors", "orchestrator.cluster",
-     "orchestrator.jobs", "orchestrator.relay", "orchestrator.deploy", "orchestrator.provision"),
+    ("orchestrator.watch", "orchestrator.evaluation", "orchestrator.lint", "orchestrator.executors",
+     "orchestrator.cluster", "orchestrator.jobs", "orchestrator.relay", "orchestrator.deploy",
+     "orchestrator.provision"),
     ("orchestrator.transport",),
     ("orchestrator.core",),
     ("remote_payload",),
