@@ -17,7 +17,16 @@ from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.host_text import fmt_number, md_fence, md_text
 from orchestrator.evaluation.card_report import card_lines
 from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
-from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _objs, _real, _small_int
+from orchestrator.evaluation.report_values import (
+    _by_position,
+    _count,
+    _fmt,
+    _obj,
+    _objs,
+    _real,
+    _small_int,
+    fmt_with_ci,
+)
 from orchestrator.lint.rules import confirmed_by_diagnose
 from remote_payload.metrics.conventions import resolve
 
@@ -48,11 +57,6 @@ TREE_NOT_DEFINED_NOTE = ("DDTree: not defined for DFlash2 drafters (their select
 
 def _tree_cell(row: dict, key: str) -> str:
     return "not defined" if row["ddtree_not_defined"] else _fmt(row[key])
-
-
-def _count(x) -> str:
-    """A count: '–' when absent, '?' when not an integer."""
-    return fmt_number(x, "d") if not isinstance(x, float) else "?"
 
 
 def convention_figure(metrics: dict, name: str, key: str | None = None) -> dict:
@@ -193,13 +197,6 @@ def dataset_figure(results: dict, drafter: str, dataset: str, key: str = "tau_ma
     ci = fig.get("ci")
     return {"value": fig.get("value"), "ci": ci if isinstance(ci, list) and len(ci) == 2 else None,
             "samples": fig.get("samples", block.get("samples"))}
-
-
-def fmt_with_ci(fig: dict) -> str:
-    """'6.55 [6.31, 6.80]', '6.55' without a CI, '–' when absent."""
-    if fig["value"] is None:
-        return "–"
-    return _fmt(fig["value"]) + (f" [{_fmt(fig['ci'][0])}, {_fmt(fig['ci'][1])}]" if fig["ci"] else "")
 
 
 def dataset_categories(results: dict, dataset: str) -> list[str]:

@@ -6,8 +6,7 @@ type ("–" where a number was expected, never an exception)."""
 from __future__ import annotations
 
 from orchestrator.core.host_text import fmt_number, md_text
-from orchestrator.evaluation.report import _count, fmt_with_ci
-from orchestrator.evaluation.report_values import _fmt, _obj, _objs, _real
+from orchestrator.evaluation.report_values import _count, _fmt, _obj, _objs, _real, fmt_with_ci
 
 THINKING_COLUMNS = ("thinking off τ [CI]", "thinking on τ [CI]", "on − off [CI]")
 
