@@ -284,7 +284,8 @@ def compare_profiles(a: dict, b: dict) -> dict:
                                        and x != y)}
     if methods["a"] != methods["b"] and methods["a"] and methods["b"]:
         out["methods_differ"] = (f"accept_length_by_k was measured by different methods: A {methods['a']}, B "
-                                 f"{methods['b']}; their figures are not comparable ({OLD_BY_K_METHOD}: the full block's drafts cut to K, an accept length no engine "
-                                 f"reports; {BY_K_METHOD}: the block planned at K + 1 rows and counted as the "
-                                 "engines count; re-export the older run's profile from a run of this dfo)")
+                                 f"{methods['b']}; their figures are not comparable ({OLD_BY_K_METHOD}: the full "
+                                 f"block's drafts cut to K, an accept length no engine reports; {BY_K_METHOD}: the "
+                                 "block planned at K + 1 rows and counted as the engines count; evaluate the older "
+                                 "card's drafter again with this dfo to compare them)")
     return out

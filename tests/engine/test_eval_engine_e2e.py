@@ -44,7 +44,7 @@ def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows
     runs = tmp_path / "runs"
     args = ["eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter", eval_hosts["random"],
             "--samples", "2", "--max-new-tokens", "8", "--engine", "vllm"]
-    dry = dfo(*args, "--reference", "vllm", "--engine-concurrency", "1,4,16",
+    dry = dfo(*args, "--reference", "vllm", "--engine-concurrency", "1,4,16", "--engine-k", "3",
               "--payload-arg=--engine-arg=--tensor-parallel-size=2", "--dry-run", inventory=inventory, runs=runs)
     assert dry.returncode == 0, dry.stderr
     out = " ".join(dry.stdout.split())
@@ -54,6 +54,9 @@ def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows
     assert "a plain vLLM server (no speculation), started before the target loads: the reference continuations " \
            "and the baseline tokens/s" in out
     assert "one vLLM server per drafter (random) with it as DFlash speculative config" in out
+    assert "one more vLLM server per drafter and --engine-k K (3): tokens/s at K and the engine's acceptance at K " \
+           "beside the profile's accept_length_by_k[K] and its CI" in out
+    assert "per drafter and sample: one batched draft pass at the full block B, then B - 2 more at K + 1 rows" in out
     proc = dfo(*args, inventory=inventory, runs=runs)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = " ".join(proc.stderr.split())
