@@ -41,11 +41,11 @@ from orchestrator.evaluation.report import (
     drafter_rows,
     fmt_convention,
     fmt_with_ci,
-    json_object,
     law_label,
     sampled_figure,
     sampling_of,
 )
+from orchestrator.evaluation.report_values import json_object
 from orchestrator.evaluation.runs import Run
 from orchestrator.jobs.operation import follow_job, launch_job
 from orchestrator.provision.operation import provision_hosts

@@ -20,7 +20,8 @@ says so in the notes.
 from __future__ import annotations
 
 from orchestrator.core.errors import InputError
-from orchestrator.evaluation.report import HEADLINE, SHOWN, _obj, _real, convention_figure, digest_value
+from orchestrator.evaluation.report import HEADLINE, SHOWN, convention_figure, digest_value
+from orchestrator.evaluation.report_values import _obj, _real
 from orchestrator.evaluation.runs import Run
 from remote_payload.metrics.stats import bootstrap_mean_ci, mean, verdict
 

@@ -8,7 +8,6 @@ the wrong type ("?" where a number was expected, never an exception).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from rich.table import Table
@@ -16,6 +15,7 @@ from rich.text import Text
 
 from orchestrator.core.host_text import fmt_number, md_fence, md_text
 from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
+from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _objs, _real, _small_int
 from remote_payload.metrics.conventions import resolve
 
 FIRST_POSITIONS = 4
@@ -39,10 +39,6 @@ def digest_value(digest) -> str | None:
     return digest.get("value") if isinstance(digest, dict) else digest
 
 
-def _fmt(x, digits: int = 2) -> str:
-    return fmt_number(x, f".{digits}f")
-
-
 TREE_NOT_DEFINED_NOTE = ("DDTree: not defined for DFlash2 drafters (their selector makes a slot's candidates depend on "
                          "the previous draft; no tree over them is defined), so no figure is given")
 
@@ -54,29 +50,6 @@ def _tree_cell(row: dict, key: str) -> str:
 def _count(x) -> str:
     """A count: '–' when absent, '?' when not an integer."""
     return fmt_number(x, "d") if not isinstance(x, float) else "?"
-
-
-def json_object(value) -> dict:
-    """VALUE when it is a JSON object, else {} (a host may write any shape)."""
-    return value if isinstance(value, dict) else {}
-
-
-_obj = json_object  # the short name this module's many reads of host-written JSON use
-
-
-def _objs(value) -> list[dict]:
-    """The JSON objects in VALUE when it is a list, else []."""
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-def _small_int(value) -> int | None:
-    """VALUE when it is a plain integer that fits a label (a k, a budget), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**6 else None
-
-
-def _by_position(items) -> dict[int, object]:
-    """{k: p} of a per-position list; entries without an integer k are left out."""
-    return {k: p.get("p") for p in _objs(items) if (k := _small_int(p.get("k"))) is not None}
 
 
 def convention_figure(metrics: dict, name: str, key: str | None = None) -> dict:
@@ -551,14 +524,3 @@ def _diagnostics_text(diag) -> str:
     import json
 
     return json.dumps(diag, indent=2)[:20000]
-
-
-def _real(x) -> float | None:
-    """X as a finite float, or None when it is not a finite number."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    try:
-        value = float(x)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None

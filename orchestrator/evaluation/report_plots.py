@@ -8,7 +8,7 @@ from pathlib import Path
 
 from orchestrator.core import plotting
 from orchestrator.core.host_text import clean
-from orchestrator.evaluation.report import _by_position, _fmt, _obj, _real
+from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _real
 
 
 def write_plots(run_dir: Path, results: dict) -> list[Path]:

@@ -6,7 +6,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from orchestrator.core.inventory import HOST_NAME_RE  # the inventory is the authority on host names
 from orchestrator.testing.errors import SandboxError
@@ -111,3 +111,18 @@ def make_hosts(hosts: Sequence[str] | Mapping[str, Sequence[str]], root: Path) -
     for name in roles:
         check_host_name(name)
     return {name: SandboxHost(name=name, roles=list(r), root_dir=root / "hosts" / name) for name, r in roles.items()}
+
+
+class SandboxFacts(Protocol):
+    """What a sandbox's client files (host_files) and its ROOT/sandbox.json (state) are written from. ``Sandbox``
+    has these; the modules that write them take this, so that they need not import sandbox.py, which imports
+    them (the testing package imports in one direction)."""
+    run_id: str
+    user: str
+    python: str
+    isolated: bool
+    reason: str
+    client_key: Path
+    known_hosts_path: Path
+    ssh_config_path: Path
+    hosts: dict[str, SandboxHost]

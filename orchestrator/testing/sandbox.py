@@ -13,7 +13,7 @@ name: other sshd run on this machine) and removes the namespaces, veths and rout
 
 Stdlib + subprocess (plus the inventory's host-name rule): used by tests/conftest.py and by the demo
 command. This module orchestrates; the parts live beside it (host, network, sshd, host_files, processes,
-state, cli). Manual use:
+state). Manual use (the command is at the end of this module):
 
     python -m orchestrator.testing.sandbox up ROOT        # start, print paths, wait for Ctrl-C, tear down
     python -m orchestrator.testing.sandbox up ROOT --keep # start and leave running
@@ -22,6 +22,7 @@ state, cli). Manual use:
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import os
@@ -420,7 +421,58 @@ class Sandbox:
         return "\n".join(lines)
 
 
-if __name__ == "__main__":  # `python -m orchestrator.testing.sandbox up|down ROOT`, as its docstring and messages say
-    from orchestrator.testing.cli import main
+# -------------------------------------------------------- the command: python -m orchestrator.testing.sandbox
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.testing.sandbox",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start test hosts, print paths, wait for Ctrl-C, tear down")
+    up.add_argument("root")
+    up.add_argument("--hosts", default="kpro6,ct129", help="comma-separated host names (default: kpro6,ct129)")
+    up.add_argument("--no-netns", action="store_true", help="use 127.0.0.x instead of network namespaces")
+    up.add_argument("--keep", action="store_true", help="leave the hosts running and exit")
+    down = sub.add_parser("down", help="tear down a sandbox left running with --keep")
+    down.add_argument("root")
+    return parser
+
+
+def _up(args: argparse.Namespace) -> None:
+    if not args.keep:
+        # A shell without job control starts background commands with SIGINT ignored, and the ignore is
+        # inherited; this command promises Ctrl-C (or kill -INT), so it takes SIGINT back before any host
+        # exists (an interrupted start tears down what it made).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    box = Sandbox(args.root, [n for n in args.hosts.split(",") if n], netns=False if args.no_netns else None,
+                  keep=args.keep)
+    t0 = time.monotonic()
+    with box:
+        print(box.summary())
+        print(f"started in {time.monotonic() - t0:.2f}s; try: ssh -F {box.ssh_config_path} "
+              f"{next(iter(box.hosts))} hostname")
+        if not args.keep:
+            print("Ctrl-C to stop and tear down.")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                print("\ntearing down")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "down":
+            for line in teardown_state(args.root):
+                print(line)
+        else:
+            _up(args)
+        return 0
+    except SandboxError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
     sys.exit(main())

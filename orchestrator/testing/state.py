@@ -6,19 +6,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.testing.errors import SandboxError
+from orchestrator.testing.host import SandboxFacts
 from orchestrator.testing.network import ROUTE_METRIC, delete_netns, delete_veth, release_subnet
 from orchestrator.testing.processes import command_line_has, descendants, kill_pids
-
-if TYPE_CHECKING:
-    from orchestrator.testing.sandbox import Sandbox
 
 STATE_FILE = "sandbox.json"
 
 
-def state_of(box: Sandbox) -> dict[str, Any]:
+def state_of(box: SandboxFacts) -> dict[str, Any]:
     return {
         "created_by": "orchestrator.testing.sandbox",
         "run_id": box.run_id,

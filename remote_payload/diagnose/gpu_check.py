@@ -178,10 +178,3 @@ def run(target: str | None, drafter: str | None = None, samples: int = 4, max_ne
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
-
-if __name__ == "__main__":
-    import sys
-
-    from remote_payload.cli import main
-
-    sys.exit(main(["gpu-check", *sys.argv[1:]]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remote_payload.eval import engine_stage, stages
+from remote_payload.eval import engine_results, engine_stage, stages
 from remote_payload.eval.context import EvalContext
 from remote_payload.eval.diagnosis import diagnostics_block
 from remote_payload.eval.drafters import evaluate_drafter
@@ -51,7 +51,7 @@ def write_results(ctx: EvalContext, eng: engine_stage.EngineRun | None = None) -
     """``samples.jsonl`` then ``results.json`` (present = the run completed); the ``result`` line."""
     lines = sample_lines(ctx)
     if eng is not None:
-        engine_stage.sample_entries(ctx, lines)
+        engine_results.sample_entries(ctx, lines)
     compared = comparison(ctx, lines)
     diagnostics = diagnostics_block(ctx) if ctx.settings.diagnose else None
     results = results_document(ctx, lines, compared, diagnostics)

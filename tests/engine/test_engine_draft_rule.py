@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from remote_payload.eval.context import EvalContext
-from remote_payload.eval.engine_stage import engine_rule
+from remote_payload.eval.engine_results import engine_rule
 from remote_payload.eval.settings import EvalSettings
 
 

@@ -22,7 +22,7 @@ from conftest import MAX_NEW, START_TIMEOUT_S, TIMINGS
 from orchestrator.evaluation.compare import dataset_lines, engine_pairing
 from remote_payload.engines.run import EnginePrompt, run_prompts
 from remote_payload.engines.server import EngineServer
-from remote_payload.eval.engine_stage import engine_version
+from remote_payload.eval.engine_setup import engine_version
 
 pytestmark = pytest.mark.timeout(1800)
 

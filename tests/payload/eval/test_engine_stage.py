@@ -10,7 +10,7 @@ import pytest
 
 from remote_payload.cli import main
 from remote_payload.errors import PayloadError
-from remote_payload.eval.engine_stage import not_loadable
+from remote_payload.eval.engine_ready import not_loadable
 from remote_payload.eval.settings import EvalSettings, check_engine_settings
 from remote_payload.models.checkpoint import load_drafter
 from remote_payload.models.export import spec_to_zlab_config, write_zlab_folder
@@ -39,7 +39,7 @@ def test_engine_settings_are_checked(tmp_path):
 def test_engine_check_and_a_pinned_release(tmp_path):
     import sys
 
-    from remote_payload.eval.engine_stage import EngineRun, _prepare
+    from remote_payload.eval.engine_setup import EngineRun, _prepare
 
     with pytest.raises(PayloadError, match="--engine-check synthetic needs --engine NAME"):
         check_engine_settings(_settings(engine_check=("synthetic",)))
