@@ -25,7 +25,7 @@ SCHEMA_VERSION = "1.0"
 TOLERANCE = 0.02
 PROFILE_SUFFIX = ".speculation_profile.json"
 REQUIRED = ("schema_version", "marginal_accept_rates", "mean_accept_length")
-BY_K_METHOD = "replanned"  # remote_payload/metrics/by_k.METHOD (the controller never imports the payload)
+BY_K_METHOD = "replanned"  # METHOD in remote_payload/metrics/by_k.py (the controller never imports the payload)
 OLD_BY_K_METHOD = "truncated"  # dfo's profiles before BY_K_METHOD: no measurement_conditions.accept_length_by_k
 ENGINE_COUNT = "vllm"  # the payload's convention counting as the engines' counters do
 

@@ -186,7 +186,10 @@ def test_profile_counts_steps_as_the_engine_does_and_names_its_per_k_method():
 def test_an_old_dfo_profile_is_recognised_and_compare_says_the_methods_differ(tmp_path):
     from cli_runner import dfo
 
-    from orchestrator.evaluation.profile import by_k_method
+    from orchestrator.evaluation.profile import BY_K_METHOD, OLD_BY_K_METHOD, by_k_method
+    from remote_payload.metrics import by_k
+
+    assert (BY_K_METHOD, OLD_BY_K_METHOD) == (by_k.METHOD, by_k.OLD_METHOD)  # the controller's copy of the names
 
     results, samples = _results()  # a results.json from before: per-K figures without a method
     old = build_profile(results, samples, "d")
