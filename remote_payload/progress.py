@@ -1,7 +1,8 @@
 """Structured progress lines for the controller: one JSON object per line on stdout, flushed.
 
 Line kinds (every object has ``"dfo": KIND``):
-- ``progress``: ``stage``, ``done``, ``total`` and optional ``unit``, ``tokens_per_s``, ``message``;
+- ``progress``: ``stage``, ``done``, ``total`` and optional ``unit``, ``tokens_per_s``, ``eta_s`` (seconds left,
+  where the stage can estimate them), ``message``;
 - ``stage``: ``stage``, ``status`` ("start" | "done"), optional ``elapsed_s``, ``message``;
 - ``warning``: ``message`` (and optional ``stage``);
 - ``result``: the final summary of a subcommand (paths written, headline figures).
@@ -32,9 +33,10 @@ class Progress:
         stream.flush()
 
     def progress(self, stage: str, done: int, total: int, unit: str | None = None,
-                 tokens_per_s: float | None = None, message: str | None = None) -> None:
+                 tokens_per_s: float | None = None, message: str | None = None, eta_s: float | None = None) -> None:
         self.emit("progress", stage=stage, done=done, total=total, unit=unit,
-                  tokens_per_s=None if tokens_per_s is None else round(tokens_per_s, 2), message=message)
+                  tokens_per_s=None if tokens_per_s is None else round(tokens_per_s, 2),
+                  eta_s=None if eta_s is None else round(eta_s, 1), message=message)
 
     def stage_start(self, stage: str, message: str | None = None) -> None:
         self._stage_started[stage] = time.perf_counter()

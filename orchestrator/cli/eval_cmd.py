@@ -14,6 +14,14 @@ from orchestrator.cli.eval_options import DECLARED, read_prompts, with_eval_opti
 from orchestrator.cli.main import app
 from orchestrator.cli.render import render_run
 from orchestrator.core.errors import InputError
+from orchestrator.core.units import human_duration
+from orchestrator.evaluation.decode_cost import (
+    TAIL_ESTIMATE,
+    decode_rates,
+    read_gpu_check,
+    reference_cost,
+    rows_per_host,
+)
 from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
 from orchestrator.evaluation.plan import EvalRequest, eval_hosts, hosts_used, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
@@ -107,7 +115,7 @@ def _cluster_script(inv, host: str, plan, shards: int) -> str:
 
     h = inv.hosts[host]
     argv = [f"{h.venv}/bin/python", "-m", "remote_payload", *plan.jobs[0].args]
-    request = eval_request(h.slurm, "RUN", argv, payload_dir(h.workdir), shards)
+    request = eval_request(h.workdir, "RUN", argv, payload_dir(h.workdir), shards)
     engine = ("   each task starts its own engine server on its compute node's loopback: the port picked free "
               "there, the key drawn there (neither is in this script)\n") if plan.engine_pythons else ""
     return f"7. on {host}: sbatch this batch script ({shards} array task(s)):\n{engine}" + batch_script(h.slurm, request)
@@ -138,14 +146,37 @@ def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
     lines += [f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload " + shlex.join(j.args)
               for j in plan.jobs]
     lines.append(f"   per drafter and sample: {BY_K_PASSES}")
-    for line in lines + _engine_plan_lines(plan):
+    for line in lines + _engine_plan_lines(plan) + _cost_lines(app_ctx, plan):
         out.print(Text(line))  # paths and names are printed as they are, never read as markup
+
+
+def _cost_lines(app_ctx: AppContext, plan) -> list[str]:
+    """The reference stage's expected cost on each eval host, from its GPU check's figures (inventory
+    ``gpu_check:``), or why there is none."""
+    req = plan.request
+    if req.reference != "target":
+        return []
+    inv = app_ctx.inventory
+    rows = rows_per_host(plan.prompt_count, len(plan.jobs), req.samples_per_prompt)
+    what = "draws" if (req.temperature or 0) > 0 else "references"
+    lines = [f"   expected cost of the reference stage ({what}, --decode-batch {req.decode_batch or 'auto'}):"]
+    for job in plan.jobs:
+        figures, problem = read_gpu_check(inv, job.host)
+        cost = reference_cost(decode_rates(figures), rows or 0, req.max_new_tokens, TAIL_ESTIMATE,
+                              req.decode_batch) if figures is not None else None
+        if cost is None:
+            lines.append(f"     {job.host}: {problem or 'its GPU check measured no decode rate'}")
+            continue
+        lines.append(f"     {job.host}: at most {human_duration(cost['seconds'])} ({cost['rows']} rows × "
+                     f"{req.max_new_tokens} + {TAIL_ESTIMATE} tokens at {cost['tokens_per_s']:,.0f} tok/s, batch "
+                     f"{cost['batch']}, from its GPU check; every answer at max-new, prefills left out)")
+    return lines
 
 
 # What accept_length_by_k costs beside the full-block draft pass (docs/profiles.md, benchmarks/by_k_cost.py).
 BY_K_PASSES = ("one batched draft pass at the full block B, then B - 2 more at K + 1 rows (K = 1 .. B - 2, the block "
                "an engine plans at K drafts) for accept_length_by_k: 3.4x the rows at B = 8, 7.4x at B = 16 "
-               "(measured on the CPU fixtures: 2.7-3.0x the full pass's time)")
+               "(measured on the CPU fixtures: 2.3-3.7x the full pass's time)")
 
 
 def _engine_plan_lines(plan) -> list[str]:

@@ -341,9 +341,9 @@ def _cluster_status(app_ctx: AppContext, ref, json_out: bool) -> None:
 def _cluster_cancel(app_ctx: AppContext, ref, json_out: bool, dry_run: bool) -> None:
     from orchestrator.cluster.jobs import array_status, as_json, cancel_array, cluster_login, task_line
 
-    login, shared = cluster_login(app_ctx.connector, ref)
+    login, root = cluster_login(app_ctx.connector, ref)
     if dry_run:
-        states, source = array_status(login, shared, ref)
+        states, source = array_status(login, root, ref)
         active = [s for s in states.values() if s.active]
         if json_out:
             app_ctx.print_json({"dry_run": True, "would_cancel": bool(active), **as_json(ref, states, source)})
@@ -354,7 +354,7 @@ def _cluster_cancel(app_ctx: AppContext, ref, json_out: bool, dry_run: bool) -> 
         for state in states.values():
             app_ctx.out.print(Text("  " + task_line(state)), highlight=False)
         return
-    before, after = cancel_array(login, shared, ref)
+    before, after = cancel_array(login, root, ref)
     if json_out:
         app_ctx.print_json(as_json(ref, after, "queue") | {"cancelled": after is not before})
         return

@@ -10,7 +10,6 @@ tasks' states, and `dfo runs pull RUN --resume` submits only those tasks again.
 from __future__ import annotations
 
 import posixpath
-import re
 import shutil
 import time
 from pathlib import Path
@@ -24,14 +23,16 @@ from orchestrator.cluster.operation import (
     missing_tasks,
     submit,
     task_records,
+    task_results,
 )
-from orchestrator.cluster.plan import BatchRequest, task_dir
+from orchestrator.cluster.plan import BatchRequest, job_folder, task_dir
 from orchestrator.cluster.replies import TaskState
 from orchestrator.core.confine import check_component
-from orchestrator.core.errors import InputError, OperationError
+from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.events import Events
 from orchestrator.core.host_text import decode_json
 from orchestrator.core.slurm_section import SlurmSection, workdir_inside_shared
+from orchestrator.jobs.operation import download_verified
 from remote_payload.eval.options import ENGINES  # the serving engines (--engine, --reference ENGINE)
 
 MAX_SHARDS = 1000
@@ -77,10 +78,10 @@ def check_cluster_eval(inventory: Any, host: str, shards: int, request: Any, pro
                          hint="set paths.checkpoints to a folder on the cluster's shared filesystem")
 
 
-def eval_request(section: SlurmSection, run_name: str, argv: list[str], cwd: str, shards: int,
+def eval_request(workdir: str, run_name: str, argv: list[str], cwd: str, shards: int,
                  env: dict[str, str] | None = None) -> BatchRequest:
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"dfo-eval-{run_name}")[:64]
-    job_dir = posixpath.join(section.shared, "dfo-jobs", name)
+    """The array of RUN_NAME's eval, its folder under the host's private WORKDIR (cluster/plan.py job_dir)."""
+    name, job_dir = job_folder(workdir, f"dfo-eval-{run_name}")
     return BatchRequest(name, job_dir, tuple(range(shards)), eval_task_command(argv, shards), dict(env or {}), cwd)
 
 
@@ -154,15 +155,27 @@ def pull_tasks(connector: Any, host: str, job: dict, dest: Path, events: Events)
         local = dest / f"{host}[{task}]"
         local.mkdir(parents=True, exist_ok=True)
         results = posixpath.join(task_dir(slurm["job_dir"], task), "results")
-        for name in ("results.json", "samples.jsonl"):
-            session.get(posixpath.join(results, name), local / name)
-        for name in engine_logs(host, local / "results.json"):
-            (local / ENGINE_DIR).mkdir(exist_ok=True)
-            session.get(posixpath.join(results, ENGINE_DIR, name), local / ENGINE_DIR / name)
+        # As an SSH job's pull: the login node lists each file's sha256 and size, every download is checked.
+        manifest = task_results(login, slurm["job_dir"], task)
+        wanted = _wanted(host, task, manifest, ("results.json", "samples.jsonl"))
+        download_verified(session, host, results, wanted, local)
+        names = engine_logs(host, local / "results.json")
+        download_verified(session, host, results, _wanted(host, task, manifest,
+                                                          tuple(f"{ENGINE_DIR}/{n}" for n in names)), local)
+        for name in names:
             shutil.copyfile(local / ENGINE_DIR / name, logs / f"{host}[{task}]-{name}")
         parts[f"{host}[{task}]"] = local
     events.info(f"  {host}: results of {len(tasks)} task(s) pulled")
     return parts
+
+
+def _wanted(host: str, task: int, manifest: dict[str, dict], names: tuple[str, ...]) -> dict[str, dict]:
+    """NAMES' entries of a task's results manifest; a name it lacks is a HostError (no partial merge)."""
+    missing = [name for name in names if name not in manifest]
+    if missing:
+        raise HostError(host, f"task {task}'s results folder has no {', '.join(missing)} (a regular file)",
+                        hint="its log is slurm.log in the task's folder")
+    return {name: manifest[name] for name in names}
 
 
 def engine_logs(host: str, results_json: Path) -> list[str]:
@@ -198,7 +211,8 @@ def resume_eval(connector: Any, host: str, job: dict) -> tuple[int, ...]:
     if not missing:
         return ()
     again = submit(login, _section(connector, host), BatchRequest(request.name, request.job_dir, missing,
-                                                                 request.command, request.env, request.cwd))
+                                                                 request.command, request.env, request.cwd),
+                   resume=True)
     slurm["array_job_id"], slurm["pending_tasks"] = again.array_job_id, list(missing)
     slurm["submitted_at"] = time.time()
     job["job_id"] = again.array_job_id
@@ -226,7 +240,8 @@ def submit_cluster_eval(connector: Any, host: str, run_name: str, argv: list[str
     from orchestrator.deploy.operation import payload_dir
 
     inv_host = connector.inventory.hosts[host]
-    request = eval_request(_section(connector, host), run_name, argv, payload_dir(inv_host.workdir), shards)
+    _section(connector, host)  # a cluster host
+    request = eval_request(inv_host.workdir, run_name, argv, payload_dir(inv_host.workdir), shards)
     job = submit_eval(connector, host, request)
     events.info(f"  {host}: Slurm array job {job['job_id']} submitted ({shards} task(s), folder {request.job_dir})")
     return job

@@ -8,6 +8,7 @@
 import os
 import re
 import shlex
+import stat
 import subprocess
 
 MAX_TEXT = 1 << 20  # bytes of a command's stdout handed back
@@ -28,6 +29,52 @@ def _run(argv, stdin=None, timeout=120):
         return [124, "", "%s did not answer within %d s" % (argv[0], timeout)]
     return [done.returncode, done.stdout[:MAX_TEXT].decode("utf-8", "replace"),
             done.stderr[-4000:].decode("utf-8", "replace")]
+
+
+def _owner_check(path, st, private):
+    """Refuse PATH (its lstat ST) unless it is a real folder of this user's: PRIVATE, with no access for group or
+    others; else (the folder holding the jobs root) at least not writable by anyone else unless sticky."""
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeError("%s is not a folder (a link or a file is never followed): dfo refuses to use it" % path)
+    mode = stat.S_IMODE(st.st_mode)
+    if private and (st.st_uid != os.getuid() or mode & 0o077):
+        raise RuntimeError("%s belongs to uid %d with mode %04o: a cluster job folder must be this user's (uid %d) "
+                           "with mode 0700, or another user could forge or redirect its records; dfo refuses to use "
+                           "it" % (path, st.st_uid, mode, os.getuid()))
+    if not private and (st.st_uid not in (os.getuid(), 0) or (mode & 0o022 and not mode & stat.S_ISVTX)):
+        raise RuntimeError("%s (uid %d, mode %04o) can be written by another user, who could swap the job folders "
+                           "inside it: dfo refuses it (chmod go-w it, or give the host a workdir of your own)"
+                           % (path, st.st_uid, mode))
+
+
+def _checked(path, private=True):
+    """PATH (lstat: never through a link), owner and mode checked (``_owner_check``)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise RuntimeError("%s: %s" % (path, exc.strerror or exc)) from None
+    _owner_check(path, st, private)
+    return path
+
+
+def _private_folder(path, fresh):
+    """PATH as a private folder: FRESH, created now (mode 0700, exclusively: an existing one is never reused);
+    else created 0700 when missing or, existing, checked to be this user's and private."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if fresh:
+            raise RuntimeError("%s exists already: a cluster job folder is never reused (dfo names each job's "
+                               "folder after its run; another user, or an earlier job, made this one)" % path) from None
+    return _checked(path)
+
+
+def _jobs_root(job_dir):
+    """JOB_DIR's parent (the jobs root, <workdir>/slurm-jobs): the folder above it not writable by others,
+    the root itself private (created 0700 when missing)."""
+    root = os.path.dirname(job_dir)
+    _checked(os.path.dirname(root), private=False)
+    return _private_folder(root, fresh=False)
 
 
 def _job_id(value, what="job id"):
@@ -53,9 +100,11 @@ def _with_placeholders(arg):
 
 
 def batch_script_text(name, array, job_dir, options, command, env, cwd):
-    """The batch script of one array job. Array task i works in JOB_DIR/tasks/i: it writes started.json
-    (job id, task, node, start time) first and finished.json (exit status) last, each through a temporary
-    name and a rename, so a task killed by the scheduler leaves no finished record."""
+    """The batch script of one array job. Array task i works in JOB_DIR/tasks/i (made 0700 by ``submit``, and
+    checked again here: a real folder of this user's, no access for others): it writes started.json (job id,
+    task, node, start time) first and finished.json (exit status) last, each through a temporary name created
+    exclusively (noclobber: never through a planted link) and a rename, so a task killed by the scheduler
+    leaves no finished record."""
     lines = ["#!/bin/bash", "#SBATCH --job-name=%s" % name, "#SBATCH --array=%s" % array,
              "#SBATCH --output=%s/tasks/%%a/slurm.log" % job_dir, "#SBATCH --chdir=%s" % job_dir]
     lines += ["#SBATCH %s" % option for option in options]
@@ -64,7 +113,13 @@ def batch_script_text(name, array, job_dir, options, command, env, cwd):
         "job_dir=%s" % shlex.quote(job_dir),
         'task="${SLURM_ARRAY_TASK_ID:?not an array task}"',
         'task_dir="$job_dir/tasks/$task"',
-        'mkdir -p "$task_dir" && rm -f "$task_dir/finished.json"',
+        # The folder submit made: this user's, a real folder, no access for group or others; else nothing runs.
+        'if [ ! -d "$task_dir" ] || [ -L "$task_dir" ] || [ ! -O "$task_dir" ] '
+        '|| [ "$(stat -c %a "$task_dir")" != 700 ]; then',
+        '  echo "dfo: $task_dir is not a private folder of this user (mode 0700): refusing to run" >&2; exit 97',
+        'fi',
+        'set -o noclobber',  # `>` creates the records' temporary names exclusively
+        'rm -f "$task_dir/finished.json" "$task_dir/.started.json.tmp" "$task_dir/.finished.json.tmp"',
     ]
     lines += ["export %s=%s" % (key, shlex.quote(value)) for key, value in sorted(env.items())]
     lines += [
@@ -85,11 +140,19 @@ def batch_script_text(name, array, job_dir, options, command, env, cwd):
 # ----------------------------------------------------------------------------------------- jobs
 
 
-def submit(spec, folders, keep_as):
-    """Create the task FOLDERS, keep the script as KEEP_AS (beside them), submit it with sbatch --parsable."""
+def submit(spec, folders, keep_as, resume=False):
+    """Create the job's folder (exclusively: never one that exists, unless RESUME submits its missing tasks
+    again) and its task FOLDERS, each 0700 and checked; keep the script as KEEP_AS (beside them); submit it with
+    sbatch --parsable."""
     script = batch_script_text(**spec)
+    job_dir = spec["job_dir"]
+    _jobs_root(job_dir)
+    _private_folder(job_dir, fresh=not resume)
+    _private_folder(os.path.join(job_dir, "tasks"), fresh=False)
     for folder in folders:
-        os.makedirs(folder, exist_ok=True)
+        if os.path.dirname(folder) != os.path.join(job_dir, "tasks"):
+            raise RuntimeError("task folder %r is not inside %s/tasks" % (folder, job_dir))
+        _private_folder(folder, fresh=False)
     # A fresh file (never through a link someone planted): the script stays beside the tasks for the record.
     fd = os.open(keep_as, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     with os.fdopen(fd, "w") as fh:
@@ -129,45 +192,92 @@ def cancel(target):
 
 
 def _head(path):
+    """The first RECORD_BYTES of the regular file PATH ("" when absent, a link, or not a regular file: opened
+    non-blocking, so a FIFO planted there cannot hang the reader, and checked with fstat before any read)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return ""
     with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return ""
         return fh.read(RECORD_BYTES).decode("utf-8", "replace")
 
 
 def records(job_dir, tasks):
-    """Each task's started.json and finished.json as text ("" when absent), at most 512 bytes each."""
+    """Each task's started.json and finished.json as text ("" when absent), at most 512 bytes each; the job's
+    folders checked first (this user's, private: records another user could write are never read)."""
+    _checked(job_dir)
     out = {}
     for task in tasks:
         folder = os.path.join(job_dir, "tasks", str(int(task)))
-        out[str(int(task))] = {name: _head(os.path.join(folder, name + ".json")) for name in ("started", "finished")}
+        texts = {"started": "", "finished": ""}
+        if os.path.lexists(folder):
+            _checked(os.path.join(job_dir, "tasks"))
+            _checked(folder)
+            texts = {name: _head(os.path.join(folder, name + ".json")) for name in texts}
+        out[str(int(task))] = texts
     return out
 
 
+def task_results(job_dir, task, limit=1000):
+    """sha256 and size of each regular file of task TASK's results folder and its engine/ folder (what a pull
+    must reproduce), the job's folders checked first; links and anything else are left out."""
+    folder = os.path.join(_checked(job_dir), "tasks", str(int(task)))
+    _checked(os.path.join(job_dir, "tasks"))
+    _checked(folder)
+    files = {}
+    for sub in ("", "engine"):
+        where = os.path.join(folder, "results", sub) if sub else os.path.join(folder, "results")
+        try:
+            names = sorted(os.listdir(where))[:limit]
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(where, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and len(files) < limit:
+                files[sub + "/" + name if sub else name] = {"sha256": _sha256(path), "size": st.st_size}
+    return files
+
+
 def find_array(jobs_root, array_job_id, limit=2000):
-    """The task folders under JOBS_ROOT (<shared>/dfo-jobs) whose started.json names ARRAY_JOB_ID:
-    [[job folder, task, started.json text], ...] (read only; the controller checks each)."""
+    """The task folders under JOBS_ROOT (<workdir>/slurm-jobs) whose started.json names ARRAY_JOB_ID:
+    [[job folder, task, started.json text], ...] (read only; the controller checks each). The root and every
+    folder read must be this user's and private; one that is not is skipped (the root itself: refused)."""
     _job_id(array_job_id)
     found, seen = [], 0  # type: list, int
     needle = '"array_job_id": "%s"' % array_job_id
+    if not os.path.lexists(jobs_root):
+        return []
+    _checked(jobs_root)
     try:
-        jobs = sorted(os.listdir(jobs_root))
+        jobs = sorted(os.listdir(jobs_root))[:limit]
     except OSError:
         return []
     for job in jobs:
         tasks_dir = os.path.join(jobs_root, job, "tasks")
         try:
-            tasks = sorted(os.listdir(tasks_dir))
-        except OSError:
+            _checked(os.path.join(jobs_root, job))
+            _checked(tasks_dir)
+            tasks = sorted(os.listdir(tasks_dir))[:limit]
+        except (OSError, RuntimeError):
             continue
         for task in tasks:
             seen += 1
             if seen > limit:
                 return found
+            if not task.isdigit():
+                continue
+            try:
+                _checked(os.path.join(tasks_dir, task))
+            except RuntimeError:
+                continue
             text = _head(os.path.join(tasks_dir, task, "started.json"))
-            if task.isdigit() and needle in text:
+            if needle in text:
                 found.append([os.path.join(jobs_root, job), int(task), text])
     return found
 

@@ -2,9 +2,9 @@
 
 Status asks squeue and scontrol; once Slurm's controller has forgotten the array (it ended longer ago than
 MinJobAge), sacct answers: accounting where the cluster keeps it, else the job completion log, which knows
-each task by its own job id only — those come from the tasks' started.json records under
-``<slurm.shared>/dfo-jobs``. Cancel is ``scancel`` of the array or of one task, then a short wait until Slurm
-shows the cancelled tasks ended.
+each task by its own job id only — those come from the tasks' started.json records under the host's
+``<workdir>/slurm-jobs`` (cluster/plan.py jobs_root; read only when it is this user's and private). Cancel
+is ``scancel`` of the array or of one task, then a short wait until Slurm shows the cancelled tasks ended.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.cluster.operation import LoginSession, accounted, call, cancel, login_session, task_states
+from orchestrator.cluster.plan import jobs_root
 from orchestrator.cluster.replies import JOB_ID_RE, TaskState
 from orchestrator.core.errors import HostError, InputError, OperationError
 
@@ -43,27 +44,26 @@ def parse_array_ref(host: str, job: str) -> ArrayRef:
     return ArrayRef(host, match.group(1), None if match.group(2) is None else int(match.group(2)))
 
 
-def array_status(login: LoginSession, shared: str, ref: ArrayRef) -> tuple[dict[int, TaskState], str]:
+def array_status(login: LoginSession, root: str, ref: ArrayRef) -> tuple[dict[int, TaskState], str]:
     """Each task Slurm knows of the array, and where the answer came from (``queue``: squeue and scontrol;
     once the controller forgot the array, sacct's ``accounting`` database or job ``completion`` log), restricted
-    to REF's task when it names one (SHARED: the cluster's slurm.shared). An array no source knows is an
-    InputError."""
+    to REF's task when it names one (ROOT: the host's jobs root, cluster/plan.py jobs_root). An array no source
+    knows is an InputError."""
     states, source = task_states(login, ref.array_job_id), "queue"
     if not states:
-        job_ids = recorded_job_ids(login, shared, ref.array_job_id)
+        job_ids = recorded_job_ids(login, root, ref.array_job_id)
         states, source = accounted(login, ref.array_job_id, job_ids)
     states = {t: s for t, s in sorted(states.items()) if ref.task is None or t == ref.task}
     if not states:
         raise InputError(f"{ref}: Slurm knows no such job (not in the queue, not in sacct)",
                          hint=f"squeue -u $USER on {ref.host} lists your jobs; a finished array's results stay in "
-                         "its folder under slurm.shared/dfo-jobs")
+                         f"its folder under {root}")
     return states, source
 
 
-def recorded_job_ids(login: LoginSession, shared: str, array_job_id: str) -> dict[str, int]:
-    """Job id -> task, from the started.json records under SHARED/dfo-jobs that name the array (each
-    checked: a folder inside dfo-jobs, a task index, a digits job id of that array)."""
-    root = posixpath.join(shared, "dfo-jobs")
+def recorded_job_ids(login: LoginSession, root: str, array_job_id: str) -> dict[str, int]:
+    """Job id -> task, from the started.json records under ROOT (the jobs root) that name the array (each
+    checked: a folder inside ROOT, a task index, a digits job id of that array)."""
     found = call(login, "find_array", jobs_root=root, array_job_id=array_job_id)
     if not isinstance(found, list):
         raise HostError(login.name, "cluster.find_array: the answer is not a list")
@@ -86,11 +86,11 @@ def recorded_job_ids(login: LoginSession, shared: str, array_job_id: str) -> dic
     return ids
 
 
-def cancel_array(login: LoginSession, shared: str, ref: ArrayRef, *,
+def cancel_array(login: LoginSession, root: str, ref: ArrayRef, *,
                  wait_s: float = 30.0) -> tuple[dict[int, TaskState], dict[int, TaskState]]:
     """``scancel`` REF (the array, or one task) unless nothing of it is active; (before, after): after is what
     Slurm shows of the tasks that were active once they ended (or WAIT_S passed)."""
-    before, _ = array_status(login, shared, ref)
+    before, _ = array_status(login, root, ref)
     if not any(s.active for s in before.values()):
         return before, before
     cancel(login, ref.array_job_id, ref.task)
@@ -114,8 +114,8 @@ def cancel_array(login: LoginSession, shared: str, ref: ArrayRef, *,
 
 
 def cluster_login(connector: Any, ref: ArrayRef) -> tuple[LoginSession, str]:
-    """REF's login node and its slurm.shared folder."""
-    return login_session(connector, ref.host), connector.inventory.hosts[ref.host].slurm.shared
+    """REF's login node and its jobs root (under the host's workdir)."""
+    return login_session(connector, ref.host), jobs_root(connector.inventory.hosts[ref.host].workdir)
 
 
 def task_line(state: TaskState) -> str:

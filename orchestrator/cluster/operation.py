@@ -27,6 +27,7 @@ from orchestrator.cluster.replies import (
 )
 from orchestrator.core.errors import HostError, OperationError
 from orchestrator.core.slurm_section import SlurmSection
+from orchestrator.jobs.operation import checked_manifest
 from orchestrator.transport import hostcall
 
 HOST_SCRIPT = Path(__file__).with_name("host_script.py")
@@ -63,7 +64,12 @@ def login_session(connector: Any, host: str) -> ClusterLogin:
                         connector.inventory.hosts[host].python)
 
 
-def call(login: LoginSession, func: str, timeout: float | None = None, **kwargs: Any) -> Any:
+# Every call to the login node ends: its Slurm commands time out at 120 s each (host_script._run) and its file reads
+# are bounded and never block (a FIFO planted in a job folder is not read), so a call past this is a stuck host.
+CALL_TIMEOUT_S = 600.0
+
+
+def call(login: LoginSession, func: str, timeout: float | None = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
     """``host_script.FUNC(**kwargs)`` on the login node (its answer still to be typed by the caller)."""
     return hostcall.call(login.session, HOST_SCRIPT, func, python=login.interpreter, timeout=timeout,
                          host_env=login.env, **kwargs)
@@ -77,13 +83,14 @@ class Submitted:
     script: str
 
 
-def submit(session: LoginSession, section: SlurmSection, request: BatchRequest) -> Submitted:
-    """Create the task folders, keep the script beside them, submit it; the array's job id."""
+def submit(session: LoginSession, section: SlurmSection, request: BatchRequest, *, resume: bool = False) -> Submitted:
+    """Create the job's folder (a new one, 0700: never one that exists, unless RESUME submits tasks of this
+    job again) and its task folders, keep the script beside them, submit it; the array's job id."""
     spec = batch_spec(section, request)
     folders = [task_dir(request.job_dir, task) for task in request.tasks]
     keep_as = f"{request.job_dir}/batch-{int(time.time() * 1000)}.sh"
     reply = command_reply(session.name, "sbatch", call(session, "submit", spec=spec, folders=folders,
-                                                       keep_as=keep_as))
+                                                       keep_as=keep_as, resume=resume))
     if reply.exit_code != 0:
         raise HostError(session.name, f"sbatch refused the job: {refusal_reason(reply.err or reply.out)}",
                         hint=refusal_hint(section))
@@ -224,6 +231,12 @@ def task_records(session: LoginSession, job_dir: str, tasks: tuple[int, ...]) ->
     return {task: task_record(task, answer.get(str(task))) for task in tasks}
 
 
+def task_results(session: LoginSession, job_dir: str, task: int) -> dict[str, dict]:
+    """The manifest of task TASK's results folder (name -> sha256 and size), checked as an SSH job's is:
+    names confined, digests and sizes typed, the total within the pull's limit (jobs/operation.py)."""
+    return checked_manifest(session.name, call(session, "task_results", job_dir=job_dir, task=int(task)))
+
+
 def task_record(task: int, texts: Any) -> TaskRecord:
     """One task's record from its started.json and finished.json texts (absent, half-written or hostile
     text counts as absent; every field is checked)."""
@@ -261,4 +274,4 @@ def resubmit(session: LoginSession, section: SlurmSection, request: BatchRequest
     if not missing:
         return None
     return submit(session, section, BatchRequest(request.name, request.job_dir, missing, request.command,
-                                                 request.env, request.cwd))
+                                                 request.env, request.cwd), resume=True)

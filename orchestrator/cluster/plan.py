@@ -12,6 +12,7 @@ its results are never taken for complete. Every value reaching the script is val
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import posixpath
 import re
@@ -37,6 +38,24 @@ class BatchRequest:
     command: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None  # where the command runs (default: the task's folder)
+
+
+JOBS_FOLDER = "slurm-jobs"  # under the host's workdir (on the shared filesystem, inside slurm.shared)
+
+
+def jobs_root(workdir: str) -> str:
+    """Where a cluster host's job folders live: ``<workdir>/slurm-jobs``, made 0700 by the login node and checked
+    (this user's, private; the workdir not writable by others) before every use (host_script.submit)."""
+    return posixpath.join(workdir, JOBS_FOLDER)
+
+
+def job_folder(workdir: str, label: str) -> tuple[str, str]:
+    """(Slurm job name, job folder) for LABEL (a run's or a worker's name): the name cut to fit squeue, the
+    folder's name cut too but ending in a digest of the whole label, so two labels that share their first 64
+    characters (two runs started in the same second on a long host name) never share a folder (pure)."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", label)
+    digest = hashlib.sha256(label.encode()).hexdigest()[:10]
+    return clean[:64], posixpath.join(jobs_root(workdir), f"{clean[:53]}-{digest}")
 
 
 def task_dir(job_dir: str, task: int) -> str:

@@ -3,11 +3,12 @@
 Off by default: between checkpoints the job holds its node's GPUs idle. Asked for, it spares each checkpoint
 the task's Python + torch start and the target's load, as the resident worker does on an SSH host, and keeps
 that host's record and handover: the worker is a one-task array submitted with the cluster's `slurm:` section
-(its folder, inbox and heartbeat on the shared filesystem), each checkpoint is relayed to the shared
-filesystem and handed over by a small client job on the login node, which writes the request into the
-worker's inbox and waits for its results (in the client's job folder: the workdir is on the shared filesystem
-too). The client cannot see a process on a compute node, so it is told the worker's Slurm job and judges it by
-Slurm's state of that job and the heartbeat (remote_payload/resident.py).
+(its folder, inbox and heartbeat in a new 0700 job folder under the host's workdir on the shared filesystem,
+cluster/plan.py jobs_root), each checkpoint is relayed to the shared filesystem and handed over by a small
+client job on the login node, which writes the request into the worker's inbox and waits for its results (in the
+client's job folder: the workdir is on the shared filesystem too). The client cannot see a process on a compute
+node, so it is told the worker's Slurm job and judges it by Slurm's state of that job and the heartbeat
+(remote_payload/resident.py).
 
 The watcher waits for a queued worker (Slurm's pending reason shown), cancels it with scancel, and replaces one
 that was preempted or lost its node, or that hit its time limit or idled out after serving; a worker that
@@ -21,7 +22,7 @@ import re
 import time
 
 from orchestrator.cluster.operation import cancel, login_session, submit, task_states
-from orchestrator.cluster.plan import BatchRequest, task_dir
+from orchestrator.cluster.plan import BatchRequest, job_folder, task_dir
 from orchestrator.cluster.replies import TaskState
 from orchestrator.core.errors import DfoError, InputError
 from orchestrator.core.slurm_section import resident_section
@@ -104,8 +105,9 @@ class ResidentJob(Resident):
         cluster = self.connector.inventory.hosts[host].slurm
         assert cluster is not None  # check_resident_job: a cluster host
         section = resident_section(cluster)
+        workdir = self.connector.inventory.hosts[host].workdir
         name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"dfo-worker-{self.folder.name}")[:48]
-        job_dir = f"{section.shared.rstrip('/')}/dfo-jobs/{name}-{new_job_id()}"
+        job_dir = job_folder(workdir, f"{name}-{new_job_id()}")[1]  # a new folder per worker job
         request = BatchRequest(name, job_dir, (0,), (python, "-m", "remote_payload", *args),
                                kill_point_env("worker-"), payload_dir(self.connector.inventory.hosts[host].workdir))
         submitted = submit(login_session(self.connector, host), section, request)

@@ -163,6 +163,8 @@ class Host(_Strict):
     env: Env = Field(default_factory=dict, description="environment for remote jobs (values never printed)")
     serve_url: Url | None = Field(None, description="OpenAI-compatible endpoint serving the target")
     slurm: SlurmSection | None = Field(None, description="the host is a Slurm login node (docs/clusters.md)")
+    gpu_check: str | None = Field(None, description="this controller's copy of the host's gpu-check.json "
+                                  "(relative to the inventory file): `dfo eval --dry-run` prints its expected cost")
 
     @model_validator(mode="after")
     def _one_address(self) -> "Host":

@@ -54,10 +54,18 @@ def _extra(value: Any) -> Any:
         if not isinstance(line, str) or not EXTRA_RE.match(line):
             raise PydanticCustomError("sbatch_line", f"extra_sbatch line {str(line)[:60]!r}: expected --option or "
                                       "--option=value (letters, digits and _.,:@%+/=- only)")
-        if line.split("=", 1)[0] in RESERVED_OPTIONS:
-            raise PydanticCustomError("sbatch_line", f"extra_sbatch line {line[:60]!r}: dfo sets "
-                                      f"{line.split('=', 1)[0]} itself")
+        reserved = reserved_option(line.split("=", 1)[0])
+        if reserved:
+            raise PydanticCustomError("sbatch_line", f"extra_sbatch line {line[:60]!r}: dfo sets {reserved} itself"
+                                      + ("" if reserved == line.split("=", 1)[0] else
+                                         " (sbatch takes an unambiguous abbreviation for the whole option)"))
     return value
+
+
+def reserved_option(option: str) -> str | None:
+    """The reserved option OPTION names, whole or abbreviated (sbatch, like getopt_long, takes any unambiguous
+    prefix: ``--outp`` is ``--output``, ``--chd`` ``--chdir``); None for another option (pure)."""
+    return next((r for r in sorted(RESERVED_OPTIONS) if len(option) > 2 and r.startswith(option)), None)
 
 
 def _shared(value: Any) -> Any:

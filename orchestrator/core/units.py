@@ -1,4 +1,4 @@
-"""Sizes and rates for people: the one formatter and the one rate parser every command uses.
+"""Sizes, durations and rates for people: the one formatter and the one rate parser every command uses.
 
 Sizes print in binary units, as du -h and ls -lh; rates parse as rsync's --bwlimit (K = KiB, KB = 1000).
 """
@@ -26,6 +26,18 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def human_duration(seconds: float | None) -> str:
+    """45 -> '45s', 725 -> '12m05s', 12000 -> '3h20m'; None (unknown) -> '?'."""
+    if seconds is None:
+        return "?"
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def parse_rate(text: str | None, option: str = "--bwlimit") -> float | None:

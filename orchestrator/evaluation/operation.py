@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
+from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
 from orchestrator.core.events import Events
 from orchestrator.core.host_text import decode_json
@@ -438,9 +439,7 @@ def finish_run(run: Run, parts: dict[str, Path], part_jobs: dict[str, dict], job
     if len(parts) > 1:
         _merge_engine(results, parts, samples)
     body = "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in samples)
-    tmp = run.path / ".samples.jsonl.tmp"
-    tmp.write_text(body, encoding="utf-8")
-    tmp.replace(run.path / "samples.jsonl")
+    write_text_atomic(run.path / "samples.jsonl", body)
     results["run"] = {"name": run.name, "hosts": list(jobs), "request": run.record.get("request"),
                       "relays": run.record.get("relays"), "jobs": jobs}
     results["k_plans"] = k_plans(results, samples)

@@ -110,6 +110,7 @@ class EvalRequest:
     cache_limit_gib: float | None = None  # the host's reference/feature cache size limit (payload default 200)
     engine_k: str | None = None  # "1,3": extra draft counts timed per drafter in the engine
     engine_check: str | None = None  # "synthetic": the engine replays each drafter's profile (its marginals)
+    decode_batch: str | None = None  # rows per forward in the reference stage: N or auto (payload default auto)
 
     @property
     def uses_engine(self) -> bool:
@@ -149,6 +150,7 @@ class EvalPlan:
     jobs: list[HostJob] = field(default_factory=list)
     checks: dict[str, list[str]] = field(default_factory=dict)  # host -> paths that must exist there
     engine_pythons: dict[str, str] = field(default_factory=dict)  # host -> the engine venv's python (--engine)
+    prompt_count: int | None = None  # prompts (or dataset rows) before sharding, where known
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -334,8 +336,9 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
         uploads = [(str(d.local), d.remote(workdir)) for d in datasets if d.local is not None]
         jobs.append(HostJob(h, (i, len(hosts)), per_host_paths[h], args, prompts_remote, uploads))
     # A relay with stripping deploys the payload to its source host itself.
+    counts = [n for n in (req.samples, prompt_count) if n is not None]
     return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks,
-                    engine_pythons=engine_pythons)
+                    engine_pythons=engine_pythons, prompt_count=min(counts) if counts else None)
 
 
 def engine_python(inventory: Inventory, host: str, engine: str = "vllm") -> str:

@@ -17,9 +17,12 @@ Pure: dicts in, dicts out; ``write_profiles`` is the only function that touches 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.errors import InputError
+from remote_payload.models.spec import MAX_BLOCK_SIZE  # the largest block a drafter may declare
 
 SCHEMA_VERSION = "1.0"
 TOLERANCE = 0.02
@@ -36,6 +39,10 @@ def _obj(x) -> dict:
 
 def _ints(x) -> list[int]:
     return [v for v in x if isinstance(v, int) and not isinstance(v, bool)] if isinstance(x, list) else []
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def rates_from_rounds(accepted: list[int], drafts: int) -> dict:
@@ -139,9 +146,16 @@ def build_profile(results: dict, samples: list[dict], name: str) -> dict:
     drafter = _obj(_obj(results.get("drafters")).get(name))
     metrics = _obj(drafter.get("metrics"))
     B = metrics.get("block_size") or _obj(drafter.get("spec")).get("block_size")
-    if not isinstance(B, int) or B < 2:
+    if not isinstance(B, int) or isinstance(B, bool) or B < 2:
         raise InputError(f"drafter '{name}': results.json records no block size (metrics.block_size)")
+    if B > MAX_BLOCK_SIZE:  # the payload evaluates no larger block: a host's results are data until bounded
+        raise InputError(f"drafter '{name}': results.json records block size {B}, more than {MAX_BLOCK_SIZE} "
+                         "(the largest the eval accepts): not a run dfo made")
     per_sample, counted = _sample_accepted(samples, name)
+    bad = next((a for _, acc in per_sample for a in acc if not 0 <= a < B), None)
+    if bad is not None:
+        raise InputError(f"drafter '{name}': samples.jsonl records a round with {bad} accepted drafts; a block of "
+                         f"{B} holds 0-{B - 1}")
     all_accepted = [a for _, acc in per_sample for a in acc]
     rates = rates_from_rounds(all_accepted, B - 1)
     per_request = [1 + sum(acc) / len(acc) for _, acc in per_sample if acc]
@@ -222,9 +236,7 @@ def write_profiles(run_dir: Path, results: dict, samples: list[dict], skipped: l
             continue
         out_dir.mkdir(exist_ok=True)
         path = out_dir / f"{name}{PROFILE_SUFFIX}"
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(profile, indent=2) + "\n")
         paths.append(path)
     return paths
 
@@ -251,10 +263,45 @@ def load_profile(path: Path) -> dict:
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise InputError(f"{path}: speculation profile lacks {', '.join(missing)}")
-    marg = data["marginal_accept_rates"]
-    if not isinstance(marg, list) or not all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in marg):
-        raise InputError(f"{path}: marginal_accept_rates must be a list of numbers")
+    check_profile(data, str(path))
     return data
+
+
+def check_profile(data: dict, where: str) -> None:
+    """The rules dfo's export applies (``validation``), on a card read back: rates finite and in [0, 1], at most
+    one per draft of the largest block, marginals non-increasing, mean accept length = 1 + Σ marginals within
+    TOLERANCE, per-K accept lengths finite and at least 1. An InputError names WHERE and the field (pure)."""
+    marg = data.get("marginal_accept_rates")
+    if not isinstance(marg, list) or not 0 < len(marg) < MAX_BLOCK_SIZE:
+        raise InputError(f"{where}: marginal_accept_rates must be a list of 1-{MAX_BLOCK_SIZE - 1} rates")
+    for field in ("marginal_accept_rates", "conditional_accept_rates"):
+        rates = data.get(field)
+        if field not in data or rates is None and field != "marginal_accept_rates":
+            continue
+        if not isinstance(rates, list) or len(rates) >= MAX_BLOCK_SIZE:
+            raise InputError(f"{where}: {field} must be a list of at most {MAX_BLOCK_SIZE - 1} rates")
+        for i, rate in enumerate(rates):
+            if not (_number(rate) and 0 <= rate <= 1):
+                raise InputError(f"{where}: {field}[{i}] is {rate!r}: expected a rate in [0, 1]",
+                                 hint="re-export the profile with `dfo runs profile RUN`")
+    checked = validation([float(m) for m in marg], data.get("mean_accept_length") if _number(
+        data.get("mean_accept_length")) else None)
+    if not checked["marginals_non_increasing"]:
+        i = next(i for i in range(1, len(marg)) if marg[i] > marg[i - 1] + 1e-9)
+        raise InputError(f"{where}: marginal_accept_rates increase at position {i} ({marg[i - 1]} -> {marg[i]}): "
+                         "the share of steps that accept i drafts never grows with i")
+    if not checked["mean_matches_marginals"]:
+        raise InputError(f"{where}: mean_accept_length is {data.get('mean_accept_length')!r}, expected 1 + the sum "
+                         f"of marginal_accept_rates = {1 + sum(marg):.4f} (within {TOLERANCE})")
+    by_k = data.get("accept_length_by_k")
+    if by_k is not None:
+        if not isinstance(by_k, dict) or len(by_k) >= MAX_BLOCK_SIZE:
+            raise InputError(f"{where}: accept_length_by_k must be an object of K -> accept length")
+        for k, value in by_k.items():
+            if not (str(k).isdigit() and 0 < int(str(k)) < MAX_BLOCK_SIZE) or not (
+                    value is None or _number(value) and 1 <= value <= MAX_BLOCK_SIZE):
+                raise InputError(f"{where}: accept_length_by_k[{str(k)[:20]!r}] is {value!r}: expected K in "
+                                 f"1-{MAX_BLOCK_SIZE - 1} and an accept length of at least 1")
 
 
 def accept_length_at(profile: dict, k: int) -> float | None:

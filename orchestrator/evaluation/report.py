@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.host_text import fmt_number, md_fence, md_text
 from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
 from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _objs, _real, _small_int
@@ -383,9 +384,7 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
         out.append(f"| {md_text(s.get('id'))} | {md_text(s.get('host', ''))} | "
                    f"{_count(s.get('continuation_tokens'))} | " + " | ".join(_fmt(t) for t in taus) + " |")
     path = run_dir / "report.md"
-    tmp = run_dir / ".report.md.tmp"
-    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, "\n".join(out) + "\n")
     return path
 
 

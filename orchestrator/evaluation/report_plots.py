@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.core import plotting
+from orchestrator.core.atomic_file import atomic_target
 from orchestrator.core.host_text import clean
 from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _real
 
@@ -31,10 +32,11 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
 
 def _save(plt, fig, path: Path) -> Path:
     """The PNG under a temporary name, then renamed: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.errors import InputError
 from orchestrator.core.host_text import decode_json
 from remote_payload.metrics import migrate
@@ -32,18 +32,7 @@ def runs_root(value: str | os.PathLike | None = None) -> Path:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 @dataclass

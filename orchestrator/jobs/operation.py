@@ -439,7 +439,7 @@ def pull_results(
     if not status.done and not allow_running:
         raise InputError(f"job {host}:{job_id} is still {status.state}; its results may be incomplete",
                          hint="wait for it (dfo jobs logs -f) or pass --allow-running")
-    manifest = _checked_manifest(host, files)
+    manifest = checked_manifest(host, files)
     if dest.exists():
         if _already_pulled(dest, job_id, manifest) and not force:
             return PullResult(host, job_id, str(dest), "up-to-date", len(manifest), 0, manifest)
@@ -451,7 +451,7 @@ def pull_results(
     try:
         # The folder is the one dfo made for the job (the id was checked), not a path the host names.
         root = posixpath.join(workdir, "jobs", check_component(job_id, host=host, what="job id"), "results")
-        done = _download_verified(connector.session(host), host, root, manifest, tmp, progress)
+        done = download_verified(connector.session(host), host, root, manifest, tmp, progress)
         (tmp / PULL_RECORD).write_text(json.dumps(
             {"host": host, "job_id": job_id, "job_dir": status.job_dir, "state": status.state,
              "exit_code": status.exit_code, "pulled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -473,8 +473,8 @@ def _already_pulled(dest: Path, job_id: str, manifest: dict[str, dict]) -> bool:
             and all(_matches(dest / rel, meta) for rel, meta in manifest.items()))
 
 
-def _download_verified(session, host: str, root: str, manifest: dict[str, dict], tmp: Path,
-                       progress: Callable[[int, int], None] | None) -> int:
+def download_verified(session, host: str, root: str, manifest: dict[str, dict], tmp: Path,
+                      progress: Callable[[int, int], None] | None = None) -> int:
     """Download every file of MANIFEST into TMP (names confined to it), each checked; returns the bytes."""
     total = sum(m["size"] for m in manifest.values())
     done = 0
@@ -485,11 +485,13 @@ def _download_verified(session, host: str, root: str, manifest: dict[str, dict],
         except OSError as exc:
             raise HostError(host, f"results file name {rel!r} does not fit the results folder: {exc}") from None
 
-        def advance(n: int, _total: int, base: int = done) -> None:
+        def advance(n: int, _total: int, base: int = done, listed: int = meta["size"], name: str = rel) -> None:
+            if n > listed:  # the host serves more than it listed: stop now, not at the end of the stream
+                raise HostError(host, f"results file {name} is larger than the {listed:,} bytes the host listed")
             if progress:
                 progress(base + n, total)
 
-        session.get(posixpath.join(root, rel), local, progress=advance if progress else None)
+        session.get(posixpath.join(root, rel), local, progress=advance)
         got = sha256_file(local)
         if got != meta["sha256"] or local.stat().st_size != meta["size"]:
             raise HostError(host, f"results file {rel} failed verification after download "
@@ -513,18 +515,29 @@ def _publish(tmp: Path, dest: Path) -> None:
         os.rename(tmp, dest)
 
 
-def _checked_manifest(host: str, files: object) -> dict[str, dict]:
-    """The host's results manifest, checked: names confined to the results folder, sizes and digests typed.
+MAX_RESULTS_BYTES = 16 << 30  # one pull's results at most: an eval writes megabytes; a host may claim anything
+MAX_RESULTS_FILES = 10_000
+
+
+def checked_manifest(host: str, files: object, max_bytes: int = MAX_RESULTS_BYTES) -> dict[str, dict]:
+    """The host's results manifest, checked: names confined to the results folder, sizes and digests typed, at
+    most MAX_RESULTS_FILES files and MAX_BYTES in all (before anything is downloaded).
 
     A compromised host may answer anything here; a malformed answer is a clear error, never a traceback."""
     if not isinstance(files, dict):
         raise HostError(host, "malformed results manifest from the host "
                         f"(expected a mapping, got {type(files).__name__})")
+    if len(files) > MAX_RESULTS_FILES:
+        raise HostError(host, f"the results list {len(files)} files, more than the {MAX_RESULTS_FILES} dfo pulls")
     for rel, meta in files.items():
         check_name(rel, host=host, what="results file name")
         if not (isinstance(meta, dict) and whole_number(meta.get("size")) and isinstance(meta.get("sha256"), str)
                 and re.fullmatch(r"[0-9a-f]{64}", meta["sha256"])):
             raise HostError(host, f"malformed results manifest entry for {rel!r}: {str(meta)[:120]}")
+    total = sum(meta["size"] for meta in files.values())
+    if total > max_bytes:
+        raise HostError(host, f"the results hold {total:,} bytes, more than the {max_bytes:,} dfo pulls: nothing "
+                        "was downloaded", hint="look at the results folder on the host: an eval writes megabytes")
     return files
 
 
@@ -549,7 +562,7 @@ def default_pull_dest(host: str, job_id: str, root: str | os.PathLike = "runs") 
 
 __all__ = [
     "FINAL_STATES", "CancelPlan", "JobHandle", "JobRefused", "JobStatus", "LaunchPlan", "PullResult", "cancel_job",
-    "default_pull_dest", "follow_job", "job_status", "launch_job", "list_jobs", "locate_job", "lock_status",
-    "new_job_id", "parse_job_ref", "plan_cancel", "plan_launch", "poll_job", "pull_results", "resolve_job",
-    "start_job", "substitute",
+    "checked_manifest", "default_pull_dest", "download_verified", "follow_job", "job_status", "launch_job",
+    "list_jobs", "locate_job", "lock_status", "new_job_id", "parse_job_ref", "plan_cancel", "plan_launch",
+    "poll_job", "pull_results", "resolve_job", "start_job", "substitute",
 ]

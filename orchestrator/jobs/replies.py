@@ -235,6 +235,6 @@ class CancelPreview:
                    _int(host, "the process group", reply.get("pgid"), minimum=1, maximum=PID_MAX), processes)
 
 def results_listing(host: str, reply: object) -> tuple[JobStatus, Any]:
-    """(status, the raw manifest: ``operation._checked_manifest`` checks its names, sizes and digests)."""
+    """(status, the raw manifest: ``operation.checked_manifest`` checks its names, sizes and digests)."""
     reply = _object(host, "the results reply", reply)
     return JobStatus.from_host(host, reply.get("job")), reply.get("files")

@@ -1,7 +1,7 @@
 """Render a job's log: the payload's JSON progress lines become rich progress bars, the rest is text.
 
 The payload (remote_payload/progress.py) writes one JSON object per line with ``"dfo": KIND``:
-``progress`` (stage, done, total, unit, tokens_per_s, message), ``stage`` (stage, status start|done,
+``progress`` (stage, done, total, unit, tokens_per_s, eta_s, message), ``stage`` (stage, status start|done,
 elapsed_s, message), ``warning`` (message, stage) and ``result`` (free fields, shown as one readable line:
 ``result_summary``). Any other line — plain
 text, JSON without a known ``dfo`` kind, half a line — passes through as log text, unchanged.
@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.text import Text
 
 from orchestrator.core.host_text import decode_json
+from orchestrator.core.units import human_duration
 
 KNOWN_KINDS = ("progress", "stage", "warning", "result")
 
@@ -55,6 +56,7 @@ class StageState:
     unit: str | None = None
     message: str | None = None
     tokens_per_s: float | None = None
+    eta_s: float | None = None  # the payload's own estimate of the seconds left (rows of unknown length)
     finished: bool = False
     elapsed_s: float | None = None
     last_text: float | None = field(default=None, repr=False)  # when progress was last printed as text
@@ -124,6 +126,7 @@ class ProgressView:
         st.unit = _text(rec.get("unit")) or st.unit
         st.message = _text(rec.get("message")) or st.message
         st.tokens_per_s = _number(rec.get("tokens_per_s"), st.tokens_per_s)
+        st.eta_s = _number(rec.get("eta_s"), None)
         if self.live:
             self._bar(name, st)
         else:
@@ -180,7 +183,8 @@ class ProgressView:
             )
             self._progress.start()
         extra = " ".join(x for x in (
-            f"{st.tokens_per_s:.1f} tok/s" if st.tokens_per_s is not None else "", st.message or "") if x)
+            f"{st.tokens_per_s:.1f} tok/s" if st.tokens_per_s is not None else "",
+            f"ETA {human_duration(st.eta_s)}" if st.eta_s is not None else "", st.message or "") if x)
         if name not in self._tasks:
             # rich's add_task annotates completed as int; its Task and Progress.update hold a float.
             self._tasks[name] = self._progress.add_task(name, total=st.total, completed=st.done,  # type: ignore[arg-type]
@@ -215,6 +219,8 @@ def _fmt_progress(st: StageState) -> str:
         text += f" ({100 * (st.done / st.total):.0f}%)"  # divided first: huge ints must not overflow
     if st.tokens_per_s is not None:
         text += f", {st.tokens_per_s:.1f} tok/s"
+    if st.eta_s is not None:
+        text += f", ETA {human_duration(st.eta_s)}"
     if st.message:
         text += f" — {st.message}"
     return text

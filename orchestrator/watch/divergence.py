@@ -68,30 +68,50 @@ def tau_se(point: Point) -> float:
     return max(0.0, (point.tau_ci[1] - point.tau_ci[0]) / (2 * CI_Z))
 
 
+def _scale(values: list[float]) -> float:
+    """The largest magnitude among VALUES (1 when none is finite and non-zero): the fit divides by it first,
+    so no square or sum of any finite input overflows."""
+    top = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    return top if top > 0 else 1.0
+
+
 def _fit(points: list[Point]) -> tuple[float, float, float, float, float, int]:
-    """OLS τ = a + b·proxy: (a, b, residual variance, mean proxy, Sxx, n)."""
+    """OLS τ = a + b·proxy: (a, b, residual variance, mean proxy, Sxx, n), in the units of the values given."""
     n = len(points)
     xs = [p.proxy for p in points]
     ys = [p.tau for p in points]
     xbar, ybar = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - xbar) ** 2 for x in xs)
+    sxx = sum((x - xbar) * (x - xbar) for x in xs)
     b = sum((x - xbar) * (y - ybar) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else 0.0
     a = ybar - b * xbar
     dof = n - 2 if sxx > 0 else n - 1
-    s2 = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True)) / max(dof, 1)
+    s2 = sum((y - a - b * x) * (y - a - b * x) for x, y in zip(xs, ys, strict=True)) / max(dof, 1)
     return a, b, s2, xbar, sxx, n
 
 
+def _scaled(point: Point, sx: float, sy: float) -> Point:
+    ci = None if point.tau_ci is None else (point.tau_ci[0] / sy, point.tau_ci[1] / sy)
+    return Point(point.step, point.tau / sy, ci, point.proxy / sx)
+
+
 def predict(calibration: list[Point], point: Point) -> tuple[float, float]:
-    """(predicted τ, combined standard error of τ − prediction) for ``point``."""
+    """(predicted τ, combined standard error of τ − prediction) for ``point``. Computed on the values divided
+    by their largest magnitude (proxy and τ apart) and scaled back: any finite input gives a finite answer
+    or, beyond the float range, an infinite one — never an OverflowError."""
+    everyone = [*calibration, point]
+    sx = _scale([p.proxy for p in everyone])
+    sy = _scale([v for p in everyone for v in (p.tau, *(p.tau_ci or ()))])
+    calibration, point = [_scaled(p, sx, sy) for p in calibration], _scaled(point, sx, sy)
     a, b, s2, xbar, sxx, n = _fit(calibration)
     # The residual spread already holds the calibration points' own measurement noise; it is floored at
     # their mean squared measurement SE so that a handful of points that happen to lie on a line do not
     # claim a precision the measurements never had.
-    noise = max(s2, sum(tau_se(p) ** 2 for p in calibration) / n)
-    line_var = noise * (1 / n + ((point.proxy - xbar) ** 2 / sxx if sxx > 0 else 0.0))
-    model_var = max(0.0, noise - sum(tau_se(p) ** 2 for p in calibration) / n)
-    return a + b * point.proxy, math.sqrt(line_var + model_var + tau_se(point) ** 2)
+    measured = sum(tau_se(p) * tau_se(p) for p in calibration) / n
+    noise = max(s2, measured)
+    line_var = noise * (1 / n + ((point.proxy - xbar) * (point.proxy - xbar) / sxx if sxx > 0 else 0.0))
+    model_var = max(0.0, noise - measured)
+    se = math.sqrt(line_var + model_var + tau_se(point) * tau_se(point))
+    return (a + b * point.proxy) * sy, se * sy
 
 
 def check(points: list[Point], *, z: float = Z, run: int = RUN, min_fit: int = MIN_FIT
@@ -112,6 +132,9 @@ def check(points: list[Point], *, z: float = Z, run: int = RUN, min_fit: int = M
             anchor = point
             continue
         predicted, se = predict(calibration, point)
+        if not (math.isfinite(predicted) and math.isfinite(se)):  # beyond the float range: no test
+            checks.append(Check(point.step, None, None, False))
+            continue
         score = (point.tau - predicted) / se if se > 0 else (0.0 if point.tau >= predicted else -math.inf)
         disagrees = score < -z
         checks.append(Check(point.step, predicted, score, disagrees))
@@ -128,7 +151,7 @@ def check(points: list[Point], *, z: float = Z, run: int = RUN, min_fit: int = M
 def _alert(anchor: Point, point: Point) -> Alert:
     base = anchor.tau if anchor.tau else 1.0
     change = (point.tau - anchor.tau) / base
-    se = math.sqrt(tau_se(anchor) ** 2 + tau_se(point) ** 2) / abs(base)
+    se = math.hypot(tau_se(anchor), tau_se(point)) / abs(base)
     ci = (change - CI_Z * se, change + CI_Z * se)
     proxy_base = abs(anchor.proxy) if anchor.proxy else 1.0
     proxy_change = (point.proxy - anchor.proxy) / proxy_base

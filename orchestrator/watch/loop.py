@@ -38,6 +38,7 @@ from typing import Callable
 
 from orchestrator.cluster.resident_job import ResidentJob
 from orchestrator.core import plotting
+from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.errors import DfoError, InputError
 from orchestrator.core.events import Events
 from orchestrator.core.host_text import decode_json
@@ -434,9 +435,7 @@ class Watcher:
         if plotted is None and not self._said_no_plots and not plotting.available():
             self._said_no_plots = True  # once per watcher, not at every checkpoint
             self.events.warn(f"{plotting.MISSING}: series.md links no tau_vs_step.png; {plotting.install_line()}")
-        tmp = self.folder / ".series.md.tmp"
-        tmp.write_text(series_markdown(self.series, plotted=plotted is not None), encoding="utf-8")
-        tmp.replace(self.folder / "series.md")
+        write_text_atomic(self.folder / "series.md", series_markdown(self.series, plotted=plotted is not None))
 
 
 def _fmt(value: float | None) -> str:

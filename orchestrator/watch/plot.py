@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core import plotting
+from orchestrator.core.atomic_file import atomic_target
 from orchestrator.core.host_text import clean
 from orchestrator.watch.series import done_entries, failures
 
@@ -23,10 +24,11 @@ def write_plot(folder: Path, series: dict, *, last: int | None = None) -> Path |
         return None
     fig = tau_figure(plt, series, last=last)
     path = folder / "tau_vs_step.png"
-    tmp = folder / ".tau_vs_step.png.tmp"
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -7,7 +7,11 @@
 import json
 import math
 import os
+import stat
 import struct
+
+MAX_DEPTH = 2    # folders read below the logdir (a trainer's logdir/tb/, logdir/checkpoint-N/)
+MAX_DIRS = 256   # folders listed at most: a walk never runs through a whole filesystem
 
 _CRC_TABLE = []
 for _i in range(256):
@@ -109,11 +113,20 @@ def _event_scalars(record):
     return step, values
 
 
+def _read_regular(path, max_bytes):
+    """The first MAX_BYTES of the regular file PATH; OSError for anything else (a link is never followed, and a
+    FIFO or device is opened non-blocking and refused by fstat before any read: it cannot hang the reader)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError("%s is not a regular file" % path)
+        return f.read(max_bytes)
+
+
 def read_event_file(path, max_bytes):
     """[(tag, step, value)] from a TensorBoard event file; stops at the first bad or torn record (a
     trainer may be writing the file right now)."""
-    with open(path, "rb") as f:
-        data = f.read(max_bytes)
+    data = _read_regular(path, max_bytes)
     out: list = []
     pos = 0
     while pos + 12 <= len(data):
@@ -150,8 +163,7 @@ def _log_rows(rows, step_key="step"):
 
 
 def _read_jsonl(path, max_bytes):
-    with open(path, "rb") as f:
-        data = f.read(max_bytes)
+    data = _read_regular(path, max_bytes)
     rows = []
     for line in data.decode("utf-8", "replace").splitlines():
         try:
@@ -161,12 +173,46 @@ def _read_jsonl(path, max_bytes):
     return _log_rows(rows)
 
 
-def read_proxies(logdir, tags, max_bytes, max_records, max_files=64):
-    """The values of TAGS logged under LOGDIR: {"series": {tag: [[step, value], …]}, "files": […],
-    "sources": {tag: "tensorboard" | "trainer_state.json" | "jsonl"}}.
+def _walk(logdir, max_dirs=MAX_DIRS):
+    """(folder, sorted file names) of LOGDIR and the folders at most MAX_DEPTH below it, at most MAX_DIRS in all.
+    Lazy: os.walk descends only into the folders left in ``dirs`` after each step (links are not followed)."""
+    base_depth = logdir.rstrip("/").count("/")
+    listed = 0
+    for root, dirs, names in os.walk(logdir):
+        listed += 1
+        if listed > max_dirs:
+            return
+        dirs.sort()
+        if root.rstrip("/").count("/") - base_depth >= MAX_DEPTH:
+            dirs[:] = []
+        yield root, sorted(names)
 
-    Event files, trainer_state.json (the newest: its log_history holds the whole run) and *.jsonl files,
-    at most two folders down; each tag keeps its last MAX_RECORDS values by step."""
+
+def _trainer_state(candidates, prefer, logdir, max_bytes):
+    """The trainer_state.json to read: the one in a PREFER folder (the checkpoint's own), else the logdir's
+    own, else the newest of CANDIDATES (found in the walk); None when there is none."""
+    for folder in list(prefer) + [logdir]:
+        path = os.path.join(folder, "trainer_state.json")
+        if path in candidates or (folder in prefer and os.path.isfile(path) and not os.path.islink(path)):
+            return path
+    newest = []
+    for path in candidates:
+        try:
+            newest.append((os.lstat(path).st_mtime, path))
+        except OSError:
+            continue
+    return max(newest)[1] if newest else None
+
+
+def read_proxies(logdir, tags, max_bytes, max_records, max_files=64, prefer=()):
+    """The values of TAGS logged under LOGDIR: {"series": {tag: [[step, value, file], …]}, "files": […],
+    "sources": {tag: "tensorboard" | "trainer_state.json" | "jsonl"}} (FILE: the index in "files" of the file
+    the value was read from).
+
+    Event files, one trainer_state.json (its log_history holds the whole run: the one in a PREFER folder, the
+    checkpoint's own, else the logdir's, else the newest found) and *.jsonl files, at most MAX_DEPTH folders
+    down (a lazy walk of at most MAX_DIRS folders); regular files only; each tag keeps its last MAX_RECORDS
+    values by step."""
     wanted = set(tags)
     found: dict = {}
     kinds: dict = {}  # tag -> the kind of log it was last read from
@@ -174,15 +220,16 @@ def read_proxies(logdir, tags, max_bytes, max_records, max_files=64):
     states = []
     if not os.path.isdir(logdir):  # os.walk would say nothing
         return {"error": "%s is not a folder on this host" % logdir}
-    base_depth = logdir.rstrip("/").count("/")
-    try:
-        walk = list(os.walk(logdir))
-    except OSError as exc:
-        return {"error": "cannot list %s: %s" % (logdir, exc)}
-    for root, dirs, names in walk:
-        if root.rstrip("/").count("/") - base_depth >= 2:
-            dirs[:] = []
-        for name in sorted(names):
+
+    def take(rows, kind, path):
+        files.append(os.path.relpath(path, logdir) if path.startswith(logdir.rstrip("/") + "/") else path)
+        for tag, step, value in rows:
+            if tag in wanted:
+                found.setdefault(tag, {})[step] = (value, len(files) - 1)
+                kinds[tag] = kind
+
+    for root, names in _walk(logdir):
+        for name in names:
             path = os.path.join(root, name)
             if os.path.islink(path) or len(files) >= max_files:
                 continue
@@ -190,7 +237,7 @@ def read_proxies(logdir, tags, max_bytes, max_records, max_files=64):
                 if name.startswith("events.out.tfevents."):
                     rows, kind = read_event_file(path, max_bytes), "tensorboard"
                 elif name == "trainer_state.json":
-                    states.append((os.stat(path).st_mtime, path))
+                    states.append(path)
                     continue
                 elif name.endswith(".jsonl"):
                     rows, kind = _read_jsonl(path, max_bytes), "jsonl"
@@ -198,28 +245,18 @@ def read_proxies(logdir, tags, max_bytes, max_records, max_files=64):
                     continue
             except OSError:
                 continue
-            files.append(os.path.relpath(path, logdir))
-            for tag, step, value in rows:
-                if tag in wanted:
-                    found.setdefault(tag, {})[step] = value
-                    kinds[tag] = kind
-    if states:
-        path = max(states)[1]
-        if os.path.getsize(path) <= max_bytes:
-            try:
-                with open(path, encoding="utf-8") as f:
-                    state = json.load(f)
-            except (OSError, ValueError):
-                state = None
-            if isinstance(state, dict) and isinstance(state.get("log_history"), list):
-                files.append(os.path.relpath(path, logdir))
-                for tag, step, value in _log_rows(state["log_history"]):
-                    if tag in wanted:
-                        found.setdefault(tag, {})[step] = value
-                        kinds[tag] = "trainer_state.json"
+            take(rows, kind, path)
+    path = _trainer_state(states, [os.path.normpath(p) for p in prefer if isinstance(p, str)], logdir, max_bytes)
+    if path is not None:
+        try:
+            state = json.loads(_read_regular(path, max_bytes + 1).decode("utf-8"))
+        except (OSError, ValueError):
+            state = None
+        if isinstance(state, dict) and isinstance(state.get("log_history"), list):
+            take(_log_rows(state["log_history"]), "trainer_state.json", path)
     series = {}
     for tag, by_step in found.items():
-        pairs = sorted((s, v) for s, v in by_step.items() if isinstance(v, float) and math.isfinite(v))
-        series[tag] = [[s, v] for s, v in pairs[-max_records:]]
+        rows = sorted((s, v, f) for s, (v, f) in by_step.items() if isinstance(v, float) and math.isfinite(v))
+        series[tag] = [[s, v, f] for s, v, f in rows[-max_records:]]
     return {"logdir": logdir, "series": series, "files": files,
             "sources": {tag: kinds[tag] for tag in series}}

@@ -68,13 +68,23 @@ class ProxyWatch:
 
     def after(self, series: dict, e: dict) -> Alert | None:
         """E's τ is recorded: read the proxies, give every evaluated checkpoint without a proxy value its value
-        (E included; the others are published), check the series; returns the alert E completes, if any."""
+        (E included; the others are published), check the series; returns the alert E completes, if any. Never
+        raises: whatever goes wrong here (a hostile log, a bug) is a warning and the checkpoint keeps its τ."""
         try:
-            logged, sources = fetch(self.connector, self.host, self.options.logdir, self.options.proxies)
+            return self._after(series, e)
         except DfoError as exc:
             self.events.warn(f"the trainer's proxies in {self.where} were not read: {exc.message} "
                              "(tried again after the next checkpoint)")
-            return None
+        except Exception as exc:  # noqa: BLE001 - the proxy is advice: it never stops the watcher
+            self.events.warn(f"the proxy check after {e.get('name')} failed ({type(exc).__name__}: "
+                             f"{str(exc)[:200]}); τ is recorded without it (tried again after the next checkpoint)")
+        return None
+
+    def _after(self, series: dict, e: dict) -> Alert | None:
+        path = str(e.get("path") or "")
+        prefer = tuple(p for p in (path, posixpath.dirname(path)) if p.startswith("/"))  # the checkpoint's folder
+        logged, sources, origins = fetch(self.connector, self.host, self.options.logdir, self.options.proxies,
+                                         prefer)
         done = done_entries(series)
         name = self._chosen(done, logged)
         if name is None:
@@ -88,7 +98,8 @@ class ProxyWatch:
             if x["step"] in matched and (x.get("proxy") or {}).get("name") != name:
                 logged_step, value = matched[x["step"]]
                 x["proxy"] = {"name": name, "value": -value if name.startswith("-") else value,
-                              "logged_step": logged_step, "source": sources.get(name, "log"), "logdir": self.where}
+                              "logged_step": logged_step, "source": sources.get(name, "log"), "logdir": self.where,
+                              "file": origins.get(name, {}).get(logged_step)}
                 if x is not e:
                     self.publish(x)
         at = {x["step"]: (x["proxy"]["logged_step"], oriented(x["proxy"]))

@@ -26,6 +26,7 @@ class References:
     tokens: int = 0  # tokens generated in this run (cache hits excluded)
     seconds: float = 0.0
     tail_unavailable: str | None = None  # why the tokens past the stop (Reference.tail) could not be had
+    decode: dict = field(default_factory=dict)  # local decoding: the batch asked and used, rate, idle share, OOMs
 
     @property
     def from_server(self) -> bool:

@@ -169,6 +169,20 @@ def parse_top_p(value) -> float:
     return p
 
 
+def parse_decode_batch(value) -> int | str:
+    """``--decode-batch N|auto``: a whole number of rows >= 1, or auto."""
+    text = "auto" if value is None else str(value).strip()
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= INT_LIMIT:
+        raise PayloadError(f"--decode-batch {value!r}: expected a whole number of rows >= 1, or auto")
+    return n
+
+
 def _reference_settings(value: str | None) -> dict:
     """One --reference fills two settings: an engine name, or the URL of a server."""
     engine = value in ENGINES
@@ -360,6 +374,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("--threads", "threads", "Torch CPU threads (small models on busy CPUs: 1).", kind=int, minimum=1,
            metavar="N", commands=BOTH, compared=False,
            dfo_help="Torch CPU threads on the eval host (small models on busy CPUs: 1)."),
+    # Batched decoding of the references and draws (remote_payload/inputs/batched_decode.py).
+    Option("--decode-batch", "decode_batch", "Rows decoded per target forward in the reference stage (each greedy "
+           "reference, each draw at T > 0 and each tail is a row; rows of similar prompt length together): N, or "
+           "auto = as many as the GPU's free memory holds for the longest row (its key/value cache and "
+           "linear-attention state from the target's config, with a margin), 1 on the CPU. The tokens do not depend "
+           "on it (in bf16 a near-tie may flip); out of memory halves it and goes on.", default="auto",
+           metavar="N|auto", parse=parse_decode_batch, commands=BOTH, compared=False),
     # dfo's own: they decide how the controller runs the eval, the payload never sees them.
     Option("--strip-optimizer", "strip_optimizer", "Strip optimizer state before relaying (default: for "
            "*.pt/*.pth/*.ckpt/*.bin).", kind=bool, negatable=True, payload=False, commands=(EVAL,),

@@ -82,6 +82,8 @@ def results_document(ctx: EvalContext, lines: list[dict], comparison: dict | Non
     reference = {"source": "server" if refs.from_server else "local", "tokens_generated": refs.tokens,
                  "tokens_per_s": _rate(refs.tokens, refs.seconds), "cache_hits": refs.cache_hits,
                  "stop_reasons": dict(Counter(r.stop_reason for r in refs.refs))}
+    if refs.decode:
+        reference["decode"] = refs.decode
     if refs.from_server:
         reference["server"] = refs.batch.summary()
     total_s = time.perf_counter() - ctx.started
@@ -137,6 +139,7 @@ def _settings_block(ctx: EvalContext, reference_source: str) -> dict:
                           "strict_roundtrip": s.reference_strict_roundtrip if server else None},
             "chat_template_sha256": ctx.run_facts.chat_template_sha256,
             "online_check": s.online_check, "cache_dir": str(ctx.cache_dir), "draft_rule": s.rule,
+            "decode_batch": s.decode_batch if not server else None,
             "selection": s.selection if ctx.datasets else None,
             **({"protocol": protocols.record(s.protocol)} if s.protocol else {}),
             "diagnose": ({"samples": ctx.diagnosed_samples, "rounds": s.diagnose_rounds} if s.diagnose else False),

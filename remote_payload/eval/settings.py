@@ -78,6 +78,7 @@ class EvalSettings:
     diagnose_rounds: int = 4
     expect_p1: dict = field(default_factory=dict)  # drafter name (or "*" for all) -> expected position-1 acceptance
     threads: int | None = None  # CPU threads (torch here; the engine's OpenMP threads too)
+    decode_batch: int | str = "auto"  # rows per forward in the reference stage (N, or "auto": from free memory)
     engine: str | None = None  # "vllm": every drafter also served by a real engine after the offline eval
     engine_version: str | None = None  # --engine vllm@0.31.0: the release the engine venv must have
     reference_engine: str | None = None  # "vllm": references from an engine server this run starts itself

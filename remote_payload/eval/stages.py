@@ -26,13 +26,14 @@ from remote_payload.eval.settings import (
     check_settings,
     planted_fault,
 )
+from remote_payload.inputs import batched_references
 from remote_payload.inputs import prompts as prompts_mod
+from remote_payload.inputs.batched_references import Request
 from remote_payload.inputs.cache import enforce_limit
 from remote_payload.inputs.datasets.load import load_datasets
 from remote_payload.inputs.features import FeatureStore, bytes_per_token, cache_path, cached_features, extract
 from remote_payload.inputs.prompts import Prompt, with_history
-from remote_payload.inputs.reference import Reference, cached_reference
-from remote_payload.inputs.sampled_reference import cached_sampled_reference
+from remote_payload.inputs.reference import Reference
 from remote_payload.inputs.sampling import draw_seed
 from remote_payload.models import checkpoint, kernels
 from remote_payload.models import target as targetmod
@@ -101,30 +102,79 @@ def load_target(ctx: EvalContext) -> None:
 
 def local_references(ctx: EvalContext) -> None:
     """The ``reference`` stage from the target's own decoding: greedy (cached per prompt), or at T > 0 each draw
-    sampled with its seed (cached per seed)."""
+    sampled with its seed (cached per seed); ``--decode-batch`` rows per forward (``inputs/batched_references.py``),
+    a later turn once the turn before it has its reference."""
     s, progress = ctx.settings, ctx.progress
     progress.stage_start("reference")
-    refs = References()
-    for i in range(len(ctx.prompts)):
-        p = ask(ctx, i, refs.refs)
-        ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
-        ref: Reference
-        if s.sampled:
-            draw = ctx.draws[i]
-            draw.seed = draw_seed(s.seed, ids, draw.number)
-            ref = cached_sampled_reference(ctx.target, ids, s.max_new_tokens, s.sampling, draw.seed, ctx.cache_dir,
-                                           warn=ctx.warn, tail=tail_length(ctx))
-        else:
-            ref = cached_reference(ctx.target, ids, s.max_new_tokens, ctx.cache_dir, warn=ctx.warn,
-                                   tail=tail_length(ctx))
-        refs.refs.append(ref)
-        if not ref.cached:
-            refs.tokens += len(ref.continuation)
-            refs.seconds += ref.seconds
-        progress.progress("reference", i + 1, len(ctx.prompts), unit="samples",
-                          tokens_per_s=refs.tokens / refs.seconds if refs.seconds else None, message=p.id)
+    batch, tail_batch = decode_batch(ctx), decode_batch(ctx, tails=True)
+    found: dict[int, Reference] = {}
+    refs = References(decode={"batch_asked": s.decode_batch, "batch": batch, "tail_batch": tail_batch})
+    stats = []
+    for wave in turn_waves(ctx.prompts):
+        requests = []
+        for i in wave:
+            p = ask(ctx, i, [found.get(j) for j in range(len(ctx.prompts))])
+            ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
+            if s.sampled:
+                ctx.draws[i].seed = draw_seed(s.seed, ids, ctx.draws[i].number)
+            requests.append(Request(ids, ctx.draws[i].seed if s.sampled else None))
+        part, wave_stats = batched_references.references(
+            ctx.target, requests, s.max_new_tokens, ctx.cache_dir, batch=batch, tail_batch=tail_batch,
+            sampling=s.sampling if s.sampled else None, tail=tail_length(ctx), warn=ctx.warn,
+            on_progress=lambda at: _reference_progress(ctx, at))
+        found.update(zip(wave, part, strict=True))
+        stats.append(wave_stats)
+        if wave_stats.halvings:  # what ran out of memory once would again: the next waves start below it
+            below = min(wave_stats.halvings) // 2
+            batch, tail_batch = min(batch, below), min(tail_batch, below)
+    refs.refs = [found[i] for i in range(len(ctx.prompts))]
+    refs.tokens = sum(st.tokens for st in stats)
+    refs.seconds = sum(st.seconds for st in stats)
+    refs.decode.update(_decode_figures(stats))
+    oom = refs.decode["out_of_memory_at"]
+    if oom:
+        ctx.warn(f"out of memory decoding at batch {', '.join(map(str, oom))}: halved and went on (no finished row "
+                 f"lost); give --decode-batch {min(oom) // 2} or less next time")
     ctx.references = refs
     ctx.timings["reference_s"] = progress.stage_done("reference")
+
+
+def decode_batch(ctx: EvalContext, tails: bool = False) -> int:
+    """The rows per forward: --decode-batch N, or for auto what the device's free memory holds for the longest row
+    (1 on the CPU); ``tails``: for the tail rows, whose prefill is the whole row."""
+    from remote_payload.inputs.decode_memory import auto_batch
+
+    value = ctx.settings.decode_batch
+    if value != "auto":
+        return int(value)
+    prompt, total = longest_row(ctx)
+    return auto_batch(ctx.target, total, len(ctx.prompts), prefill_tokens=None if tails else prompt)
+
+
+def longest_row(ctx: EvalContext) -> tuple[int, int]:
+    """Tokens of the longest prompt a reference stage prefills and of its whole row: a later turn's history (at
+    most each turn's prompt and max new tokens), the continuation and its tail."""
+    s = ctx.settings
+    turns = len(turn_waves(ctx.prompts)) or 1
+    longest = max((len(targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking))
+                   for p in ctx.prompts), default=0)
+    prompt = turns * longest + (turns - 1) * s.max_new_tokens
+    return prompt, prompt + s.max_new_tokens + tail_length(ctx)
+
+
+def _reference_progress(ctx: EvalContext, at) -> None:
+    ctx.progress.progress("reference", at.done, at.total, unit="rows", tokens_per_s=at.tokens_per_s,
+                          eta_s=at.eta_s, message=f"batch {at.stats.batch}")
+
+
+def _decode_figures(stats: list) -> dict:
+    """The reference stage's decode figures over its waves (``DecodeStats.as_dict`` summed)."""
+    tokens, seconds = sum(st.tokens for st in stats), sum(st.seconds for st in stats)
+    slots = sum(st.slot_steps for st in stats)
+    return {"rows": sum(st.rows for st in stats), "tokens": tokens,
+            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
+            "idle_share": round(1 - tokens / slots, 4) if slots else None,
+            "out_of_memory_at": [b for st in stats for b in st.halvings]}
 
 
 def ask(ctx: EvalContext, i: int, refs: list) -> Prompt:

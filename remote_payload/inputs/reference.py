@@ -17,6 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from remote_payload.inputs.cache import atomic_write_json, mark_used, mismatches, safe_name, tokens_digest
 from remote_payload.models.target import Target, cache_kwarg
@@ -46,9 +47,12 @@ def new_cache(model):
     return DynamicCache(config=model.config)
 
 
-def forward(model, input_ids, cache=None, logits_to_keep: int | None = None):
-    """One target forward with the cache keyword this transformers version expects."""
+def forward(model, input_ids, cache=None, logits_to_keep: int | None = None, attention_mask=None, position_ids=None):
+    """One target forward with the cache keyword this transformers version expects (a mask and positions only
+    where given: a batch with left padding, ``batched_decode.py``)."""
     kwargs = {"input_ids": input_ids, "use_cache": cache is not None}
+    if attention_mask is not None:
+        kwargs.update(attention_mask=attention_mask, position_ids=position_ids)
     if cache is not None:
         kwargs[cache_kwarg(model)] = cache
     if logits_to_keep is not None and "logits_to_keep" in inspect.signature(model.forward).parameters:
@@ -101,45 +105,81 @@ def numerics(target: Target) -> dict:
             "transformers": transformers.__version__}
 
 
-def cached_reference(target: Target, prompt_ids: list[int], max_new_tokens: int, cache_dir: Path | None,
-                     warn=None, tail: int = 0) -> Reference:
-    """The reference, from the cache when its numerics match; with ``tail`` > 0 also ``tail`` tokens past it."""
+@dataclass
+class CacheEntry:
+    """One continuation's cache file: what it must record to be reused, and its content when it can be."""
+
+    path: Path | None  # None: no cache folder
+    expected: dict  # the fields a reusable file holds (its key and the numerics)
+    found: dict | None = None  # the file's content when it can be reused, else None (decode it)
+
+    def store(self, continuation: list[int], stop_reason: str, seconds: float, **extra) -> None:
+        """The decoded continuation, written at once (under a temporary name, then renamed)."""
+        self.found = {**self.expected, "continuation": list(continuation), "stop_reason": stop_reason,
+                      "seconds": round(seconds, 3), **extra}
+        if self.path is not None:
+            atomic_write_json(self.path, self.found)
+
+    def cached_tail(self, n: int) -> list[int] | None:
+        cached = (self.found or {}).get("tail")
+        return list(cached[:n]) if token_list(cached) and len(cached) >= n else None
+
+    def store_tail(self, tail: list[int]) -> None:
+        self.found = {**(self.found or self.expected), "tail": list(tail)}
+        if self.path is not None:
+            atomic_write_json(self.path, self.found)
+
+
+def lookup(path: Path | None, expected: dict, fields, warn=None, what: str = "reference",
+           again: str = "regenerating") -> CacheEntry:
+    """The cache entry at ``path``: reusable when every field in ``fields`` matches ``expected`` and its
+    continuation is well formed (said through ``warn`` when a file is there but not reused)."""
+    entry = CacheEntry(path, expected)
+    if path is None or not path.exists():
+        return entry
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        found = None
+    reasons = mismatches(expected, found, fields)
+    if not reasons and token_list(found.get("continuation")) and found.get("stop_reason") in ("eos",
+                                                                                             "max_new_tokens"):
+        mark_used(path)
+        entry.found = found
+    elif warn:
+        warn(f"{what} cache {path.name} not reused ({'; '.join(reasons) or 'malformed'}): {again}")
+    return entry
+
+
+def token_list(value: object) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def reference_entry(target: Target, prompt_ids: list[int], max_new_tokens: int, cache_dir: Path | None,
+                    warn=None) -> CacheEntry:
+    """The greedy reference's cache entry (reusable or to be decoded)."""
     expected = {"schema": "dfo.reference/1", "prompt_tokens": list(prompt_ids), "max_new_tokens": max_new_tokens,
                 "stop_ids": list(target.stop_ids), **numerics(target)}
     path = None
     if cache_dir is not None:
         key = tokens_digest(list(prompt_ids) + [max_new_tokens])[:32]
         path = cache_dir / "references" / f"{safe_name(target.config.name)}-{key}.json"
-        if path.exists():
-            try:
-                found = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                found = None
-            reasons = mismatches(expected, found, REFERENCE_FIELDS)
-            if not reasons:
-                mark_used(path)
-                ref = Reference(list(prompt_ids), list(found["continuation"]), found["stop_reason"], 0.0, True)
-                _with_tail(target, ref, tail, path, found)
-                return ref
-            if warn:
-                warn(f"reference cache {path.name} not reused ({'; '.join(reasons)}): regenerating")
-    ref = greedy_decode(target, prompt_ids, max_new_tokens)
-    found = {**expected, "continuation": ref.continuation, "stop_reason": ref.stop_reason,
-             "seconds": round(ref.seconds, 3)}
-    if path is not None:
-        atomic_write_json(path, found)
-    _with_tail(target, ref, tail, path, found)
+    return lookup(path, expected, REFERENCE_FIELDS, warn)
+
+
+def cached_reference(target: Target, prompt_ids: list[int], max_new_tokens: int, cache_dir: Path | None,
+                     warn=None, tail: int = 0) -> Reference:
+    """The reference, from the cache when its numerics match; with ``tail`` > 0 also ``tail`` tokens past it.
+    One prompt at a time; the eval's reference stage decodes many at once (``batched_references.py``)."""
+    entry = reference_entry(target, prompt_ids, max_new_tokens, cache_dir, warn)
+    if entry.found is not None:
+        ref = Reference(list(prompt_ids), list(entry.found["continuation"]), entry.found["stop_reason"], 0.0, True)
+    else:
+        ref = greedy_decode(target, prompt_ids, max_new_tokens)
+        entry.store(ref.continuation, ref.stop_reason, ref.seconds)
+    if tail > 0:
+        ref.tail = entry.cached_tail(tail)
+        if ref.tail is None:
+            ref.tail = greedy_tail(target, ref.tokens, tail)
+            entry.store_tail(ref.tail)
     return ref
-
-
-def _with_tail(target: Target, ref: Reference, n: int, path: Path | None, entry: dict) -> None:
-    """Set ``ref.tail`` (n tokens) from the cache entry when it holds enough, else decode it and cache it."""
-    if n <= 0:
-        return
-    cached = entry.get("tail")
-    if isinstance(cached, list) and len(cached) >= n and all(isinstance(t, int) for t in cached):
-        ref.tail = list(cached[:n])
-        return
-    ref.tail = greedy_tail(target, ref.tokens, n)
-    if path is not None:
-        atomic_write_json(path, {**entry, "tail": ref.tail})

@@ -13,14 +13,12 @@ other tokens). The greedy path (``reference.py``) is untouched: T = 0 runs read 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard
 
-from remote_payload.inputs.cache import atomic_write_json, mark_used, mismatches, safe_name, tokens_digest
-from remote_payload.inputs.reference import Reference, forward, new_cache, numerics
+from remote_payload.inputs.cache import safe_name, tokens_digest
+from remote_payload.inputs.reference import CacheEntry, Reference, forward, lookup, new_cache, numerics
 from remote_payload.inputs.sampling import Sampling, draw_seed, generator, sample
 from remote_payload.models.target import Target
 
@@ -66,12 +64,12 @@ def sampled_decode(target: Target, prompt_ids: list[int], max_new_tokens: int, s
 
 def sampled_tail(target: Target, tokens: list[int], n: int, sampling: Sampling, seed: int) -> list[int]:
     """``n`` tokens drawn after prompt + continuation (end tokens not stopped on), with the tail's own seed."""
-    return _sampled(target, list(tokens), n, set(), sampling, draw_seed(seed, tokens, 0, "tail")) if n > 0 else []
+    return _sampled(target, list(tokens), n, set(), sampling, tail_seed(seed, tokens)) if n > 0 else []
 
 
-def cached_sampled_reference(target: Target, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling,
-                             seed: int, cache_dir: Path | None, warn=None, tail: int = 0) -> SampledReference:
-    """The draw of ``seed``, from the cache when its numerics match; with ``tail`` > 0 also its tail."""
+def sampled_entry(target: Target, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int,
+                  cache_dir: Path | None, warn=None) -> CacheEntry:
+    """The cache entry of the draw of ``seed`` (reusable or to be drawn)."""
     expected = {"schema": SCHEMA, "prompt_tokens": list(prompt_ids), "max_new_tokens": max_new_tokens,
                 "stop_ids": list(target.stop_ids), "sampling": sampling.as_json(), "seed": int(seed),
                 **numerics(target)}
@@ -81,43 +79,28 @@ def cached_sampled_reference(target: Target, prompt_ids: list[int], max_new_toke
         law = tokens_digest([int(seed), round(sampling.temperature * 1e6), round(sampling.top_p * 1e6),
                              sampling.top_k])[:12]
         path = cache_dir / "references" / f"{safe_name(target.config.name)}-{key}-t{law}.json"
-        if path.exists():
-            try:
-                found = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                found = None
-            reasons = mismatches(expected, found, FIELDS)
-            if not reasons and _token_list(found.get("continuation")) and found.get("stop_reason") in (
-                    "eos", "max_new_tokens"):
-                mark_used(path)
-                ref = SampledReference(list(prompt_ids), list(found["continuation"]), found["stop_reason"], 0.0,
-                                       True, seed=seed)
-                _with_tail(target, ref, tail, sampling, path, found)
-                return ref
-            if warn:
-                warn(f"sampled reference cache {path.name} not reused ({'; '.join(reasons) or 'malformed'}): "
-                     "drawing it again")
-    ref = sampled_decode(target, prompt_ids, max_new_tokens, sampling, seed)
-    found = {**expected, "continuation": ref.continuation, "stop_reason": ref.stop_reason,
-             "seconds": round(ref.seconds, 3)}
-    if path is not None:
-        atomic_write_json(path, found)
-    _with_tail(target, ref, tail, sampling, path, found)
+    return lookup(path, expected, FIELDS, warn, what="sampled reference", again="drawing it again")
+
+
+def tail_seed(seed: int, tokens: list[int]) -> int:
+    """The seed the tail past a draw's continuation (``tokens``: prompt + continuation) is drawn with."""
+    return draw_seed(seed, tokens, 0, "tail")
+
+
+def cached_sampled_reference(target: Target, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling,
+                             seed: int, cache_dir: Path | None, warn=None, tail: int = 0) -> SampledReference:
+    """The draw of ``seed``, from the cache when its numerics match; with ``tail`` > 0 also its tail. One draw at a
+    time; the eval's reference stage draws many at once (``batched_references.py``)."""
+    entry = sampled_entry(target, prompt_ids, max_new_tokens, sampling, seed, cache_dir, warn)
+    if entry.found is not None:
+        ref = SampledReference(list(prompt_ids), list(entry.found["continuation"]), entry.found["stop_reason"], 0.0,
+                               True, seed=seed)
+    else:
+        ref = sampled_decode(target, prompt_ids, max_new_tokens, sampling, seed)
+        entry.store(ref.continuation, ref.stop_reason, ref.seconds)
+    if tail > 0:
+        ref.tail = entry.cached_tail(tail)
+        if ref.tail is None:
+            ref.tail = sampled_tail(target, ref.tokens, tail, sampling, seed)
+            entry.store_tail(ref.tail)
     return ref
-
-
-def _token_list(value: object) -> TypeGuard[list[int]]:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
-def _with_tail(target: Target, ref: SampledReference, n: int, sampling: Sampling, path: Path | None,
-               entry: dict) -> None:
-    if n <= 0:
-        return
-    cached = entry.get("tail")
-    if _token_list(cached) and len(cached) >= n:
-        ref.tail = list(cached[:n])
-        return
-    ref.tail = sampled_tail(target, ref.tokens, n, sampling, int(ref.seed or 0))
-    if path is not None:
-        atomic_write_json(path, {**entry, "tail": ref.tail})

@@ -222,9 +222,16 @@ def _common(fmt: str, arch: dict, **kw) -> DrafterSpec:
                        max_position_embeddings=arch["max_position_embeddings"], **kw)
 
 
+# The largest block a drafter may declare: DFlash drafters use 8-16; every per-position list (rates, histograms,
+# per-K figures) is this long, so a bound here bounds them, and the controller reads results with the same bound.
+MAX_BLOCK_SIZE = 256
+
+
 def _check_block(block_size: int, where: str) -> None:
     if block_size < 2:
         raise PayloadError(f"{where}: block_size must be >= 2 (slot 0 holds the committed token), found {block_size}")
+    if block_size > MAX_BLOCK_SIZE:
+        raise PayloadError(f"{where}: block_size {block_size} is more than {MAX_BLOCK_SIZE}, the largest dfo evaluates")
 
 
 def declares_dflash2(cfg: dict) -> bool:

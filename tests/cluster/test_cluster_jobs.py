@@ -77,7 +77,7 @@ def test_a_forgotten_array_is_read_from_sacct_with_each_tasks_state_and_exit_cod
         first = follow(login, submitted, poll=0.5, max_poll=1, timeout=60)
         _wait_for(lambda: not task_states(login, submitted.array_job_id), "slurmctld never forgot the job", 120)
 
-        states, source = array_status(login, shared, ArrayRef("cluster", submitted.array_job_id))
+        states, source = array_status(login, f"{shared}/dfo-jobs", ArrayRef("cluster", submitted.array_job_id))
         assert source == "completion"  # this Slurm has no accounting database: the job completion log answers
         assert {t: (s.state, s.exit_code, s.node, s.job_id) for t, s in states.items()} == {
             0: ("COMPLETED", 0, "node1", first[0].job_id), 1: ("FAILED", 3, "node1", first[1].job_id)}
@@ -85,6 +85,6 @@ def test_a_forgotten_array_is_read_from_sacct_with_each_tasks_state_and_exit_cod
         again = follow(login, submitted, poll=0.1, max_poll=0.2, timeout=30)
         assert (again[1].state, again[1].exit_code) == ("FAILED", 3) and again[0].state == "COMPLETED"
         with pytest.raises(Exception, match="knows no such job"):
-            array_status(login, shared, ArrayRef("cluster", "999999"))
+            array_status(login, f"{shared}/dfo-jobs", ArrayRef("cluster", "999999"))
     finally:
         slurm.stop()

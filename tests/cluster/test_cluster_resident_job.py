@@ -80,10 +80,10 @@ def test_a_resident_job_serves_checkpoints_is_replaced_when_cancelled_and_falls_
 
     # Round 2: the same job serves step_200, the target not loaded again.
     add(200)
-    watch()
+    round2 = watch()
     series = load_series(runs / "series" / "hpc-resident")
     second = load_run(runs / series["checkpoints"]["step_200.pt"]["run"])
-    assert second.record["resident_worker"]["job_id"] == array
+    assert second.record["resident_worker"]["job_id"] == array, round2.stderr[-3000:]
     assert second.results()["resident_worker"]["served_before"] == 1
 
     # A watcher of the series run without --resident-job cancels the job an earlier one asked for: it would hold

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from cli_runner import dfo
 
+from orchestrator.cluster.plan import jobs_root
+from orchestrator.core.inventory import load_inventory
 from orchestrator.evaluation.runs import load_run
 from orchestrator.watch.series import load_series
 
@@ -35,7 +37,8 @@ def test_watch_on_a_cluster_evaluates_each_checkpoint_as_one_array_job(eval_host
                       runs=runs)
     assert not_cluster.returncode == 2 and "ct129 is not a Slurm cluster" in not_cluster.stderr
     once = dfo(*args, "--once", inventory=cluster_inventory, runs=runs)
-    logs = sorted(Path(sandbox.hosts["ct129"].root_dir, "dfo-jobs").glob("dfo-eval-*/tasks/*/slurm.log"))
+    logs = sorted(Path(jobs_root(load_inventory(cluster_inventory).host("hpc").workdir))
+                  .glob("dfo-eval-*/tasks/*/slurm.log"))
     assert once.returncode == 0, once.stderr[-3000:] + "".join(f"\n{p}:\n" + p.read_text()[-1500:] for p in logs[-2:])
     assert "no resident worker" in once.stderr
 

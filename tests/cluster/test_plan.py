@@ -54,6 +54,11 @@ def test_batch_script_refuses_a_folder_outside_shared_and_bad_names():
     ("mem", "64 GB", "memory size"),
     ("gres", "gpu:1 --wrap=id", "generic resource"),
     ("extra_sbatch", ["--output=/tmp/x"], "dfo sets --output"),
+    # sbatch takes any unambiguous abbreviation of a long option: each one of dfo's own is refused too.
+    ("extra_sbatch", ["--outp=/tmp/x"], r"dfo sets --output itself \(sbatch takes an unambiguous abbreviation"),
+    ("extra_sbatch", ["--chd=/tmp"], "dfo sets --chdir itself"),
+    ("extra_sbatch", ["--wra=id"], "dfo sets --wrap itself"),
+    ("extra_sbatch", ["--arr=0-99"], "dfo sets --array itself"),
     ("extra_sbatch", ["--comment=a b"], "--option=value"),
     ("cpus_per_task", 0, "greater than or equal"),
 ])

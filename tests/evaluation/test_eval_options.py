@@ -232,6 +232,8 @@ def _non_default(o: declared.Option):
         return "1,3"
     if o.field == "engine_check":
         return "synthetic"
+    if o.field == "decode_batch":
+        return "8"
     return ["--x"] if o.repeatable else "x"
 
 

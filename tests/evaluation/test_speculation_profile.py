@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -208,3 +209,48 @@ def test_an_old_dfo_profile_is_recognised_and_compare_says_the_methods_differ(tm
     assert "warning: accept_length_by_k was measured by different methods: A truncated, B replanned" in err
     same = dfo("runs", "compare", str(tmp_path / "new.json"), str(tmp_path / "new.json"), "--json")
     assert "methods_differ" not in json.loads(same.stdout) and "warning" not in same.stderr
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"marginal_accept_rates": [float("nan"), 0.25, 0.1]}, r"marginal_accept_rates\[0\] is nan: expected a rate in"),
+    ({"marginal_accept_rates": [1.5, 0.25, 0.1], "mean_accept_length": 2.85},
+     r"marginal_accept_rates\[0\] is 1.5: expected a rate in \[0, 1\]"),
+    ({"marginal_accept_rates": [0.5, -0.2, 0.1], "mean_accept_length": 1.4}, r"marginal_accept_rates\[1\] is -0.2"),
+    ({"marginal_accept_rates": [0.5, 0.25, 0.4], "mean_accept_length": 2.15},
+     r"marginal_accept_rates increase at position 2 \(0.25 -> 0.4\)"),
+    ({"mean_accept_length": 3.5}, r"mean_accept_length is 3.5, expected 1 \+ the sum of marginal_accept_rates = 1.85"),
+    ({"conditional_accept_rates": [0.5, 2.0, 0.4]}, r"conditional_accept_rates\[1\] is 2.0"),
+    ({"accept_length_by_k": {"1": float("inf")}}, r"accept_length_by_k\['1'\] is inf"),
+])
+def test_runs_compare_validates_each_profile_with_the_exports_rules(tmp_path, change, message):
+    """Issue 44, item 7: NaN, rates outside [0, 1] and increasing marginals are refused on read, naming the file
+    and the field (exit 2), as dfo's own export checks them."""
+    from cli_runner import dfo
+
+    results, samples = _results()
+    (ours,) = write_profiles(tmp_path, results, samples)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema_version": "1.0", "marginal_accept_rates": [0.5, 0.25, 0.1],
+                                 "mean_accept_length": 1.85, **change}))
+    before = other.read_text()
+    proc = dfo("runs", "compare", str(other), str(ours))
+    assert proc.returncode == 2, proc.stdout
+    assert f"{other}: " in proc.stderr and re.search(message, proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == "" and other.read_text() == before
+
+
+def test_a_block_size_or_accepted_count_beyond_the_evals_bounds_is_refused_at_once():
+    """Issue 42, finding 3: a block size of 10^12 in a host's results built lists per draft position until
+    the OOM killer came; so would a round that accepted more drafts than a block holds (an index error)."""
+    results, samples = _results()
+    results["drafters"]["d"]["metrics"]["block_size"] = 10 ** 12
+    with pytest.raises(InputError, match="block size 1000000000000, more than 256"):
+        build_profile(results, samples, "d")
+    results, samples = _results()
+    samples[0]["drafters"]["d"]["accepted"] = [3, -7]
+    with pytest.raises(InputError, match="a round with -7 accepted drafts; a block of 4 holds 0-3"):
+        build_profile(results, samples, "d")
+    results, samples = _results()
+    samples[1]["drafters"]["d"]["accepted"] = [10 ** 9]
+    with pytest.raises(InputError, match="a round with 1000000000 accepted drafts"):
+        build_profile(results, samples, "d")

@@ -55,6 +55,17 @@ def target(fixture_dir):
 
 
 @pytest.fixture(scope="session")
+def qwen3_target(tmp_path_factory):
+    """The fixture set's dense Qwen3 target (``engine-target``: the engine tests' target, trained the same way),
+    fp32 on the CPU; built once per fixture key, like the others."""
+    from remote_payload.models.target import load_target
+
+    out = tmp_path_factory.mktemp("payload-qwen3")
+    fx.build(out, ["engine-target"], use_cache=True)
+    return load_target(out / "engine-target", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
 def samples(target, eval_cache):
     """(prompt, reference, features of layers 1, 3, 5) for every built-in prompt, fp32."""
     from remote_payload.inputs.features import cached_features

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -64,3 +65,36 @@ def test_an_inventory_edit_keeps_a_symlinked_inventory_a_symlink(tmp_path):
     assert "/work" in target.read_text()
     assert not [p for p in tmp_path.iterdir() if p.name not in ("dotfiles", "inventory.yaml")]
     assert sorted(p.name for p in real_dir.iterdir()) == ["inventory.yaml"]
+
+
+def test_run_folder_files_never_go_through_a_link_at_a_guessable_temporary_name(tmp_path):
+    """Issue 42 (not counted): report.md, samples.jsonl, the profiles, the plots and series.md were written
+    through fixed temporary names (.report.md.tmp …): a link planted there made dfo overwrite its target."""
+    from orchestrator.core.atomic_file import atomic_target, write_text_atomic
+    from orchestrator.evaluation.profile import write_profiles
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    run = tmp_path / "run"
+    (run / "profiles").mkdir(parents=True)
+    for name in (".report.md.tmp", ".samples.jsonl.tmp", ".series.md.tmp", ".tau_vs_step.png.tmp",
+                 "profiles/.d.tmp"):
+        (run / name).symlink_to(victim)
+    results = {"drafters": {"d": {"metrics": {"block_size": 4}}}}
+    samples = [{"id": "a", "drafters": {"d": {"accepted": [3, 0, 1]}}}]
+    (profile,) = write_profiles(run, results, samples)
+    write_text_atomic(run / "report.md", "# report\n")
+    with atomic_target(run / "tau_vs_step.png") as tmp:
+        tmp.write_bytes(b"png")
+    assert victim.read_text() == "precious\n"
+    assert json.loads(profile.read_text())["block_size"] == 4 and (run / "report.md").read_text() == "# report\n"
+    assert not profile.is_symlink() and (run / "tau_vs_step.png").read_bytes() == b"png"
+    # Nothing is left behind under a temporary name, also when the writer fails.
+    try:
+        with atomic_target(run / "series.md"):
+            raise RuntimeError("writer failed")
+    except RuntimeError:
+        pass
+    assert not (run / "series.md").exists()
+    assert sorted(p.name for p in run.glob(".*.tmp")) == [".report.md.tmp", ".samples.jsonl.tmp", ".series.md.tmp",
+                                                            ".tau_vs_step.png.tmp"]  # only the planted links

@@ -41,13 +41,17 @@ def test_the_stdlib_reader_reads_what_tensorboardx_trainer_state_and_jsonl_logge
     write_run(tmp_path / "run")
     doc = proxy_host_script.read_proxies(str(tmp_path / "run"), ["train/acc_0", "train/ploss_0", "loss",
                                                                  "eval_loss", "val/tau_sim"], 1 << 20, 1000)
-    series = doc["series"]
+    files = doc["files"]
+    series = {tag: [[step, value] for step, value, _ in rows] for tag, rows in doc["series"].items()}
+    origin = {tag: {files[f] for _, _, f in rows} for tag, rows in doc["series"].items()}
     assert [s for s, _ in series["train/acc_0"]] == [100, 200, 300]
     assert series["train/acc_0"][2][1] == pytest.approx(0.8, abs=1e-6)
     assert series["train/ploss_0"] == [[100, pytest.approx(2.0)], [200, pytest.approx(1.0)], [300, pytest.approx(0.0)]]
     assert series["loss"] == [[100, 2.5], [300, 1.5]]          # the NaN is dropped on the host already
     assert series["eval_loss"] == [[300, 1.7]]
     assert series["val/tau_sim"] == [[100, 2.1], [300, 2.4]]   # the torn last line is skipped
+    assert origin["loss"] == {"checkpoint-300/trainer_state.json"} and origin["val/tau_sim"] == {"metrics.jsonl"}
+    assert len(origin["train/acc_0"]) == 1 and next(iter(origin["train/acc_0"])).startswith("tb/events.out.")
     assert "train/lr" not in series                            # only the tags asked for
     assert any(f.endswith("trainer_state.json") for f in doc["files"])
 

@@ -92,7 +92,7 @@ def test_the_proxy_is_read_on_a_sandbox_host_and_the_alert_fires_where_tau_parts
     s_hf = _follow(connector, str(hf), ("train/acc_0", "-loss"), said)
     hf_done = series_state.done_entries(s_hf)
     assert hf_done[0]["proxy"] == {"name": "-loss", "value": 1.5, "logged_step": 100, "source": "trainer_state.json",
-                                   "logdir": f"kpro6:{hf}"}
+                                   "logdir": f"kpro6:{hf}", "file": "checkpoint-700/trainer_state.json"}
     assert [e["step"] for e in hf_done if e.get("proxy_alert")] == [600]
     assert said.lines == []
 

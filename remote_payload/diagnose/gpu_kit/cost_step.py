@@ -7,6 +7,8 @@ Sections, each saved as soon as it is measured (``real_size.py`` builds the mode
   (Triton compiles and autotunes there) apart from the timed ones, tokens/s and the CUDA peak over them;
 - ``decode``: the payload's greedy decoding (the reference stage) after a prefill of ``decode_context`` tokens:
   seconds per new token, from two decodes that differ only in their length;
+- ``batched_decode``: the reference stage's batched decoding at 1, 8, 32 and 128 rows (or the largest that fits):
+  tokens/s and the CUDA peak per batch;
 - ``drafter``: the eval's draft pass and replays over one extracted sample: the chain (top-1 pass, chain
   replay) and DDTree-8 (the eval's own pass, top-``draft_topk``, then the top-8 and budgeted tree replays);
   each timed pass after two untimed ones with its own top-k (a short sample, then the whole one);
@@ -32,8 +34,10 @@ from pathlib import Path
 from remote_payload.diagnose.gpu_kit import real_size
 from remote_payload.diagnose.gpu_kit.part import Part
 
-SIZES = {"gpu": {"tokens": 2048, "prompt": 128, "timed": 3, "decode_context": 1024, "decode_tokens": 32},
-         "smoke": {"tokens": 64, "prompt": 16, "timed": 1, "decode_context": 24, "decode_tokens": 4}}
+SIZES = {"gpu": {"tokens": 2048, "prompt": 128, "timed": 3, "decode_context": 1024, "decode_tokens": 32,
+                 "decode_batches": (1, 8, 32, 128), "batched_context": 256},
+         "smoke": {"tokens": 64, "prompt": 16, "timed": 1, "decode_context": 24, "decode_tokens": 4,
+                   "decode_batches": (1, 2, 4), "batched_context": 16}}
 CACHE_FILE_EXTRA_BYTES_PER_TOKEN = 16  # token id + the target's argmax, int64 each (inputs/features.py save)
 
 
@@ -88,6 +92,45 @@ def measure_decode(target, size: dict) -> dict:
     per_token = max(more.seconds - one.seconds, 1e-9) / n
     return {"context": len(ids), "new_tokens": n, "prefill_plus_one_s": round(one.seconds, 4),
             "seconds_per_token": per_token, "tokens_per_s": 1 / per_token}
+
+
+def measure_batched_decode(target, size: dict, out: dict, save=lambda: None) -> None:
+    """The reference stage's batched decoding (``inputs.batched_decode``) at each of ``decode_batches`` rows: rows
+    of ``batched_context`` random tokens, greedy, no stop; tokens/s from two decodes that differ only in length
+    ((t(1 + n) - t(1)) per b·n tokens), the CUDA peak of the longer one. Stops at the first batch that does not
+    fit (recorded), so the largest measured is the largest that fits."""
+    import torch
+
+    from remote_payload.inputs.batched_decode import Row, decode_rows
+
+    n, ctx = size["decode_tokens"], size["batched_context"]
+    cuda = target.device == "cuda"
+    out["context"], out["new_tokens"], out["by_batch"] = ctx, n, {}
+
+    def timed(rows) -> float:
+        _sync(target.device)
+        t0 = time.perf_counter()
+        decode_rows(target, rows, len(rows), lambda *a: None, is_oom=lambda e: False)
+        _sync(target.device)
+        return time.perf_counter() - t0
+
+    for b in size["decode_batches"]:
+        rows = [Row(tuple(_tokens(ctx, target.config.vocab_size, 1000 + k)), 1) for k in range(b)]
+        try:
+            timed(rows)  # warm-up: this batch's shapes
+            one = timed(rows)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            more = timed([Row(r.ids, 1 + n) for r in rows])
+        except torch.cuda.OutOfMemoryError:
+            out["out_of_memory_at"] = b
+            if cuda:
+                torch.cuda.empty_cache()
+            break
+        per_step = max(more - one, 1e-9) / n
+        out["by_batch"][str(b)] = {"tokens_per_s": b / per_step, "seconds_per_step": per_step,
+                                   "cuda_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}
+        save()
 
 
 WARM_UPS = 2  # untimed draft passes before each timed one (warm_up_draft)
@@ -200,6 +243,8 @@ def run(part: Part, mode: str, device: str, kernel: str, work: Path) -> None:
         feats = measure_extraction(target, layer_ids, size, out, part.save)
     with part.section("decode") as out:
         out.update(measure_decode(target, size))
+    with part.section("batched_decode") as out:
+        measure_batched_decode(target, size, out, part.save)
     if feats is None or not part.ok("extraction"):
         return
     with part.section("drafter") as out:

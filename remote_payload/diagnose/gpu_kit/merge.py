@@ -88,6 +88,8 @@ def assemble(parts: Path, mode: str, started: float | None) -> dict:
     steps = {name: step_entry(_read(parts / f"{name}.json"), _read(parts / f"{name}.status")) for name in STEPS}
     cost = steps["cost"].get("sections")
     proj = projection.project(projection.rates_from(cost), projection.suite()) if cost else None
+    if cost and proj is not None:
+        proj["by_decode_batch"] = projection.by_batch(cost, projection.suite())
     now = time.time()
     return {"schema": SCHEMA, "mode": mode,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)) if started else None,
@@ -137,6 +139,14 @@ def markdown(report: dict) -> str:
     if "zlab_suite_hours" in s:
         lines.append(f"- z-lab suite (upper bound, every answer at max-new): {_num(s['zlab_suite_hours'], '{:.1f}')} h,"
                      f" cache {_num(s['zlab_suite_cache_gib'], '{:.1f}')} GiB")
+    batches = (report.get("projection") or {}).get("by_decode_batch") or {}
+    if batches:
+        lines += ["", "## Batched decoding (the reference stage, greedy, random real-size target)", "",
+                  "| batch | decode tok/s | CUDA peak GiB | z-lab suite h | card protocol h (one set of draws) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {b} | {_num(r['decode_tokens_per_s'], '{:.1f}')} | {_gib(r['cuda_peak_bytes'])} | "
+                  f"{_num(r['zlab_suite_hours'], '{:.2f}')} | {_num(r['card_protocol_hours'], '{:.2f}')} |"
+                  for b, r in batches.items()]
     exp = report["steps"]["kernel_path"].get("sections", {}).get("experiment") or {}
     if exp.get("table"):
         lines += ["", f"## Kernel path (τ per feature path; the 'fla' rows ran on the {exp.get('kernel_path')} path, "

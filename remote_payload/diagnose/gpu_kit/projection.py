@@ -9,6 +9,8 @@ Prefills are counted at the extraction rate (the same forward, less the argmax h
 measured seconds per token after a prefill of ``decode_context`` (about the middle of a 2,048-token answer).
 Token counts are ``data/zlab_suite_tokens.json``'s: every response runs to max-new, so this is an upper bound
 (a response that stops early costs less). The cache holds each sample's features plus 16 B per token.
+``by_batch``: the same with the decode rate of each batch the ``batched_decode`` section measured, for the suite
+and for one set of draws of the card protocol (``CARD``; at T > 0 the sampling on the CPU adds to it, unmeasured).
 """
 
 from __future__ import annotations
@@ -23,9 +25,17 @@ def suite() -> dict:
     return json.loads(SUITE.read_text())
 
 
-def rates_from(cost: dict) -> dict:
-    """The rates a projection needs, from the cost step's sections; a missing one is None."""
+# The DFlash2 card's protocol (eval/protocols.py): GSM8K, 128 prompts, up to 4,096 new tokens, T = 1.
+CARD = {"dataset": "gsm8k", "samples": 128, "max_new_tokens": 4096}
+
+
+def rates_from(cost: dict, batch: int | None = None) -> dict:
+    """The rates a projection needs, from the cost step's sections; a missing one is None. ``batch``: decode at
+    that many rows per forward (the ``batched_decode`` section's rate) instead of one prompt at a time."""
     ex, dec, dr, sizes = (cost.get(k) or {} for k in ("extraction", "decode", "drafter", "sizes"))
+    if batch is not None:
+        rate = (((cost.get("batched_decode") or {}).get("by_batch") or {}).get(str(batch)) or {}).get("tokens_per_s")
+        dec = {"seconds_per_token": 1 / rate if rate else None}
     return {"extraction_tokens_per_s": ex.get("tokens_per_s"), "decode_seconds_per_token": dec.get("seconds_per_token"),
             "drafter_tokens_per_s": (dr.get("ddtree") or {}).get("tokens_per_s"),
             "block_size": dr.get("block_size"), "cache_file_bytes_per_token": sizes.get("cache_file_bytes_per_token")}
@@ -58,3 +68,24 @@ def project(rates: dict, table: dict) -> dict:
     return {"upper_bound": True, "max_new_tokens": max_new, "rates": rates, "per_dataset": per_dataset,
             "total": {**totals, "total_s": total_s, "hours": None if total_s is None else total_s / 3600,
                       "cache_gib": None if totals["cache_bytes"] is None else totals["cache_bytes"] / 2**30}}
+
+
+def card_table(table: dict) -> dict:
+    """The card protocol as a suite table: GSM8K's prompts (their mean length from ``table``) at 4,096 new tokens."""
+    g = table["datasets"][CARD["dataset"]]
+    prompt = g["tokens"] / g["samples"] - table["max_new_tokens"]
+    n, new = CARD["samples"], CARD["max_new_tokens"]
+    return {"max_new_tokens": new, "datasets": {CARD["dataset"]: {"samples": n, "tokens": round(n * (prompt + new))}}}
+
+
+def by_batch(cost: dict, table: dict) -> dict:
+    """Hours of the z-lab suite and of one set of the card protocol's draws at each measured decode batch."""
+    measured = ((cost.get("batched_decode") or {}).get("by_batch") or {})
+    out = {}
+    for b in sorted(measured, key=int):
+        rates = rates_from(cost, int(b))
+        out[b] = {"decode_tokens_per_s": measured[b].get("tokens_per_s"),
+                  "cuda_peak_bytes": measured[b].get("cuda_peak_bytes"),
+                  "zlab_suite_hours": project(rates, table)["total"]["hours"],
+                  "card_protocol_hours": project(rates, card_table(table))["total"]["hours"]}
+    return out

@@ -105,6 +105,13 @@ def test_smoke_figures_have_the_gpu_runs_shape(smoke):
                  .values())
     assert total["cache_bytes"] == tokens * (3 * 64 * 2 + 16)
     assert report["summary"]["zlab_suite_hours"] == pytest.approx(total["total_s"] / 3600)
+    # batched decoding at the toy batches (1, 2, 4): a rate each, and the suite and the card protocol projected at it
+    by_batch = cost["batched_decode"]["by_batch"]
+    assert list(by_batch) == ["1", "2", "4"] and all(b["tokens_per_s"] > 0 for b in by_batch.values())
+    projected = report["projection"]["by_decode_batch"]
+    assert list(projected) == ["1", "2", "4"]
+    assert all(p["zlab_suite_hours"] > 0 and p["card_protocol_hours"] > 0 for p in projected.values())
+    assert "## Batched decoding" in (out / "gpu-check.md").read_text()
 
 
 def test_every_timed_draft_pass_comes_after_two_warm_ups_with_its_own_topk(monkeypatch):
