@@ -9,7 +9,8 @@ from orchestrator.core import plotting
 from orchestrator.evaluation.report import comparison_lines, engine_lines, summary_table
 from orchestrator.ui.fold import Folded
 
-RUN_FILES = ("report.md", "results.json", "samples.jsonl", "acceptance.png", "tau_histogram.png", "logs/")
+RUN_FILES = ("report.md", "results.json", "samples.jsonl", "acceptance.png", "tau_histogram.png", "tau_by_depth.png",
+             "logs/")
 
 
 def render_run(app_ctx: AppContext, run, json_out: bool) -> None:

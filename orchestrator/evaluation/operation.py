@@ -44,6 +44,7 @@ from orchestrator.jobs.operation import (
     lock_status,
     pull_results,
 )
+from orchestrator.lint.operation import lint_before_eval
 from orchestrator.provision.operation import provision_hosts
 from orchestrator.relay.operation import RelayOptions, relay
 from orchestrator.relay.strip import Stripper
@@ -256,6 +257,7 @@ def start_eval(
     STRIPPER: a resident strip worker that strips the drafters relayed with --strip-optimizer (dfo watch)."""
     events.step("check inputs on the hosts")
     preflight(connector, plan)
+    lint_before_eval(connector, plan, events)  # errors stop here: nothing deployed, relayed or started yet
     with contextlib.ExitStack() as held:
         # Each host's lock for the whole start (deploy, provision, launch), and a GPU lock that a running
         # job holds refuses the run before the payload or the venv changes under that job.

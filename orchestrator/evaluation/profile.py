@@ -166,8 +166,10 @@ def build_profile(results: dict, samples: list[dict], name: str) -> dict:
                       if _obj(_obj(v).get("committed")).get("mean_accept_length") is not None}
     categories: dict[str, list[int]] = {}
     for s, acc in per_sample:
-        key = s.get("dataset") or s.get("category") or "all"
-        categories.setdefault(str(key), []).extend(acc)
+        key = str(s.get("dataset") or s.get("category") or "all")
+        if isinstance(s.get("thinking"), bool):  # --enable-thinking both: each mode its own category
+            key += f" (thinking {'on' if s['thinking'] else 'off'})"
+        categories.setdefault(key, []).extend(acc)
     per_category = {}
     for cat, acc in categories.items():
         r = rates_from_rounds(acc, B - 1)
@@ -210,6 +212,17 @@ def build_profile(results: dict, samples: list[dict], name: str) -> dict:
         profile["x_dfo"]["engine_by_k_check"] = {str(k): {f: _obj(v).get(f) for f in (
             "engine_mean_accept_length", "profile_mean_accept_length", "profile_ci95", "within_ci")}
             for k, v in by_k_check.items()}
+    depth = _obj(metrics.get("by_context_depth"))
+    if depth:  # τ and p1 per context-depth bucket with their CIs (remote_payload/metrics/depth.py)
+        profile["x_dfo"]["by_context_depth"] = {
+            "layout": depth.get("layout"), "definition": depth.get("definition"),
+            "buckets": [{k: b.get(k) for k in ("label", "lo", "hi", "samples", "rounds", "tau_macro", "p1")}
+                        for b in depth.get("buckets") or [] if isinstance(b, dict)]}
+    thinking = _obj(metrics.get("by_thinking"))
+    if thinking:  # --enable-thinking both: τ per mode and the paired difference (per_category has each mode's rates)
+        profile["x_dfo"]["by_thinking"] = {
+            "off": _obj(thinking.get("off")).get("tau_macro"), "on": _obj(thinking.get("on")).get("tau_macro"),
+            "paired": thinking.get("paired")}
     sampled = metrics.get("sampled")
     if isinstance(sampled, dict):  # T > 0: the rates are expectations over draws; their CIs for dfo's readers
         profile["x_dfo"]["sampled_ci"] = {

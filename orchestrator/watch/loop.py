@@ -46,6 +46,7 @@ from orchestrator.evaluation.operation import follow_and_collect, start_eval, wa
 from orchestrator.evaluation.plan import plan_eval, relay_dir
 from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_atomic
 from orchestrator.jobs.operation import JobRefused
+from orchestrator.lint.operation import lint_before_eval
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
 from orchestrator.watch import tensorboard
@@ -239,6 +240,7 @@ class Watcher:
             worker = resident and self.resident is not None and self.resident.ensure(plan)
             if worker:
                 assert self.resident is not None
+                lint_before_eval(self.connector, plan, self.events)  # start_eval lints the one-off path itself
                 run = self.resident.hand_over(plan, self.strip)
             else:
                 run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,

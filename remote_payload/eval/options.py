@@ -44,6 +44,7 @@ class Option:
     positive: bool = False          # more than 0 (a duration)
     repeatable: bool = False
     negatable: bool = False         # a bool with its --no- form
+    words: tuple[str, ...] = ()     # a negatable bool that also takes one of these words (--enable-thinking both)
     required: bool = False          # the payload cannot run without it
     parse: Callable[[Any], Any] | None = None     # the given value as EvalSettings holds it; raises PayloadError
     settings: Callable[[Any], dict] | None = None  # when one value fills several EvalSettings fields
@@ -117,6 +118,21 @@ def parse_datasets(values: list[str] | None) -> list[str]:
     """``--dataset NAME[:split][@N]`` values, each checked (a known set and split, N >= 1, none twice)."""
     dataset_specs(values)
     return list(values or [])
+
+
+THINKING_BOTH = "both"
+THINKING_WORDS: dict[str, bool | str] = {"on": True, "true": True, "off": False, "false": False,
+                                         THINKING_BOTH: THINKING_BOTH}
+
+
+def parse_thinking(value) -> bool | str:
+    """``--enable-thinking`` (True), ``--no-enable-thinking`` (False) or ``--enable-thinking both|on|off``."""
+    if isinstance(value, bool):
+        return value
+    word = THINKING_WORDS.get(str(value).strip().lower(), None)
+    if word is None:
+        raise PayloadError(f"--enable-thinking {value!r}: expected no value (on), 'both', 'on' or 'off'")
+    return word
 
 
 def parse_engine_k(value: str | None) -> tuple[int, ...]:
@@ -271,8 +287,12 @@ OPTIONS: tuple[Option, ...] = (
            "(z-lab's April code, vLLM's DFlash rule): the drafter's argmax, accepted while it equals the target's "
            "draw. The two give different τ; T = 0 ignores it.", default="sampled", choices=("greedy", "sampled"),
            commands=BOTH),
+    # Thinking mode: on, off, or both in one run (every prompt under each mode, paired: docs/eval.md).
     Option("--enable-thinking", "enable_thinking", "Chat-template thinking mode; must match the drafter's "
-           "training.", kind=bool, default=False, negatable=True, commands=BOTH, dfo_default=False),
+           "training. '--enable-thinking both': every prompt is evaluated under both modes in one run (references and "
+           "features cached per mode), with τ per mode and the paired difference on minus off with its CI.",
+           kind=bool, default=False, negatable=True, words=(THINKING_BOTH,), parse=parse_thinking, commands=BOTH,
+           dfo_default=False),
     Option("--device", "device", "Where the models run.", default="auto", choices=("auto", "cuda", "cpu"),
            commands=BOTH, dfo_default="auto"),
     Option("--dtype", "dtype", "Model dtype: bfloat16, or float32 (CPU); float16 is refused unless "
@@ -393,9 +413,35 @@ OPTIONS: tuple[Option, ...] = (
            metavar="ARG", repeatable=True, payload=False, commands=BOTH),
     Option("--force", "force", "Start even if another job holds the eval host's GPU lock.", kind=bool,
            payload=False, commands=(EVAL,), compared=False),
+    # `dfo lint` on every drafter before anything is relayed or started (orchestrator/lint/, docs/lint.md).
+    Option("--lint", "lint", "Lint every drafter's configs and safetensors headers against the target first (dfo "
+           "lint): errors stop before anything is relayed or started, warnings are shown; --no-lint skips it.",
+           kind=bool, negatable=True, payload=False, commands=BOTH, compared=False, dfo_default=True),
 )
 BY_FLAG = {o.flag: o for o in OPTIONS}
 BY_FIELD = {o.field: o for o in OPTIONS}
+
+
+def flag_words(argv: list[str]) -> list[str]:
+    """``--enable-thinking both`` as typer can parse it: a flag that also takes a word (``Option.words``) becomes its
+    hidden flag for that word (``--enable-thinking-both``); nothing after ``--`` is touched."""
+    words = {o.flag: o.words for o in OPTIONS if o.words}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return out + argv[i:]
+        flag, eq, word = arg.partition("=")
+        if flag in words and eq and word in words[flag]:
+            out.append(f"{flag}-{word}")
+        elif arg in words and i + 1 < len(argv) and argv[i + 1] in words[arg]:
+            out.append(f"{arg}-{argv[i + 1]}")
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out
 
 
 def payload_options() -> list[Option]:
@@ -416,7 +462,7 @@ def request_options() -> list[Option]:
 
 def check_value(option: Option, value: Any) -> None:
     """One given value against its declaration (choices, bounds, its parser); raises PayloadError."""
-    if value is None or value == [] or option.kind is bool:
+    if value is None or value == [] or (option.kind is bool and not (option.words and isinstance(value, str))):
         return
     if option.choices and value not in option.choices:
         raise PayloadError(f"{option.flag} {value!r}: expected one of {', '.join(option.choices)}")
@@ -458,7 +504,9 @@ def argv(values: dict[str, Any]) -> list[str]:
     for o in payload_options():
         value = values.get(o.field)
         if o.kind is bool:
-            if o.negatable and value is not None:
+            if o.words and isinstance(value, str):
+                out += [o.flag, value]
+            elif o.negatable and value is not None:
                 out.append(o.flag if value else "--no-" + o.flag[2:])
             elif value:
                 out.append(o.flag)

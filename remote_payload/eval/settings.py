@@ -18,6 +18,7 @@ from remote_payload.eval import protocols
 from remote_payload.eval.options import (  # noqa: F401 - parse_named, parse_expect_p1: the settings' parsers
     ENGINES,
     FP16_REFUSED,
+    THINKING_BOTH,
     check_value,
     parse_expect_p1,
     parse_named,
@@ -53,7 +54,7 @@ class EvalSettings:
     top_k: int = 0  # 0: off
     samples_per_prompt: int = 1
     draft_rule: str = "sampled"  # at T > 0: "sampled" (z-lab's current rule) or "greedy" (April's, vLLM's)
-    enable_thinking: bool = False
+    enable_thinking: bool | str = False  # or "both" (options.THINKING_BOTH): every prompt under each mode
     device: str = "auto"
     dtype: str = "bfloat16"
     allow_fp16: bool = False
@@ -107,6 +108,11 @@ class EvalSettings:
         from remote_payload.inputs.sampling import Sampling
 
         return Sampling(float(self.temperature), float(self.top_p), int(self.top_k))
+
+    @property
+    def thinking_both(self) -> bool:
+        """``--enable-thinking both``: every prompt evaluated under each mode, paired (aggregate.thinking_breakdown)."""
+        return self.enable_thinking == THINKING_BOTH
 
     @property
     def tree_K(self) -> int:  # the K of the DDTree paper
@@ -166,6 +172,20 @@ def check_values(s: EvalSettings) -> None:
     check_engine_values(s)
     check_dataset_values(s)
     check_sampling_values(s)
+    check_thinking_values(s)
+
+
+def check_thinking_values(s: EvalSettings) -> None:
+    """``--enable-thinking both`` renders each prompt twice on this host; a server renders one mode per request
+    batch, which the server paths do not split yet."""
+    if not s.thinking_both:
+        return
+    served = [f for f, on in (("--reference " + str(s.reference_url or s.reference_engine),
+                                s.reference_url or s.reference_engine), (f"--engine {s.engine}", s.engine)) if on]
+    if served:
+        raise PayloadError(f"--enable-thinking both with {' and '.join(served)}: the two modes are evaluated with this "
+                           "host's own references and no engine; run one mode per eval for a server (--enable-thinking "
+                           "/ --no-enable-thinking) and compare the runs with `dfo runs compare`")
 
 
 def check_sampling_values(s: EvalSettings) -> None:

@@ -17,6 +17,7 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import parse_inventory
 from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
 from remote_payload.cli import build_parser
+from remote_payload.errors import PayloadError
 from remote_payload.eval import options as declared
 from remote_payload.eval.settings import EvalSettings, settings_from_values
 
@@ -319,3 +320,30 @@ def test_a_pinned_engine_release_plans_its_own_venv_and_reaches_the_payload_spli
     settings = settings_from_values(vars(build_parser().parse_args(job.args)))
     assert (settings.engine, settings.engine_version) == ("vllm", None)
     assert job.args[job.args.index("--engine-python") + 1] == "/tmp/dfo-c/engines/vllm/bin/python"
+
+
+def test_enable_thinking_both_reaches_the_payload_and_is_refused_with_a_server(files):
+    """`dfo eval --enable-thinking both` (typer's flags take no value: flag_words turns it into the hidden flag),
+    its payload argv and the payload's parse; the bare and --no- forms keep their meaning; a server is refused."""
+    for given, expected in ((["--enable-thinking", "both"], "both"), (["--enable-thinking=both"], "both"),
+                            (["--enable-thinking"], True), (["--no-enable-thinking"], False)):
+        proc = dfo(*BASE, *given, "--dry-run", "--json", inventory=files["inventory"])
+        assert proc.returncode == 0, proc.stderr
+        (job,) = json.loads(proc.stdout)["plan"]["jobs"]
+        assert settings_from_values(vars(build_parser().parse_args(job["args"]))).enable_thinking == expected, given
+    assert declared.flag_words(["--enable-thinking", "both", "--", "--enable-thinking", "both"]) == [
+        "--enable-thinking-both", "--", "--enable-thinking", "both"]
+    proc = dfo(*BASE, "--enable-thinking", "both", "--engine", "vllm", "--dry-run", inventory=files["inventory"])
+    assert proc.returncode == 2 and "--enable-thinking both with --engine vllm" in proc.stderr, proc.stderr
+    with pytest.raises(PayloadError, match="--enable-thinking 'sometimes': expected no value"):
+        build_parser().parse_args(["eval", "--target", "t", "--drafter", "a=b", "--enable-thinking", "sometimes"])
+
+
+def test_longctx_depths_reach_the_payload_and_bad_ones_are_refused_before_anything_connects():
+    req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                      datasets=["longctx:4k,16k@2"])
+    (job,) = plan_eval(req, INV).jobs
+    settings = settings_from_values(vars(build_parser().parse_args(job.args)))
+    assert [s.depths for s in settings.dataset_specs] == [(4096, 16384)]
+    with pytest.raises(InputError, match="depth '4q' is not a token count"):
+        plan_eval(dataclasses.replace(req, datasets=["longctx:4q"]), INV)
