@@ -145,6 +145,7 @@ def _print_plan(app_ctx: AppContext, plan, json_out: bool) -> None:
     lines.append("6. run as a detached job (then follow, pull, merge, report):")
     lines += [f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload " + shlex.join(j.args)
               for j in plan.jobs]
+    lines.append(f"   per drafter and sample: {BY_K_PASSES}")
     lines += [f"   {line}" for line in plan.card]
     for line in lines + _engine_plan_lines(plan) + _cost_lines(app_ctx, plan):
         out.print(Text(line))  # paths and names are printed as they are, never read as markup
@@ -173,6 +174,12 @@ def _cost_lines(app_ctx: AppContext, plan) -> list[str]:
     return lines
 
 
+# What accept_length_by_k costs beside the full-block draft pass (docs/profiles.md, benchmarks/by_k_cost.py).
+BY_K_PASSES = ("one batched draft pass at the full block B, then B - 2 more at K + 1 rows (K = 1 .. B - 2, the block "
+               "an engine plans at K drafts) for accept_length_by_k: 3.4x the rows at B = 8, 7.4x at B = 16 "
+               "(measured on the CPU fixtures: 2.3-3.7x the full pass's time)")
+
+
 def _engine_plan_lines(plan) -> list[str]:
     """The engine steps inside the job (--engine vllm / --reference vllm)."""
     req = plan.request
@@ -193,5 +200,8 @@ def _engine_plan_lines(plan) -> list[str]:
         names = ", ".join(d.name for d in req.drafters)
         lines.append(f"     - then one {title} server per drafter ({names}) with it as DFlash speculative config "
                      "(exported to a z-lab folder when it is not one): engine acceptance vs offline (vllm convention)")
+        if req.engine_k:
+            lines.append(f"     - one more {title} server per drafter and --engine-k K ({req.engine_k}): tokens/s at K "
+                         "and the engine's acceptance at K beside the profile's accept_length_by_k[K] and its CI")
     lines.append(f"     - {title} logs in the run folder (hosts/HOST/engine/, copied to logs/)")
     return lines

@@ -292,7 +292,9 @@ def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict])
         metrics["tree"] = metrics0["tree"]
     if "accept_length_by_k" in metrics0:  # every sample line carries its per-K record (metrics.by_k)
         records = [((line.get("drafters") or {}).get(name) or {}).get("by_k") for line in samples]
-        metrics["accept_length_by_k"] = summarize_by_k(records, B)
+        exact = all(((r["drafters"][name].get("metrics") or {}).get("accept_length_by_k") or {}).get("exact") is True
+                    for r in results_list)
+        metrics["accept_length_by_k"] = summarize_by_k(records, B, exact=exact)
     if "conventions" in metrics0:
         metrics["conventions"] = _merge_conventions(name, results_list, samples, chain, B)
     out = {k: v for k, v in d0.items() if k not in ("metrics", "online_check", "timings", "source")}
