@@ -15,7 +15,7 @@ import warnings
 
 from remote_payload import __version__
 from remote_payload.errors import PayloadError
-from remote_payload.eval.options import Option, payload_options
+from remote_payload.eval.options import BY_FLAG, Option, payload_options
 
 EXIT_ERROR = 2
 
@@ -122,11 +122,33 @@ def _add_eval(sub) -> None:
     e.set_defaults(func=_cmd_eval)
 
 
+class _FlagOrWord(argparse.Action):
+    """A negatable flag that may also be given a word: ``--x`` (True), ``--no-x`` (False), ``--x WORD``."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        flag = option_strings[0]
+        super().__init__([flag, "--no-" + flag[2:]], dest, nargs="?", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        negative = bool(option_string and option_string.startswith("--no-"))
+        if negative and values is not None:
+            parser.error(f"{option_string} takes no value")
+        parse = BY_FLAG[self.option_strings[0]].parse or (lambda v: v)
+        try:
+            value = False if negative else True if values is None else parse(values)
+        except PayloadError as exc:
+            parser.error(str(exc))
+        setattr(namespace, self.dest, value)
+
+
 def _argparse_spec(option: Option) -> dict:
     """add_argument's keywords for a declared option (remote_payload/eval/options.py)."""
     shown = option.default is not None and option.default is not False
     text = option.help.rstrip(".") + f" (default: {option.default})." if shown else option.help
     spec: dict = {"dest": option.field, "help": text.replace("%", "%%")}  # argparse formats help with %
+    if option.words:  # --flag, --no-flag or --flag WORD (--enable-thinking both)
+        spec.update(action=_FlagOrWord, default=option.default, metavar="|".join(option.words))
+        return spec
     if option.kind is bool:
         spec["action"] = argparse.BooleanOptionalAction if option.negatable else "store_true"
         spec["default"] = option.default

@@ -24,7 +24,7 @@ from orchestrator.evaluation.decode_cost import (
     rows_per_host,
 )
 from orchestrator.evaluation.operation import Detached, follow_and_collect, reattach_hint, start_eval
-from orchestrator.evaluation.plan import EvalRequest, eval_hosts, hosts_used, parse_drafter, plan_eval
+from orchestrator.evaluation.plan import EvalRequest, card_prompts, eval_hosts, hosts_used, parse_drafter, plan_eval
 from orchestrator.evaluation.runs import runs_root
 from remote_payload.engines import registry as engine_registry
 from remote_payload.eval.options import EVAL
@@ -59,7 +59,7 @@ def eval_cmd(
     app_ctx: AppContext = ctx.obj
     inv = app_ctx.inventory
     # Every check that needs no host comes first: a bad value never waits for a deploy or a relay.
-    prompts = read_prompts(options["prompts"])
+    prompts = read_prompts(card_prompts(options.get("card"), options["prompts"]))
     request = EvalRequest(hosts=eval_hosts(host, inv), drafters=[parse_drafter(d, inv) for d in drafter],
                           **{**options, "prompts": prompts.spec})
     plan = plan_eval(request, inv, prompts_digest=prompts.digest, prompt_count=prompts.count)
@@ -159,6 +159,7 @@ def plan_steps(plan, cluster_shards: int | None = None) -> list[list[str]]:
         steps.append(["run as a detached job (then follow, pull, merge, report):",
                       *[f"     {j.host} (shard {j.shard[0]}/{j.shard[1]}): python -m remote_payload "
                         + shlex.join(j.args) for j in plan.jobs]])
+    steps[-1] += [f"   per drafter and sample: {BY_K_PASSES}", *[f"   {line}" for line in plan.card]]
     return steps
 
 
@@ -192,6 +193,12 @@ def _cost_lines(app_ctx: AppContext, plan) -> list[str]:
     return lines
 
 
+# What accept_length_by_k costs beside the full-block draft pass (docs/profiles.md, benchmarks/by_k_cost.py).
+BY_K_PASSES = ("one batched draft pass at the full block B, then B - 2 more at K + 1 rows (K = 1 .. B - 2, the block "
+               "an engine plans at K drafts) for accept_length_by_k: 3.4x the rows at B = 8, 7.4x at B = 16 "
+               "(measured on the CPU fixtures: 2.3-3.7x the full pass's time)")
+
+
 def _engine_plan_lines(plan) -> list[str]:
     """The engine steps inside the job (--engine vllm / --reference vllm)."""
     req = plan.request
@@ -212,5 +219,8 @@ def _engine_plan_lines(plan) -> list[str]:
         names = ", ".join(d.name for d in req.drafters)
         lines.append(f"     - then one {title} server per drafter ({names}) with it as DFlash speculative config "
                      "(exported to a z-lab folder when it is not one): engine acceptance vs offline (vllm convention)")
+        if req.engine_k:
+            lines.append(f"     - one more {title} server per drafter and --engine-k K ({req.engine_k}): tokens/s at K "
+                         "and the engine's acceptance at K beside the profile's accept_length_by_k[K] and its CI")
     lines.append(f"     - {title} logs in the run folder (hosts/HOST/engine/, copied to logs/)")
     return lines

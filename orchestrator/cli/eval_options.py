@@ -32,12 +32,20 @@ def with_eval_options(command: str) -> Callable:
             if p.name == "options":
                 params += [inspect.Parameter(o.field, inspect.Parameter.KEYWORD_ONLY, default=typer_option(o),
                                              annotation=_annotation(o)) for o in declared]
+                params += [inspect.Parameter(_word_field(o, w), inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                             default=typer.Option(False, _word_flag(o, w), hidden=True,
+                                                                  help=f"{o.flag} {w} (the form to type)."))
+                           for o in declared for w in o.words]
             else:
                 params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
 
         @functools.wraps(func)
         def command_func(**kwargs: Any) -> Any:
             values = {o.field: kwargs.pop(o.field) for o in declared}
+            for o in declared:  # `--enable-thinking both` arrives as its hidden flag (flag_words)
+                for w in o.words:
+                    if kwargs.pop(_word_field(o, w)):
+                        values[o.field] = w
             context = next((v for v in kwargs.values() if hasattr(v, "get_parameter_source")), None)
             return func(**kwargs, options=with_suite_defaults(values, context))
 
@@ -47,6 +55,14 @@ def with_eval_options(command: str) -> Callable:
         return command_func
 
     return decorate
+
+
+def _word_field(option: Option, word: str) -> str:
+    return f"{option.field}_{word}"
+
+
+def _word_flag(option: Option, word: str) -> str:
+    return f"{option.flag}-{word}"
 
 
 def with_suite_defaults(values: dict[str, Any], context: typer.Context | None) -> dict[str, Any]:

@@ -91,8 +91,8 @@ def _global(
 # rich's progress). tests/test_cli_conventions.py checks it against orchestrator/cli/<name>_cmd.py.
 COMMAND_MODULES = {
     "deploy": "deploy_cmd", "relay-checkpoint": "relay_cmd", "provision": "provision_cmd", "eval": "eval_cmd",
-    "demo": "demo_cmd", "watch": "watch_cmd", "inventory": "inventory_cmd", "jobs": "jobs_cmd", "runs": "runs_cmd",
-    "series": "series_cmd",
+    "demo": "demo_cmd", "watch": "watch_cmd", "lint": "lint_cmd", "inventory": "inventory_cmd", "jobs": "jobs_cmd",
+    "runs": "runs_cmd", "series": "series_cmd",
 }
 _OPTIONS_WITH_VALUES = {"-i", "--inventory", "--connect-timeout"}
 
@@ -172,7 +172,9 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from remote_payload.eval.options import flag_words  # `--enable-thinking both`: typer's flags take no value
+
+    argv = flag_words(list(sys.argv[1:] if argv is None else argv))
     _register(argv)
     debug = os.environ.get("DFO_DEBUG") == "1"
     err = AppContext().err

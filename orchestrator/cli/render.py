@@ -6,10 +6,12 @@ from rich.text import Text
 
 from orchestrator.cli.context import AppContext
 from orchestrator.core import plotting
+from orchestrator.evaluation.card_report import card_lines
 from orchestrator.evaluation.report import comparison_lines, engine_lines, summary_table
 from orchestrator.ui.fold import Folded
 
-RUN_FILES = ("report.md", "results.json", "samples.jsonl", "acceptance.png", "tau_histogram.png", "logs/")
+RUN_FILES = ("report.md", "results.json", "samples.jsonl", "acceptance.png", "tau_histogram.png", "tau_by_depth.png",
+             "logs/")
 
 
 def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
@@ -22,7 +24,7 @@ def render_run(app_ctx: AppContext, run, json_out: bool) -> None:
                             "comparison": results.get("comparison")})
         return
     app_ctx.out.print(Folded(summary_table(results, title=f"run {run.name}")))  # folds on a narrow terminal
-    for line in comparison_lines(results) + engine_lines(results):  # they quote the host's names: Text
+    for line in card_lines(results) + comparison_lines(results) + engine_lines(results):  # host names: Text
         app_ctx.out.print(Text(f"  {line}"))
     # The files that are there: without matplotlib there are no PNGs, and the summary says so once.
     made = [f for f in RUN_FILES if (run.path / f.rstrip("/")).exists()]

@@ -218,6 +218,8 @@ def _compare_profile_files(app_ctx: AppContext, a: Path, b: Path, json_out: bool
     if json_out:
         app_ctx.print_json(report)
         return
+    if report.get("methods_differ"):
+        app_ctx.err.print(Text(f"warning: {report['methods_differ']}"))
     table = Table(title=Text(f"{a.name} → {b.name}  (mean accept length per step at K drafts)"), title_justify="left")
     for col in ("K", "A", "B", "Δ (B−A)"):
         table.add_column(col, justify="right")

@@ -32,6 +32,7 @@ from orchestrator.core.errors import HostError, InputError, OperationError
 from orchestrator.core.events import Events
 from orchestrator.core.host_text import decode_json
 from orchestrator.core.slurm_section import SlurmSection, workdir_inside_shared
+from orchestrator.executors.base import Detached, Finish
 from orchestrator.jobs.operation import download_verified
 from remote_payload.eval.options import ENGINES  # the serving engines (--engine, --reference ENGINE)
 
@@ -247,10 +248,9 @@ def submit_cluster_eval(connector: Any, host: str, run_name: str, argv: list[str
     return job
 
 
-def follow_and_collect_cluster(connector: Any, run: Any, *, events: Events) -> Any:
-    """Follow each cluster host's array, record every task's Slurm facts, pull and merge the complete tasks."""
-    from orchestrator.evaluation.operation import Detached, finish_run
-
+def follow_and_collect_cluster(connector: Any, run: Any, *, events: Events, finish: Finish) -> Any:
+    """Follow each cluster host's array, record every task's Slurm facts, pull the complete tasks and FINISH
+    (the eval's merge and report)."""
     jobs = run.record["jobs"]
     run.set(status="running")
     events.step("follow the Slurm array" + (" (Ctrl-C detaches; the job stays queued)" if events.is_terminal else ""))
@@ -277,7 +277,7 @@ def follow_and_collect_cluster(connector: Any, run: Any, *, events: Events) -> A
     for host, job in jobs.items():
         parts.update(pull_tasks(connector, host, job, run.path / "hosts", events))
         merged_jobs.update(part_jobs(host, job))
-    return finish_run(run, parts, merged_jobs, jobs, events)
+    return finish(run, parts, merged_jobs, jobs, events)
 
 
 def resume_cluster_run(connector: Any, run: Any, events: Events) -> None:

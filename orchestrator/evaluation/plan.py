@@ -81,13 +81,16 @@ class EvalRequest:
                                         # or an OpenAI-compatible URL (as seen from the eval host)
     device: str = "auto"
     dtype: str = "bfloat16"
-    enable_thinking: bool = False
+    enable_thinking: bool | str = False  # or "both": every prompt under each mode
     max_new_tokens: int = 256
     temperature: float | None = None     # > 0: continuations sampled at T (payload default 0: greedy)
     top_p: float | None = None
     top_k: int | None = None
     samples_per_prompt: int | None = None  # draws per prompt at T > 0 (payload default 1)
     protocol: str | None = None          # a named card protocol (remote_payload/eval/protocols.py)
+    card: str | None = None              # a published card: a shipped name or a local file (remote_payload/cards/)
+    explain: bool = False                # with a card: rank the knobs behind a gap
+    explain_prompts: int | None = None   # rows of --explain's subset reruns (payload default 16)
     draft_rule: str | None = None        # at T > 0: "sampled" or "greedy" (payload default sampled)
     selection: str | None = None         # dataset rows: zlab-transformers (payload default) or zlab-server
     selection_concurrency: int | None = None  # zlab-server: warm-up rows (payload default 1)
@@ -111,6 +114,7 @@ class EvalRequest:
     engine_k: str | None = None  # "1,3": extra draft counts timed per drafter in the engine
     engine_check: str | None = None  # "synthetic": the engine replays each drafter's profile (its marginals)
     decode_batch: str | None = None  # rows per forward in the reference stage: N or auto (payload default auto)
+    lint: bool = True  # `dfo lint` on every drafter before anything is relayed or started (--no-lint: skipped)
 
     @property
     def uses_engine(self) -> bool:
@@ -151,6 +155,7 @@ class EvalPlan:
     checks: dict[str, list[str]] = field(default_factory=dict)  # host -> paths that must exist there
     engine_pythons: dict[str, str] = field(default_factory=dict)  # host -> the engine venv's python (--engine)
     prompt_count: int | None = None  # prompts (or dataset rows) before sharding, where known
+    card: list[str] = field(default_factory=list)  # --card: what the job measures against it and --explain's cost
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -296,14 +301,73 @@ def with_protocol(req: EvalRequest) -> EvalRequest:
         return req
     from remote_payload.eval import protocols
 
-    fields = {f.name for f in dataclasses.fields(req)}
-    defaults = {o.field: o.request_default for o in declared.request_options() if o.field in fields}
-    values = {k: getattr(req, k) for k in protocols.preset(req.protocol) if k in fields}
     try:
-        filled = protocols.fill(values, defaults, req.protocol)
+        return with_fixed(req, protocols.preset(req.protocol))
     except PayloadError as exc:
         raise InputError(str(exc)) from None
-    return dataclasses.replace(req, **filled)
+
+
+def with_fixed(req: EvalRequest, fixed: dict) -> EvalRequest:
+    """``fixed``'s value (a protocol's, a card's) in every request option left at its default."""
+    from remote_payload.eval import protocols
+
+    fields = {f.name for f in dataclasses.fields(req)}
+    defaults = {o.field: o.request_default for o in declared.request_options() if o.field in fields}
+    values = {k: getattr(req, k) for k in fixed if k in fields}
+    return dataclasses.replace(req, **protocols.fill_from(values, defaults, {k: fixed[k] for k in values}))
+
+
+def load_request_card(spec: str):
+    """``--card NAME|FILE`` on the controller: a shipped card or a local file, its schema checked before anything
+    connects (the file and the field named)."""
+    from remote_payload.cards.schema import load_card
+
+    try:
+        return load_card(spec)
+    except PayloadError as exc:
+        raise InputError(str(exc), hint="docs/cards.md describes every card field; shipped cards: "
+                         "remote_payload/cards/data/") from None
+
+
+def with_card(req: EvalRequest) -> EvalRequest:
+    """The request with ``--card``'s known protocol values in every option left at its default, as
+    ``with_protocol`` (a conflicting option is refused by the payload's check on the planned command)."""
+    if not req.card:
+        return req
+    from remote_payload.cards import protocol as card_protocol
+
+    card = load_request_card(req.card)
+    if req.explain and len(req.hosts) > 1:
+        raise InputError(f"--explain reruns the first rows of one host's share: evaluate card {card.card} on one "
+                         "host", hint="give one --host, or drop --explain (the verdict is computed over every host)")
+    return with_fixed(req, card_protocol.fixed_values(card))
+
+
+def card_prompts(card_spec: str | None, prompts: str) -> str:
+    """--prompts as the eval reads it: a card's prompts file where --prompts was left at builtin."""
+    if not card_spec or prompts != "builtin":
+        return prompts
+    from remote_payload.cards import protocol as card_protocol
+    from remote_payload.cards.schema import is_prompts_file
+
+    card = load_request_card(card_spec)
+    return card_protocol.prompts_path(card) if is_prompts_file(card) else prompts
+
+
+def card_argument(req: EvalRequest, prompts: str) -> str | None:
+    """The payload's ``--card`` value: a shipped card by name, else the card's own document (one JSON line, so
+    nothing is uploaded), its prompts file replaced by where the job reads it."""
+    if not req.card:
+        return None
+    from remote_payload.cards.schema import is_prompts_file, parse_card, shipped_names
+
+    if req.card in shipped_names():
+        return req.card
+    card = load_request_card(req.card)
+    doc = card.as_json()
+    if is_prompts_file(card) and card.protocol.dataset != "builtin":
+        doc["protocol"]["dataset"] = prompts
+    return parse_card(doc, card.where).text()
 
 
 def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | None = None,
@@ -311,7 +375,7 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
     """``prompts_digest``: sha256 of the local prompts file (it is uploaded under a content name);
     ``prompt_count``: the prompts it holds (the set was parsed)."""
     check_declared_values(req)  # first: a mistyped --protocol or --engine is refused before it is used
-    req = with_protocol(req)
+    req = with_card(with_protocol(req))
     datasets = plan_datasets(req.datasets, req.suite, req.dataset_files)
     if datasets:  # they replace the prompt set: shards split their rows
         units = [d.units for d in datasets]
@@ -346,7 +410,22 @@ def plan_eval(req: EvalRequest, inventory: Inventory, *, prompts_digest: str | N
     # A relay with stripping deploys the payload to its source host itself.
     counts = [n for n in (req.samples, prompt_count) if n is not None]
     return EvalPlan(req, deploy_hosts=hosts, provision_hosts=hosts, relays=relays, jobs=jobs, checks=checks,
-                    engine_pythons=engine_pythons, prompt_count=min(counts) if counts else None)
+                    engine_pythons=engine_pythons, prompt_count=min(counts) if counts else None,
+                    card=card_plan(req))
+
+
+def card_plan(req: EvalRequest) -> list[str]:
+    """The plan's card lines: the verdict, and what --explain adds (it runs by itself on a gap)."""
+    if not req.card:
+        return []
+    from remote_payload.cards.explain import explain_cost
+
+    card = load_request_card(req.card)
+    rows = req.explain_prompts or declared.BY_FIELD["explain_prompts"].default
+    cost = explain_cost(card, req.enable_thinking, req.max_new_tokens, rows, card.protocol.n)
+    return [f"card {card.card} ({card.source}): τ {card.figure.tau:g} published; the verdict of drafter "
+            f"{req.drafters[0].name} (reproduced, below or above) beside the τ table and in results.json card",
+            cost if req.explain else f"{cost} — only if the verdict is not reproduced (--explain: always)"]
 
 
 def engine_python(inventory: Inventory, host: str, engine: str = "vllm") -> str:
@@ -400,4 +479,5 @@ def _planned_values(req: EvalRequest, inventory: Inventory, host: str, drafters:
     return {"drafters": [f"{name}={path}" for name, path in drafters.items()], "prompts": prompts,
             "out": "{results}", "shard": f"{shard[0]}/{shard[1]}" if shard[1] > 1 else None,
             "reference": engine_reference or url, "reference_model": req.reference_model if url else None,
-            "engine": req.engine if engine_python else None, "engine_python": engine_python}
+            "engine": req.engine if engine_python else None, "engine_python": engine_python,
+            "card": card_argument(req, prompts)}

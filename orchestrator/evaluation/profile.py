@@ -4,9 +4,13 @@ The card is read by other tools (simulators, an engine's synthetic acceptance sa
 and units follow the schema exactly. Position i of the rate lists is the (i+1)-th draft: its acceptance
 makes an accept length of i + 2 (the bonus token counts one). The accept length per step is 1 + accepted
 drafts, so ``mean_accept_length`` = 1 + Σ ``marginal_accept_rates`` exactly; ``validation`` records that
-check and the monotonicity of the marginals. ``accept_length_by_k`` is measured per K from the payload's
-offline replay with the block's drafts truncated to K (a block drafter re-plans: no extrapolation).
-dfo-specific figures (CIs at T > 0, the committed τ) live under ``x_dfo``, which readers of the schema ignore.
+check and the monotonicity of the marginals. Steps are counted as the engines' counters count them: 1 +
+accepted drafts, drafts accepted past the stop token included (the payload's ``vllm`` convention, from the
+target's tokens past the stop; the committed rounds where a run has none). ``accept_length_by_k`` is measured
+per K with the drafter run at a block of K + 1 rows, as vLLM's and SGLang's DFlash proposers plan it
+(``remote_payload/metrics/by_k.py``, method ``replanned``); dfo's profiles before it truncated the full block's
+drafts (method ``truncated``, recognised by ``by_k_method``). dfo-specific figures (CIs, the committed τ and
+the committed per-K figures) live under ``x_dfo``, which readers of the schema ignore.
 Pure: dicts in, dicts out; ``write_profiles`` is the only function that touches files.
 """
 
@@ -24,6 +28,9 @@ SCHEMA_VERSION = "1.0"
 TOLERANCE = 0.02
 PROFILE_SUFFIX = ".speculation_profile.json"
 REQUIRED = ("schema_version", "marginal_accept_rates", "mean_accept_length")
+BY_K_METHOD = "replanned"  # METHOD in remote_payload/metrics/by_k.py (the controller never imports the payload)
+OLD_BY_K_METHOD = "truncated"  # dfo's profiles before BY_K_METHOD: no measurement_conditions.accept_length_by_k
+ENGINE_COUNT = "vllm"  # the payload's convention counting as the engines' counters do
 
 
 def _obj(x) -> dict:
@@ -63,15 +70,24 @@ def validation(marginals: list[float], mean: float | None) -> dict:
             "tolerance": TOLERANCE, "marginals_non_increasing": non_increasing, "passed": ok_mean and non_increasing}
 
 
-def _sample_accepted(samples: list[dict], name: str) -> list[tuple[dict, list[int]]]:
-    out = []
-    for s in samples:
-        entry = _obj(_obj(s.get("drafters")).get(name))
-        out.append((s, _ints(entry.get("accepted"))))
-    return out
+def _sample_accepted(samples: list[dict], name: str) -> tuple[list[tuple[dict, list[int]]], str]:
+    """Per sample the accepted drafts per step, engine-counted (the ``vllm`` convention's records) when every
+    sample has them, else the committed rounds'; and which."""
+    entries = [_obj(_obj(s.get("drafters")).get(name)) for s in samples]
+    engine = [_obj(_obj(e.get("conventions")).get(ENGINE_COUNT)) for e in entries]
+    if entries and all(isinstance(e.get("accepted"), list) for e in engine):
+        return [(s, _ints(e.get("accepted"))) for s, e in zip(samples, engine, strict=True)], ENGINE_COUNT
+    return [(s, _ints(e.get("accepted"))) for s, e in zip(samples, entries, strict=True)], "committed"
 
 
-def _conditions(results: dict, name: str, drafter: dict) -> dict:
+COUNTING = {ENGINE_COUNT: "accept length per step = 1 + accepted drafts, drafts accepted past the stop token "
+                          "included (the engines' counters; dfo's vllm convention)",
+            "committed": "accept length per step = 1 + accepted drafts, the last step capped at the tokens kept "
+                         "(the run has no target tokens past the stop, so this is a lower bound of the engines' "
+                         "count there)"}
+
+
+def _conditions(results: dict, name: str, drafter: dict, counted: str) -> dict:
     settings, target = _obj(results.get("settings")), _obj(results.get("target"))
     versions = _obj(results.get("versions"))
     sampling = settings.get("sampling")
@@ -93,8 +109,9 @@ def _conditions(results: dict, name: str, drafter: dict) -> dict:
         "enable_thinking": settings.get("enable_thinking"),
         "chat_template_sha256": settings.get("chat_template_sha256"),
         "dtype": settings.get("dtype"),
-        "convention": "accept length per step = 1 + accepted drafts (engine counting); rounds replayed offline "
-                      "over the target's own continuation (teacher forcing)",
+        "convention": COUNTING[counted] + "; rounds replayed offline over the target's own continuation "
+                                           "(teacher forcing)",
+        "accept_length_by_k": _by_k_conditions(_obj(_obj(drafter.get("metrics")).get("accept_length_by_k"))),
         "dfo_version": versions.get("payload"),
         "target_weights_digest": target.get("weights_digest"),
         "drafter_digest": _obj(drafter.get("source")).get("digest"),
@@ -102,6 +119,26 @@ def _conditions(results: dict, name: str, drafter: dict) -> dict:
                     "num_speculative_tokens": _obj(drafter.get("engine")).get("num_speculative_tokens"),
                     "model_runner": engine.get("model_runner")} if engine else None),
     }
+
+
+def _by_k_conditions(block: dict) -> dict | None:
+    """How this card's accept_length_by_k was measured and counted (None without per-K figures)."""
+    if not block:
+        return None
+    return {"method": block.get("method") or OLD_BY_K_METHOD, "definition": block.get("definition"),
+            "committed_definition": block.get("committed_definition"), "exact": block.get("exact")}
+
+
+def by_k_method(profile: dict) -> str | None:
+    """How a card's ``accept_length_by_k`` was measured: ``measurement_conditions.accept_length_by_k.method``;
+    ``truncated`` for a dfo card written before it (it has ``x_dfo`` and per-K figures but no method); None for
+    another tool's card that does not say, or a card without per-K figures."""
+    if not profile.get("accept_length_by_k"):
+        return None
+    method = _obj(_obj(profile.get("measurement_conditions")).get("accept_length_by_k")).get("method")
+    if isinstance(method, str):
+        return method
+    return OLD_BY_K_METHOD if isinstance(profile.get("x_dfo"), dict) else None
 
 
 def build_profile(results: dict, samples: list[dict], name: str) -> dict:
@@ -114,7 +151,7 @@ def build_profile(results: dict, samples: list[dict], name: str) -> dict:
     if B > MAX_BLOCK_SIZE:  # the payload evaluates no larger block: a host's results are data until bounded
         raise InputError(f"drafter '{name}': results.json records block size {B}, more than {MAX_BLOCK_SIZE} "
                          "(the largest the eval accepts): not a run dfo made")
-    per_sample = _sample_accepted(samples, name)
+    per_sample, counted = _sample_accepted(samples, name)
     bad = next((a for _, acc in per_sample for a in acc if not 0 <= a < B), None)
     if bad is not None:
         raise InputError(f"drafter '{name}': samples.jsonl records a round with {bad} accepted drafts; a block of "
@@ -124,10 +161,15 @@ def build_profile(results: dict, samples: list[dict], name: str) -> dict:
     per_request = [1 + sum(acc) / len(acc) for _, acc in per_sample if acc]
     by_k_block = _obj(_obj(metrics.get("accept_length_by_k")).get("by_k"))
     by_k = {k: _obj(v).get("mean_accept_length") for k, v in by_k_block.items()}
+    by_k_ci = {k: _obj(v).get("ci95") for k, v in by_k_block.items() if _obj(v).get("ci95")}
+    by_k_committed = {k: _obj(_obj(v).get("committed")).get("mean_accept_length") for k, v in by_k_block.items()
+                      if _obj(_obj(v).get("committed")).get("mean_accept_length") is not None}
     categories: dict[str, list[int]] = {}
     for s, acc in per_sample:
-        key = s.get("dataset") or s.get("category") or "all"
-        categories.setdefault(str(key), []).extend(acc)
+        key = str(s.get("dataset") or s.get("category") or "all")
+        if isinstance(s.get("thinking"), bool):  # --enable-thinking both: each mode its own category
+            key += f" (thinking {'on' if s['thinking'] else 'off'})"
+        categories.setdefault(key, []).extend(acc)
     per_category = {}
     for cat, acc in categories.items():
         r = rates_from_rounds(acc, B - 1)
@@ -151,16 +193,36 @@ def build_profile(results: dict, samples: list[dict], name: str) -> dict:
         "accept_length_by_k": by_k or None,
         "acceptance_length_histogram": rates["histogram"],
         "per_category": per_category,
-        "measurement_conditions": _conditions(results, name, drafter),
+        "measurement_conditions": _conditions(results, name, drafter, counted),
         "validation": validation(rates["marginal"], rates["mean"]),
         "x_dfo": {"drafter": name, "num_steps": rates["rounds"], "tau_macro_committed": metrics.get("tau_macro"),
                   "tau_micro_committed": metrics.get("tau_micro"),
                   "position_offset": "rate position i <-> accept length i + 2"},
     }
+    if by_k_ci:
+        profile["x_dfo"]["accept_length_by_k_ci95"] = by_k_ci
+    if by_k_committed:
+        profile["x_dfo"]["accept_length_by_k_committed"] = by_k_committed
     synthetic = _obj(_obj(drafter.get("engine")).get("synthetic_check"))
     if synthetic:  # --engine-check synthetic: the engine replayed this card's marginals
         profile["x_dfo"]["engine_synthetic_check"] = {k: synthetic.get(k) for k in (
             "expected_mean", "measured_mean", "bound", "rounds", "within", "unsupported", "error") if k in synthetic}
+    by_k_check = _obj(_obj(drafter.get("engine")).get("by_k_check"))
+    if by_k_check:  # the engine's acceptance at each K it ran, beside this card's figure and CI there
+        profile["x_dfo"]["engine_by_k_check"] = {str(k): {f: _obj(v).get(f) for f in (
+            "engine_mean_accept_length", "profile_mean_accept_length", "profile_ci95", "within_ci")}
+            for k, v in by_k_check.items()}
+    depth = _obj(metrics.get("by_context_depth"))
+    if depth:  # τ and p1 per context-depth bucket with their CIs (remote_payload/metrics/depth.py)
+        profile["x_dfo"]["by_context_depth"] = {
+            "layout": depth.get("layout"), "definition": depth.get("definition"),
+            "buckets": [{k: b.get(k) for k in ("label", "lo", "hi", "samples", "rounds", "tau_macro", "p1")}
+                        for b in depth.get("buckets") or [] if isinstance(b, dict)]}
+    thinking = _obj(metrics.get("by_thinking"))
+    if thinking:  # --enable-thinking both: τ per mode and the paired difference (per_category has each mode's rates)
+        profile["x_dfo"]["by_thinking"] = {
+            "off": _obj(thinking.get("off")).get("tau_macro"), "on": _obj(thinking.get("on")).get("tau_macro"),
+            "paired": thinking.get("paired")}
     sampled = metrics.get("sampled")
     if isinstance(sampled, dict):  # T > 0: the rates are expectations over draws; their CIs for dfo's readers
         profile["x_dfo"]["sampled_ci"] = {
@@ -276,6 +338,14 @@ def compare_profiles(a: dict, b: dict) -> dict:
     ma, mb = a.get("mean_accept_length"), b.get("mean_accept_length")
     same = {key: (_obj(a.get("measurement_conditions")).get(key), _obj(b.get("measurement_conditions")).get(key))
             for key in ("datasets", "prompts", "temperature", "top_p", "top_k", "draft_rule", "target_weights_digest")}
-    return {"mean_accept_length": {"a": ma, "b": mb}, "by_k": rows,
-            "conditions_differ": sorted(k for k, (x, y) in same.items() if x is not None and y is not None
-                                        and x != y)}
+    methods = {"a": by_k_method(a), "b": by_k_method(b)}
+    out = {"mean_accept_length": {"a": ma, "b": mb}, "by_k": rows, "by_k_method": methods,
+           "conditions_differ": sorted(k for k, (x, y) in same.items() if x is not None and y is not None
+                                       and x != y)}
+    if methods["a"] != methods["b"] and methods["a"] and methods["b"]:
+        out["methods_differ"] = (f"accept_length_by_k was measured by different methods: A {methods['a']}, B "
+                                 f"{methods['b']}; their figures are not comparable ({OLD_BY_K_METHOD}: the full "
+                                 f"block's drafts cut to K, an accept length no engine reports; {BY_K_METHOD}: the "
+                                 "block planned at K + 1 rows and counted as the engines count; evaluate the older "
+                                 "card's drafter again with this dfo to compare them)")
+    return out

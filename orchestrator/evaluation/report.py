@@ -15,8 +15,19 @@ from rich.text import Text
 
 from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.host_text import fmt_number, md_fence, md_text
+from orchestrator.evaluation.card_report import card_lines
 from orchestrator.evaluation.k_schedule import k_plan_markdown, k_plans
-from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _objs, _real, _small_int
+from orchestrator.evaluation.report_values import (
+    _by_position,
+    _count,
+    _fmt,
+    _obj,
+    _objs,
+    _real,
+    _small_int,
+    fmt_with_ci,
+)
+from orchestrator.lint.rules import confirmed_by_diagnose
 from remote_payload.metrics.conventions import resolve
 
 FIRST_POSITIONS = 4
@@ -46,11 +57,6 @@ TREE_NOT_DEFINED_NOTE = ("DDTree: not defined for DFlash2 drafters (their select
 
 def _tree_cell(row: dict, key: str) -> str:
     return "not defined" if row["ddtree_not_defined"] else _fmt(row[key])
-
-
-def _count(x) -> str:
-    """A count: '–' when absent, '?' when not an integer."""
-    return fmt_number(x, "d") if not isinstance(x, float) else "?"
 
 
 def convention_figure(metrics: dict, name: str, key: str | None = None) -> dict:
@@ -193,13 +199,6 @@ def dataset_figure(results: dict, drafter: str, dataset: str, key: str = "tau_ma
             "samples": fig.get("samples", block.get("samples"))}
 
 
-def fmt_with_ci(fig: dict) -> str:
-    """'6.55 [6.31, 6.80]', '6.55' without a CI, '–' when absent."""
-    if fig["value"] is None:
-        return "–"
-    return _fmt(fig["value"]) + (f" [{_fmt(fig['ci'][0])}, {_fmt(fig['ci'][1])}]" if fig["ci"] else "")
-
-
 def dataset_categories(results: dict, dataset: str) -> list[str]:
     out: list[str] = []
     for d in _obj(results.get("drafters")).values():
@@ -264,10 +263,13 @@ def summary_table(results: dict, title: str | None = None) -> Table:
     table = Table(title=Text(title) if title is not None else None, title_justify="left", caption=caption,
                   caption_justify="left")
     datasets = datasets_of(results)
+    from orchestrator.evaluation.report_depth import THINKING_COLUMNS, has_thinking, thinking_cells
+
+    thinking = has_thinking(results)
     columns = ["drafter", f"{HEADLINE} τ macro", *([f"{law_label(sampling)} τ [CI]"] if sampling else []), "τ micro",
                *(["zlab-2604 τ macro", "vllm τ micro"] if conv else []),
                f"DDTree-{k}", *[f"p{i}" for i in range(1, FIRST_POSITIONS + 1)], "samples", "rounds", "eval s",
-               *[f"{d} τ [CI]" for d in datasets]]
+               *[f"{d} τ [CI]" for d in datasets], *(THINKING_COLUMNS if thinking else ())]
     for col in columns:  # the headline's convention must stay readable in its header; a τ with its CI on one line
         table.add_column(col, justify="left" if col == "drafter" else "right", no_wrap=col.endswith("[CI]"),
                          min_width=len(HEADLINE) if col.startswith(HEADLINE) else None)
@@ -277,7 +279,8 @@ def summary_table(results: dict, title: str | None = None) -> Table:
                  *([fmt_convention(r["zlab-2604"]), fmt_convention(r["vllm"])] if conv else []),
                  _tree_cell(r, "ddtree"),
                  *[_fmt(p) for p in r["positions"]], _count(r["samples"]), _count(r["rounds"]), _fmt(r["eval_s"], 1),
-                 *[fmt_with_ci(dataset_figure(results, r["drafter"], d)) for d in datasets]]
+                 *[fmt_with_ci(dataset_figure(results, r["drafter"], d)) for d in datasets],
+                 *(thinking_cells(results, r["drafter"]) if thinking else ())]
         table.add_row(*map(Text, cells))
     return table
 
@@ -355,8 +358,13 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     if conv:
         out += ["", f"p_k and the τ histogram below are the {HEADLINE} convention's.", ""]
         out += conventions_markdown(results)
+    card = card_lines(results)
+    out += ["", "## Card", ""] + [f"- {md_text(line.strip())}" for line in card] if card else []
     out += sampled_markdown(results)
     out += benchmarks_markdown(results)
+    from orchestrator.evaluation.report_depth import depth_markdown, thinking_markdown  # it reads this module
+
+    out += thinking_markdown(results) + depth_markdown(results)
     engine = engine_lines(results, markdown=True)
     out += ["", *engine] if engine else []
     out += k_plan_markdown(k_plans(results, samples), md_text)
@@ -371,6 +379,7 @@ def write_report(run_dir: Path, results: dict, samples: list[dict]) -> Path:
     diag = results.get("diagnostics")
     if diag:
         out += ["", "## Diagnostics", "", *md_fence(_diagnostics_text(diag))]
+        out += [f"- {md_text(line)}" for line in confirmed_by_diagnose(_obj(diag).get("findings"))]
     warnings = results.get("warnings") or []
     if warnings:
         out += ["", "## Warnings", ""] + [f"- {md_text(w)}" for w in (warnings if isinstance(warnings, list)

@@ -9,6 +9,7 @@ from pathlib import Path
 from orchestrator.core import plotting
 from orchestrator.core.atomic_file import atomic_target
 from orchestrator.core.host_text import clean
+from orchestrator.evaluation.report_depth import depth_figure
 from orchestrator.evaluation.report_values import _by_position, _fmt, _obj, _real
 
 
@@ -25,6 +26,9 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
     with matplotlib.rc_context({"text.parse_math": False}):
         plots = [_save(plt, acceptance_figure(plt, drafters), run_dir / "acceptance.png"),
                  _save(plt, histogram_figure(plt, drafters), run_dir / "tau_histogram.png")]
+        depth = depth_figure(plt, results)
+        if depth is not None:
+            plots.append(_save(plt, depth, run_dir / "tau_by_depth.png"))
     from orchestrator.evaluation import engine_report  # the engine sweep's speedup plot (owned by the engine eval)
 
     return plots + engine_report.engine_plot(run_dir, results)

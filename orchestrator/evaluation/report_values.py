@@ -1,6 +1,6 @@
-"""The small readers and formatters the report's modules share (report.py, report_plots.py, compare.py): a
-value a host wrote read as the shape expected or nothing (results.json is data from another machine), a
-figure formatted for a cell. Kept apart so that the plots and the tables import them downward.
+"""The small readers and formatters the report's modules share (report.py, report_plots.py, report_depth.py,
+compare.py): a value a host wrote read as the shape expected or nothing (results.json is data from another
+machine), a figure formatted for a cell. Kept apart so that the plots and the tables import them downward.
 """
 
 from __future__ import annotations
@@ -46,3 +46,15 @@ def _real(x) -> float | None:
     except OverflowError:
         return None
     return value if math.isfinite(value) else None
+
+
+def _count(x) -> str:
+    """A count: '–' when absent, '?' when not an integer."""
+    return fmt_number(x, "d") if not isinstance(x, float) else "?"
+
+
+def fmt_with_ci(fig: dict) -> str:
+    """'6.55 [6.31, 6.80]', '6.55' without a CI, '–' when absent."""
+    if fig["value"] is None:
+        return "–"
+    return _fmt(fig["value"]) + (f" [{_fmt(fig['ci'][0])}, {_fmt(fig['ci'][1])}]" if fig["ci"] else "")

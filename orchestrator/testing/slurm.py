@@ -45,9 +45,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# A hidden partition with a CPU of its own (node1 has 3 configured, `debug` may use 2 of them, as before): the
+# tests submit the job that waits out Slurm's one-minute time limit there when the session's Slurm starts, so that
+# the minute passes while the other tests run, on no CPU of theirs (tests/fixtures_slurm.py).
+LIMITS_PARTITION = "limits"
+
+
 def _conf(root: Path, address: str, ctld_port: int, slurmd_port: int, min_job_age: int = 600, gpus: int = 0) -> str:
     gres = f" Gres=gpu:{gpus}" if gpus else ""
     gres_types = "GresTypes=gpu\n" if gpus else ""
+    limits = LIMITS_PARTITION
     return f"""ClusterName=dfosandbox
 {gres_types}SlurmctldHost=localhost
 SlurmctldAddr={address}
@@ -81,9 +88,11 @@ MinJobAge={min_job_age}
 KillWait=1
 OverTimeLimit=0
 MessageTimeout=5
-NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000{gres} State=UNKNOWN
-PartitionName=debug Nodes=node1 Default=YES MaxTime=60 State=UP
-PartitionName=down Nodes=node1 MaxTime=60 State=DOWN
+SlurmdParameters=config_overrides
+NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=3 RealMemory=1000{gres} State=UNKNOWN
+PartitionName=debug Nodes=node1 Default=YES MaxTime=60 MaxCPUsPerNode=2 State=UP
+PartitionName=down Nodes=node1 MaxTime=60 MaxCPUsPerNode=2 State=DOWN
+PartitionName={limits} Nodes=node1 MaxTime=60 MaxCPUsPerNode=1 Hidden=YES State=UP
 """
 
 

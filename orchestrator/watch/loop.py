@@ -36,7 +36,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.cluster.resident_job import ResidentJob
 from orchestrator.core import plotting
 from orchestrator.core.atomic_file import write_text_atomic
 from orchestrator.core.errors import DfoError, InputError
@@ -45,7 +44,9 @@ from orchestrator.core.host_text import decode_json
 from orchestrator.evaluation.operation import follow_and_collect, start_eval, wait_and_collect
 from orchestrator.evaluation.plan import plan_eval, relay_dir
 from orchestrator.evaluation.runs import Run, list_runs, load_run, write_json_atomic
+from orchestrator.executors import registry as executors
 from orchestrator.jobs.operation import JobRefused
+from orchestrator.lint.operation import lint_before_eval
 from orchestrator.transport import Connector
 from orchestrator.watch import series as series_state
 from orchestrator.watch import tensorboard
@@ -65,7 +66,7 @@ from orchestrator.watch.plot import write_plot
 from orchestrator.watch.probe import remove_relayed, remove_stripped, strip_key
 from orchestrator.watch.proxy_step import ProxyWatch, take_diagnosis
 from orchestrator.watch.render import series_markdown
-from orchestrator.watch.resident import Resident, ResidentStrip, worker_gone
+from orchestrator.watch.resident import ResidentStrip, worker_gone
 from orchestrator.watch.selection import RoundPlan
 
 KILL_AT_ENV = "DFO_WATCH_TEST_KILL_AT"
@@ -122,9 +123,9 @@ class Watcher:
         self.folder = series_state.series_dir(cfg.runs_dir, cfg.series)
         self.series: dict = {}
         self._said_no_plots = False
-        worker = ResidentJob if cfg.resident_job else Resident if cfg.resident and cfg.shards is None else None
-        self.resident = worker(connector, self.folder, cfg.runs_dir, events, idle=cfg.idle_exit,
-                               prompts_file=cfg.prompts_file) if worker else None
+        # Where the evals run (an SSH host's jobs, a cluster's arrays) decides the resident worker it offers.
+        self.place = executors.for_host(connector.inventory.hosts.get(cfg.eval_host))
+        self.resident = self.place.resident_worker(connector, cfg, self.folder, events)
         self.strip = ResidentStrip(connector, self.folder, events, host=cfg.source_host, source_root=cfg.folder,
                                    idle=cfg.idle_exit) if cfg.resident else None
         self.proxy = ProxyWatch(connector, cfg.source_host, cfg.proxy, events, self._publish) if cfg.proxy else None
@@ -173,8 +174,7 @@ class Watcher:
             found["settings"]["drafter_spec"] = cfg.drafter_spec  # the same, or given before any was evaluated
             self.series = found
         series_state.save(self.folder, self.series)  # once per start: the journal folded in
-        if cfg.shards is not None and not cfg.resident_job:  # a resident job an earlier watcher asked for: not now
-            ResidentJob(self.connector, self.folder, cfg.runs_dir, self.events, idle=cfg.idle_exit).stop()
+        self.place.open_watch(self.connector, cfg, self.folder, self.events)
         self._render()
         for e in list(self.series["checkpoints"].values()):
             if e.get("notify_pending"):  # recorded, then the watcher died before --on-result ran: at least once
@@ -261,6 +261,7 @@ class Watcher:
             worker = resident and self.resident is not None and self.resident.ensure(plan)
             if worker:
                 assert self.resident is not None
+                lint_before_eval(self.connector, plan, self.events)  # start_eval lints the one-off path itself
                 run = self.resident.hand_over(plan, self.strip)
             else:
                 run = start_eval(self.connector, plan, runs_dir=cfg.runs_dir, events=self.events,

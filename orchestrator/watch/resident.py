@@ -31,14 +31,14 @@ from orchestrator.core.events import Events
 from orchestrator.core.host_text import decode_json
 from orchestrator.deploy.manifest import default_payload_root
 from orchestrator.deploy.operation import deploy, payload_dir
-from orchestrator.evaluation.operation import (
+from orchestrator.evaluation.plan import EvalPlan, relay_dir
+from orchestrator.evaluation.prepare import (
     jsonable,
     raise_failures,
     relay_drafters,
     upload_datasets,
     upload_prompts,
 )
-from orchestrator.evaluation.plan import EvalPlan, relay_dir
 from orchestrator.evaluation.runs import Run, new_run, write_json_atomic
 from orchestrator.jobs.operation import JobHandle, JobRefused, cancel_job, job_status, launch_job, new_job_id
 from orchestrator.provision.operation import provision_hosts

@@ -136,7 +136,7 @@ def write_local(folder: Path, name: str, data: bytes) -> Path:
 
 def push(connector, host: str, logdir: str, series: str, name: str, data: bytes) -> str:
     """NAME into LOGDIR/dfo-SERIES/ on HOST with the eval's safe upload; returns HOST:PATH."""
-    from orchestrator.evaluation.operation import put_file
+    from orchestrator.evaluation.prepare import put_file
 
     remote = posixpath.join(logdir, f"dfo-{series}", name)
     put_file(connector, host, data, hashlib.sha256(data).hexdigest(), remote, "the TensorBoard event file")

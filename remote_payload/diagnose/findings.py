@@ -100,7 +100,7 @@ def template_sha256(tokenizer) -> str | None:
 class RunFacts:
     """What the run checks compare a drafter's training metadata with."""
     kernel_path: str
-    enable_thinking: bool
+    enable_thinking: bool | str  # or "both" (--enable-thinking both)
     dtype: str
     chat_template_sha256: str | None
 
@@ -138,7 +138,7 @@ def drafter_checks(name: str, spec, metadata: dict | None, facts: RunFacts) -> l
                            + (" (a CUDA host with flash-linear-attention)" if kp == "fla" else " (--kernel torch)"),
                            name))
     th = metadata.get("enable_thinking")
-    if th is not None and th != facts.enable_thinking:
+    if th is not None and th != facts.enable_thinking and facts.enable_thinking != "both":  # both: one mode is it
         out.append(Finding("warning", "thinking-mismatch", f"trained with enable_thinking={str(th).lower()} "
                            f"(training.enable_thinking) but this run renders prompts with "
                            f"enable_thinking={str(facts.enable_thinking).lower()}: the chat template differs from "

@@ -97,6 +97,7 @@ class EvalContext:
     diagnosed_samples: int = 0  # the first N samples get the --diagnose probes
     results: dict = field(default_factory=dict)  # name -> DrafterRun, in --drafter order
     timings: dict = field(default_factory=dict)  # load_s, reference_s, extract_s
+    card: dict | None = None  # with --card: results.json "card" (eval/card_stage.py)
 
     def warn(self, message: str) -> None:
         """A warning line now, and once in ``results.warnings``."""

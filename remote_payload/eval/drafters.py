@@ -42,8 +42,8 @@ class MaskFilledSlot0:
     def __getattr__(self, name):
         return getattr(self._runtime, name)
 
-    def draft(self, ctx, tokens, anchors, topk: int = 1):
-        return self._runtime.draft(ctx, tokens, anchors, topk=topk, slot0="mask")
+    def draft(self, ctx, tokens, anchors, topk: int = 1, block: int | None = None):
+        return self._runtime.draft(ctx, tokens, anchors, topk=topk, slot0="mask", block=block)
 
 
 def evaluate_drafter(ctx: EvalContext, name: str) -> DrafterRun:
@@ -117,14 +117,15 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
         None if all(r.tail is not None for r in refs) else "the references carry no tokens past the stop")
     ends: list | None = [] if unavailable is None else None
     by_rule: list | None = [] if s.rule == "sampled" else None
-    rule_s = 0.0
+    rule_s, replan_s = 0.0, 0.0
     for i, ref in enumerate(refs):
         feats = ctx.extraction.store.get(i)
         drafts = draft_sample(source, feats, ref.tokens, len(ref.prompt_ids), topk=s.draft_topk,
                               end=ends is not None and conv.anchors_at_last_token(
-                                  len(ref.tokens) - len(ref.prompt_ids), ref.stop_reason))
+                                  len(ref.tokens) - len(ref.prompt_ids), ref.stop_reason), replan=True)
         rounds_all.append(replay(drafts))
-        by_k.append(sample_record(drafts.tokens, drafts.prompt_len, drafts.top1, runtime.block_size))
+        by_k.append(sample_record(_sample_end(ctx, ref, drafts), drafts.drafts_at_k, runtime.block_size))
+        replan_s += drafts.replan_seconds
         if by_rule is not None:  # τ under the sampled rule, exact given this continuation (eval/sampled_rule.py)
             t0 = time.perf_counter()
             by_rule.append(sample_entry(ctx.target, source, feats, ref.tokens, len(ref.prompt_ids), s.sampling,
@@ -155,7 +156,8 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
         [v for _, v in ends] if ends is not None else None, runtime.block_size,
         exact=all(len(ref.tail or []) >= runtime.block_size - 1 for ref in refs),
         unavailable=unavailable)
-    metrics["accept_length_by_k"] = summarize_by_k(by_k, runtime.block_size)
+    metrics["accept_length_by_k"] = summarize_by_k(
+        by_k, runtime.block_size, exact=all(len(ref.tail or []) >= runtime.block_size - 1 for ref in refs))
     if runtime.spec.dflash2 is None:
         metrics["tree"] = tree_summary([t.topk for t in trees], [t.budgeted for t in trees],
                                        block_size=runtime.block_size, k=s.tree_k, budget=s.tree_budget, K=s.tree_K)
@@ -163,17 +165,24 @@ def _draft_all(ctx: EvalContext, name: str, runtime, source) -> tuple[DrafterRun
         metrics["tree"] = {"not_defined": TREE_NOT_DEFINED}
     summary = {"spec": ld.spec.to_json(), "source": ld.source, "metrics": metrics, "online_check": None,
                "timings": {"eval_s": None, "draft_s": round(draft_s, 3), "tree_s": round(tree_s, 3),
+                           "by_k_draft_s": round(replan_s, 3),
                            "anchors": anchors, **({"sampled_rule_s": round(rule_s, 3)} if by_rule is not None else {})}}
     records = [{"zlab-2604": conv.record(z), "vllm": conv.record(v)} for z, v in ends] if ends is not None else None
     return DrafterRun(summary=summary, rounds=rounds_all, trees=trees or None, diagnostics=dd, conventions=records,
                       sampled_rule=by_rule, by_k=by_k), as_run
 
 
+def _sample_end(ctx: EvalContext, ref, drafts) -> conv.SampleEnd:
+    """The sample with the target's tokens past the stop (none where they are unknown: counts there are lower
+    bounds) and the full block's drafts."""
+    return conv.SampleEnd(tokens=ref.tokens + list(ref.tail or []), prompt_len=len(ref.prompt_ids),
+                          kept=len(ref.tokens), max_new=ctx.settings.max_new_tokens,
+                          stop_ids=frozenset(ctx.target.stop_ids), drafts_at=drafts.top1)
+
+
 def _convention_rounds(ctx: EvalContext, ref, drafts, block_size: int) -> tuple[list, list]:
     """This sample's rounds in the zlab-2604 and vllm conventions (the committed ones are the chain replay's)."""
-    end = conv.SampleEnd(tokens=ref.tokens + list(ref.tail), prompt_len=len(ref.prompt_ids), kept=len(ref.tokens),
-                         max_new=ctx.settings.max_new_tokens, stop_ids=frozenset(ctx.target.stop_ids),
-                         drafts_at=drafts.top1)
+    end = _sample_end(ctx, ref, drafts)
     return conv.zlab_2604_rounds(end, block_size), conv.vllm_rounds(end, block_size)
 
 

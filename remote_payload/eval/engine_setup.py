@@ -91,7 +91,8 @@ def max_model_len(ctx: EvalContext) -> int:
     """The longest prompt + max new tokens + room for one draft block past the end (engines refuse longer)."""
     from remote_payload.models.target import render_prompt
 
-    longest = max(len(render_prompt(ctx.tokenizer, p.message_dicts(), ctx.settings.enable_thinking))
+    # one mode: --enable-thinking both is refused with an engine (settings.check_thinking_values)
+    longest = max(len(render_prompt(ctx.tokenizer, p.message_dicts(), bool(ctx.settings.enable_thinking)))
                   for p in ctx.prompts)
     block = max((ld.spec.block_size for ld in ctx.drafters.values()), default=16)
     return longest + ctx.settings.max_new_tokens + 2 * block

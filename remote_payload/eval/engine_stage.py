@@ -52,7 +52,7 @@ from remote_payload.engines import registry
 from remote_payload.engines.run import EnginePrompt, positions_of, run_one, run_prompts, speedup_table, sweep
 from remote_payload.engines.server import EngineError, EngineServer, ServerConfig
 from remote_payload.errors import PayloadError
-from remote_payload.eval import engine_dflash2, stages
+from remote_payload.eval import engine_by_k, engine_dflash2, stages
 from remote_payload.eval.context import EvalContext
 from remote_payload.eval.engine_ready import ReadyDrafter, _ready_or_refusal, ready_drafter, servable
 from remote_payload.eval.engine_results import _warn, drafter_block, offline_rounds, sampled_drafter_block
@@ -191,6 +191,7 @@ def drafter_engine(ctx: EvalContext, eng: EngineRun, name: str,
     block = (sampled_drafter_block(ctx, eng, name, run, greedy) if ctx.settings.sampled
              else drafter_block(ctx, eng, name, run))
     block.update(folder=str(folder), exported=exported, server=eng.servers[name])
+    engine_by_k.record(ctx, name, block, block["num_speculative_tokens"], run)
     if d2 is not None:
         block["dflash2"] = engine_dflash2.after_run(ctx, name, block, d2, eng.servers[name]["log"],
                                                     None if ctx.settings.sampled else offline_rounds(ctx, name)[0])
@@ -208,13 +209,14 @@ SYNTHETIC_UNSUPPORTED = "Synthetic acceptance not supported"
 
 def synthetic_replay(ctx: EvalContext, eng: EngineRun, name: str, block: dict, cfg: ServerConfig) -> None:
     """``--engine-check synthetic``: the drafter served once more with the engine's synthetic sampler fed the
-    profile's marginal rates (from the committed rounds, as the profile computes them); the engine's mean
+    profile's marginal rates (from the rounds the profile counts: ``offline_rounds``); the engine's mean
     accept length over every prompt at concurrency 1 must match 1 + Σ rates within sampling error
     (``metrics.synthetic_check``). ``block["synthetic_check"]``: the verdict, or ``unsupported`` / ``error``."""
     engine = registry.get(cfg.engine)
     positions = ctx.drafters[name].spec.block_size - 1
-    rates = marginal_rates([[r.accepted for r in rs] for rs in ctx.results[name].rounds], positions)
-    out: dict = {"rates": rates, "rates_source": "the profile's marginal_accept_rates (committed rounds)"}
+    accepted, source = offline_rounds(ctx, name)  # the rounds the profile counts (engine-counted where it can)
+    rates = marginal_rates(accepted, positions)
+    out: dict = {"rates": rates, "rates_source": f"the profile's marginal_accept_rates ({source} rounds)"}
     block["synthetic_check"] = out
     if not engine.synthetic_sampler:
         out["unsupported"] = f"{engine.title} has no synthetic acceptance sampler"
@@ -266,6 +268,7 @@ def per_k_timings(ctx: EvalContext, eng: EngineRun, name: str, block: dict, cfg:
         key = f"{name}-k{k}"
         with _serve(ctx, eng, key, dataclasses.replace(cfg, num_speculative_tokens=k)) as server:
             run = _timed_run(ctx, server, key)
+        engine_by_k.record(ctx, name, block, k, run)
         for lv in speedup_table((eng.plain or {}).get("levels", []), run["levels"]):
             row = rows.get(lv["concurrency"])
             if row is not None:

@@ -66,6 +66,7 @@ class Option:
     positive: bool = False          # more than 0 (a duration)
     repeatable: bool = False
     negatable: bool = False         # a bool with its --no- form
+    words: tuple[str, ...] = ()     # a negatable bool that also takes one of these words (--enable-thinking both)
     required: bool = False          # the payload cannot run without it
     parse: Callable[[Any], Any] | None = None     # the given value as EvalSettings holds it; raises PayloadError
     settings: Callable[[Any], dict] | None = None  # when one value fills several EvalSettings fields
@@ -140,6 +141,21 @@ def parse_datasets(values: list[str] | None) -> list[str]:
     """``--dataset NAME[:split][@N]`` values, each checked (a known set and split, N >= 1, none twice)."""
     dataset_specs(values)
     return list(values or [])
+
+
+THINKING_BOTH = "both"
+THINKING_WORDS: dict[str, bool | str] = {"on": True, "true": True, "off": False, "false": False,
+                                         THINKING_BOTH: THINKING_BOTH}
+
+
+def parse_thinking(value) -> bool | str:
+    """``--enable-thinking`` (True), ``--no-enable-thinking`` (False) or ``--enable-thinking both|on|off``."""
+    if isinstance(value, bool):
+        return value
+    word = THINKING_WORDS.get(str(value).strip().lower(), None)
+    if word is None:
+        raise PayloadError(f"--enable-thinking {value!r}: expected no value (on), 'both', 'on' or 'off'")
+    return word
 
 
 def parse_engine_k(value: str | None) -> tuple[int, ...]:
@@ -220,6 +236,15 @@ def _engine_settings(value: str | None) -> dict:
     return {"engine": name, "engine_version": version}
 
 
+def _check_card(value: str | None) -> str | None:
+    """A card loads and passes its schema (the file and the field named otherwise); the spec is kept as given."""
+    if value is not None:
+        from remote_payload.cards.schema import load_card
+
+        load_card(value)
+    return value
+
+
 def _check_engine(value: str | None) -> str | None:
     if value is not None:
         split_engine(value)
@@ -288,14 +313,32 @@ OPTIONS: tuple[Option, ...] = (
            "selection, sampling law, thinking mode, max new tokens and draft rule (options left at their default "
            "take the protocol's value; one given with another value is refused).", choices=tuple(PROTOCOLS),
            commands=BOTH),
+    # Cards (remote_payload/cards/): a published figure and its protocol, the verdict and the knobs behind a gap.
+    Option("--card", "card", "A published card to measure against: a shipped card's name or a card file "
+           "(YAML/JSON, docs/cards.md). Its known protocol fields are applied as --protocol's are (an option given "
+           "with another value is refused); results.json 'card' holds the verdict (reproduced, below, above).",
+           metavar="NAME|FILE", parse=lambda v: _check_card(v), commands=(EVAL,), planned=True,
+           dfo_help="A published card to measure against: a shipped card's name (docs/cards.md lists them) or a "
+           "local card file (YAML), checked here before anything connects. Its known protocol fields are applied "
+           "as --protocol's are; the verdict (reproduced, below, above) is printed beside the τ table."),
+    Option("--explain", "explain", "With --card: measure the knobs that explain a gap to the published figure and "
+           "rank them by how much of it each closes (on by itself when the verdict is not 'reproduced').",
+           kind=bool, default=False, commands=(EVAL,)),
+    Option("--explain-prompts", "explain_prompts", "With --card: rows (the run's first N) that the subset reruns of "
+           "--explain measure under each alternative setting (thinking, max new tokens, layer offsets, …).", kind=int,
+           default=16, minimum=1, metavar="N", commands=(EVAL,)),
     Option("--draft-rule", "draft_rule", "With --temperature > 0: how a round drafts and verifies. sampled (z-lab's "
            "current code): drafts drawn from the drafter's law, accepted while u·q(d) < p(d), a residual draw at the "
            "first rejection; τ integrated exactly over the round boundaries of each drawn continuation. greedy "
            "(z-lab's April code, vLLM's DFlash rule): the drafter's argmax, accepted while it equals the target's "
            "draw. The two give different τ; T = 0 ignores it.", default="sampled", choices=("greedy", "sampled"),
            commands=BOTH),
+    # Thinking mode: on, off, or both in one run (every prompt under each mode, paired: docs/eval.md).
     Option("--enable-thinking", "enable_thinking", "Chat-template thinking mode; must match the drafter's "
-           "training.", kind=bool, default=False, negatable=True, commands=BOTH, dfo_default=False),
+           "training. '--enable-thinking both': every prompt is evaluated under both modes in one run (references and "
+           "features cached per mode), with τ per mode and the paired difference on minus off with its CI.",
+           kind=bool, default=False, negatable=True, words=(THINKING_BOTH,), parse=parse_thinking, commands=BOTH,
+           dfo_default=False),
     Option("--device", "device", "Where the models run.", default="auto", choices=("auto", "cuda", "cpu"),
            commands=BOTH, dfo_default="auto"),
     Option("--dtype", "dtype", "Model dtype: bfloat16, or float32 (CPU); float16 is refused unless "
@@ -419,9 +462,35 @@ OPTIONS: tuple[Option, ...] = (
            metavar="ARG", repeatable=True, payload=False, commands=BOTH),
     Option("--force", "force", "Start even if another job holds the eval host's GPU lock.", kind=bool,
            payload=False, commands=(EVAL,), compared=False),
+    # `dfo lint` on every drafter before anything is relayed or started (orchestrator/lint/, docs/lint.md).
+    Option("--lint", "lint", "Lint every drafter's configs and safetensors headers against the target first (dfo "
+           "lint): errors stop before anything is relayed or started, warnings are shown; --no-lint skips it.",
+           kind=bool, negatable=True, payload=False, commands=BOTH, compared=False, dfo_default=True),
 )
 BY_FLAG = {o.flag: o for o in OPTIONS}
 BY_FIELD = {o.field: o for o in OPTIONS}
+
+
+def flag_words(argv: list[str]) -> list[str]:
+    """``--enable-thinking both`` as typer can parse it: a flag that also takes a word (``Option.words``) becomes its
+    hidden flag for that word (``--enable-thinking-both``); nothing after ``--`` is touched."""
+    words = {o.flag: o.words for o in OPTIONS if o.words}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return out + argv[i:]
+        flag, eq, word = arg.partition("=")
+        if flag in words and eq and word in words[flag]:
+            out.append(f"{flag}-{word}")
+        elif arg in words and i + 1 < len(argv) and argv[i + 1] in words[arg]:
+            out.append(f"{arg}-{argv[i + 1]}")
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out
 
 
 def payload_options() -> list[Option]:
@@ -442,7 +511,7 @@ def request_options() -> list[Option]:
 
 def check_value(option: Option, value: Any) -> None:
     """One given value against its declaration (choices, bounds, its parser); raises PayloadError."""
-    if value is None or value == [] or option.kind is bool:
+    if value is None or value == [] or (option.kind is bool and not (option.words and isinstance(value, str))):
         return
     if option.choices and value not in option.choices:
         close = difflib.get_close_matches(str(value), option.choices, n=1)
@@ -496,7 +565,13 @@ def _shown(value: Any) -> str:
 def settings_values(given: dict[str, Any]) -> dict[str, Any]:
     """EvalSettings' keyword arguments from the parsed value of every payload option (by field)."""
     out: dict[str, Any] = {}
-    given = protocols.fill(given, {o.field: o.default for o in payload_options()}, given.get("protocol"))
+    defaults = {o.field: o.default for o in payload_options()}
+    given = protocols.fill(given, defaults, given.get("protocol"))
+    if given.get("card"):
+        from remote_payload.cards import protocol as card_protocol
+        from remote_payload.cards.schema import load_card
+
+        given = card_protocol.fill(given, defaults, load_card(given["card"]))
     for o in payload_options():
         value = given.get(o.field, o.default)
         if o.settings is not None:
@@ -513,7 +588,9 @@ def argv(values: dict[str, Any]) -> list[str]:
     for o in payload_options():
         value = values.get(o.field)
         if o.kind is bool:
-            if o.negatable and value is not None:
+            if o.words and isinstance(value, str):
+                out += [o.flag, value]
+            elif o.negatable and value is not None:
                 out.append(o.flag if value else "--no-" + o.flag[2:])
             elif value:
                 out.append(o.flag)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remote_payload.eval import engine_results, engine_stage, stages
+from remote_payload.eval import card_stage, engine_results, engine_stage, stages
 from remote_payload.eval.context import EvalContext
 from remote_payload.eval.diagnosis import diagnostics_block
 from remote_payload.eval.drafters import evaluate_drafter
@@ -44,6 +44,8 @@ def run_eval(s: EvalSettings, progress: Progress = SILENT) -> dict:
         evaluate_drafter(ctx, name)
     if s.engine:
         engine_stage.run_engine(ctx, eng)
+    if s.card:
+        ctx.card = card_stage.measure(ctx)
     return write_results(ctx, eng if (s.engine or s.reference_engine) else None)
 
 
@@ -63,6 +65,8 @@ def write_results(ctx: EvalContext, eng: engine_stage.EngineRun | None = None) -
         results["settings"]["reference"]["engine"] = s.reference_engine
         if s.reference_engine:  # the server this run started and stopped itself
             results["reference"]["server"]["started_by_payload"] = s.reference_engine
+    if ctx.card is not None:
+        results["card"] = ctx.card
     if diagnostics is not None:
         ctx.progress.text(diagnostics["text"])
     paths = write_outputs(Path(ctx.settings.out), results, lines)

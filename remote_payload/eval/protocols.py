@@ -24,7 +24,8 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
                    "max_new_tokens": 4096, "draft_rule": "sampled"},
     },
 }
-FLAGS = {"datasets": "--dataset", "selection": "--selection", "selection_concurrency": "--selection-concurrency",
+FLAGS = {"datasets": "--dataset", "prompts": "--prompts", "samples": "--samples",
+         "selection": "--selection", "selection_concurrency": "--selection-concurrency",
          "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
          "enable_thinking": "--enable-thinking", "max_new_tokens": "--max-new-tokens", "draft_rule": "--draft-rule"}
 
@@ -37,10 +38,14 @@ def preset(name: str) -> dict[str, Any]:
 
 def fill(values: dict[str, Any], defaults: dict[str, Any], name: str | None) -> dict[str, Any]:
     """``values`` (by field) with every protocol field that is at its default set to the protocol's value."""
-    if not name:
-        return values
+    return fill_from(values, defaults, preset(name)) if name else values
+
+
+def fill_from(values: dict[str, Any], defaults: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every field of ``fixed`` that is at its default set to ``fixed``'s value (a protocol's, a
+    card's)."""
     out = dict(values)
-    for field, value in preset(name).items():
+    for field, value in fixed.items():
         if out.get(field) in (None, [], defaults.get(field)):
             out[field] = value
     return out
@@ -48,17 +53,20 @@ def fill(values: dict[str, Any], defaults: dict[str, Any], name: str | None) -> 
 
 def conflicts(values: dict[str, Any], name: str | None) -> list[str]:
     """The options whose value differs from the protocol's ("--temperature 0.6 (the protocol: 1)")."""
-    if not name:
-        return []
+    return clashes(values, preset(name), "the protocol") if name else []
+
+
+def clashes(values: dict[str, Any], fixed: dict[str, Any], owner: str) -> list[str]:
+    """The options whose value differs from ``fixed``'s ("--temperature 0.6 (OWNER: 1)")."""
     out = []
-    for field, want in preset(name).items():
+    for field, want in fixed.items():
         got = values.get(field)
         if isinstance(want, float) and isinstance(got, (int, float)):
             same = float(got) == want
         else:
             same = got == want
         if not same:
-            out.append(f"{FLAGS[field]} {_show(got)} (the protocol: {_show(want)})")
+            out.append(f"{FLAGS[field]} {_show(got)} ({owner}: {_show(want)})")
     return out
 
 

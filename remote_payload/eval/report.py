@@ -8,9 +8,10 @@ from collections import Counter
 
 from remote_payload.eval import protocols
 from remote_payload.eval.context import EvalContext
-from remote_payload.metrics.aggregate import BY_DATASET_NOTE, dataset_breakdown
+from remote_payload.metrics.aggregate import BY_DATASET_NOTE, dataset_breakdown, thinking_breakdown
 from remote_payload.metrics.chain import sample_tau
 from remote_payload.metrics.compare import compare_drafters
+from remote_payload.metrics.depth import by_context_depth
 from remote_payload.metrics.sampled import ESTIMATOR, sampled_figures
 from remote_payload.metrics.sampled_rule import DESCRIPTIONS
 from remote_payload.results import now_utc, versions
@@ -38,6 +39,8 @@ def sample_lines(ctx: EvalContext) -> list[dict]:
         line = {"index": p.index, "id": p.id, "category": p.category,
                 **({"dataset": p.dataset, "row_id": p.row_id, "turn": p.turn} if p.dataset is not None else {}),
                 **(ctx.draws[i].entry() if ctx.draws else {}),  # T > 0: which draw of which prompt, its seed
+                **({"thinking": p.thinking, "thinking_pair": p.paired} if p.thinking is not None else {}),
+                **({"depth_target": p.depth} if p.depth is not None else {}),
                 "prompt_tokens": len(ref.prompt_ids),
                 "continuation_tokens": len(ref.continuation), "stop_reason": ref.stop_reason,
                 "tail_tokens": len(ref.tail) if ref.tail is not None else None,
@@ -112,6 +115,11 @@ def results_document(ctx: EvalContext, lines: list[dict], comparison: dict | Non
         if by_dataset is not None:
             metrics["by_dataset"] = by_dataset
             metrics["definitions"] = {**(metrics.get("definitions") or {}), "by_dataset": BY_DATASET_NOTE}
+        by_thinking = thinking_breakdown(lines, name, seed=s.seed)
+        if by_thinking is not None:
+            metrics["by_thinking"] = by_thinking
+        metrics["by_context_depth"] = by_context_depth(lines, name, seed=s.seed,
+                                                       rule=s.rule if s.sampled else "greedy")
         if s.sampled:
             metrics["sampled"] = sampled_figures(lines, name, metrics["block_size"], sampling=sampling_block(s),
                                                  seed=s.seed)

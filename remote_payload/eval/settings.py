@@ -18,6 +18,7 @@ from remote_payload.eval import protocols
 from remote_payload.eval.options import (  # noqa: F401 - parse_named, parse_expect_p1: the settings' parsers
     ENGINES,
     FP16_REFUSED,
+    THINKING_BOTH,
     at_payload_default,
     check_needs,
     check_value,
@@ -46,6 +47,9 @@ class EvalSettings:
     suite: str | None = None  # "zlab": z-lab's sets and counts
     dataset_files: dict = field(default_factory=dict)  # dataset name -> its rows' file or folder here
     protocol: str | None = None  # a named card protocol (eval/protocols.py): its values are the settings'
+    card: str | None = None  # a published card (cards/): its known protocol fields are the settings'
+    explain: bool = False  # with a card: the knobs behind a gap, ranked (also when the verdict is not reproduced)
+    explain_prompts: int = 16  # rows the subset reruns of --explain measure
     selection: str = "zlab-transformers"  # which rows of a dataset (inputs/datasets/selection.py)
     selection_concurrency: int = 1  # zlab-server: the warm-up rows before the measured ones
     shard: tuple = (0, 1)
@@ -55,7 +59,7 @@ class EvalSettings:
     top_k: int = 0  # 0: off
     samples_per_prompt: int = 1
     draft_rule: str = "sampled"  # at T > 0: "sampled" (z-lab's current rule) or "greedy" (April's, vLLM's)
-    enable_thinking: bool = False
+    enable_thinking: bool | str = False  # or "both" (options.THINKING_BOTH): every prompt under each mode
     device: str = "auto"
     dtype: str = "bfloat16"
     allow_fp16: bool = False
@@ -111,6 +115,11 @@ class EvalSettings:
         return Sampling(float(self.temperature), float(self.top_p), int(self.top_k))
 
     @property
+    def thinking_both(self) -> bool:
+        """``--enable-thinking both``: every prompt evaluated under each mode, paired (aggregate.thinking_breakdown)."""
+        return self.enable_thinking == THINKING_BOTH
+
+    @property
     def tree_K(self) -> int:  # the K of the DDTree paper
         # K >= budget makes the budgeted tree exact DDTree (ranks >= budget never enter a tree of budget nodes).
         return self.tree_budget
@@ -154,6 +163,7 @@ def check_values(s: EvalSettings) -> None:
     if clash:
         raise PayloadError(f"--protocol {s.protocol} fixes what it measures, but {'; '.join(clash)}: drop those "
                            "options, or drop --protocol")
+    check_card_values(s)
     if s.dtype == "float16" and not s.allow_fp16:
         raise PayloadError(f"{FP16_REFUSED}. Use bfloat16 (float32 on CPU), or pass --allow-fp16 to force it")
     if not s.drafters:
@@ -168,6 +178,38 @@ def check_values(s: EvalSettings) -> None:
     check_needs(vars(s), payload_options(), at_payload_default)  # options that mean nothing alone
     check_engine_values(s)
     check_dataset_values(s)
+    check_thinking_values(s)
+
+
+def check_thinking_values(s: EvalSettings) -> None:
+    """``--enable-thinking both`` renders each prompt twice on this host; a server renders one mode per request
+    batch, which the server paths do not split yet."""
+    if not s.thinking_both:
+        return
+    served = [f for f, on in (("--reference " + str(s.reference_url or s.reference_engine),
+                                s.reference_url or s.reference_engine), (f"--engine {s.engine}", s.engine)) if on]
+    if served:
+        raise PayloadError(f"--enable-thinking both with {' and '.join(served)}: the two modes are evaluated with this "
+                           "host's own references and no engine; run one mode per eval for a server (--enable-thinking "
+                           "/ --no-enable-thinking) and compare the runs with `dfo runs compare`")
+
+
+def check_card_values(s: EvalSettings) -> None:
+    """--card fixes its known protocol fields (as --protocol does); --explain needs a card."""
+    if s.card is None:
+        if s.explain:
+            raise PayloadError("--explain ranks the knobs behind a gap to a published figure: give --card NAME|FILE")
+        return
+    if s.protocol:
+        raise PayloadError(f"--card and --protocol {s.protocol} both fix the protocol: give one of them")
+    from remote_payload.cards import protocol as card_protocol
+    from remote_payload.cards.schema import load_card
+
+    card = load_card(s.card)
+    clash = card_protocol.conflicts(vars(s), card)
+    if clash:
+        raise PayloadError(card_protocol.refusal(card, clash))
+
 
 
 def check_dataset_values(s: EvalSettings) -> None:

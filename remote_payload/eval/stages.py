@@ -18,6 +18,7 @@ from remote_payload.diagnose.probes import probe_layer_ids
 from remote_payload.diagnose.tensors import TensorStats
 from remote_payload.errors import PayloadError
 from remote_payload.eval import draws as draws_mod
+from remote_payload.eval import thinking_modes
 from remote_payload.eval.context import EvalContext, Extraction, References
 from remote_payload.eval.settings import (
     REFERENCE_API_KEY_ENV,
@@ -30,6 +31,7 @@ from remote_payload.inputs import batched_references
 from remote_payload.inputs import prompts as prompts_mod
 from remote_payload.inputs.batched_references import Request
 from remote_payload.inputs.cache import enforce_limit
+from remote_payload.inputs.datasets import longctx
 from remote_payload.inputs.datasets.load import load_datasets
 from remote_payload.inputs.features import FeatureStore, bytes_per_token, cache_path, cached_features, extract
 from remote_payload.inputs.prompts import Prompt, with_history
@@ -75,6 +77,16 @@ def check_inputs(ctx: EvalContext) -> None:
         reserved = f", reserved {ld.spec.reserved_layer_ids}" if ld.spec.reserved_layer_ids else ""
         progress.emit("stage", stage="load", status="drafter",
                       message=f"{name}: {ld.spec.format} format, fc layers {ld.spec.fc_layer_ids}{reserved}")
+    select_prompts(ctx)
+    if ctx.fault:
+        ctx.warn(f"TEST FAULT {ctx.fault} planted (${TEST_FAULT_ENV}): {TEST_FAULTS[ctx.fault]}; these results are "
+                 "not a measurement")
+
+
+def select_prompts(ctx: EvalContext, rows: int | None = None) -> None:
+    """The run's prompts (its datasets' rows or its prompt set, its shard; at T > 0 every draw); ``rows``: only
+    the first N conversations of them, every turn of each (--explain's subset reruns)."""
+    s = ctx.settings
     specs = s.dataset_specs
     if specs:  # the benchmark datasets replace the prompt set
         all_prompts, ctx.datasets = load_datasets(specs, s.dataset_files, s.selection, s.selection_concurrency)
@@ -87,11 +99,35 @@ def check_inputs(ctx: EvalContext) -> None:
         chosen = all_prompts if s.samples is None else all_prompts[:s.samples]
         raise PayloadError(f"no prompts selected: shard {s.shard[0]}/{s.shard[1]} of "
                            f"{prompts_mod.conversations(chosen)} prompt(s)")
+    if rows is not None:
+        kept: set[int] = set()
+        first_turns = 0
+        for p in ctx.prompts:
+            if p.follows is None and first_turns < rows:
+                first_turns += 1
+                kept.add(p.index)
+            elif p.follows in kept:
+                kept.add(p.index)
+        ctx.prompts = [p for p in ctx.prompts if p.index in kept]
+    if s.thinking_both:  # each prompt under both thinking modes, paired (eval/thinking_modes.py)
+        ctx.prompts = thinking_modes.expand(ctx.prompts)
+    build_longctx(ctx)
     if s.sampled:  # K draws per prompt, each one sample of the run (eval/draws.py)
         ctx.prompts, ctx.draws = draws_mod.expand(ctx.prompts, s.samples_per_prompt)
-    if ctx.fault:
-        ctx.warn(f"TEST FAULT {ctx.fault} planted (${TEST_FAULT_ENV}): {TEST_FAULTS[ctx.fault]}; these results are "
-                 "not a measurement")
+
+
+def build_longctx(ctx: EvalContext) -> None:
+    """longctx prompts built to their depth in the target's tokens, under each one's thinking mode."""
+    s, deep = ctx.settings, [i for i, p in enumerate(ctx.prompts) if p.depth is not None]
+    for done, i in enumerate(deep, start=1):
+        p = ctx.prompts[i]
+        mode = thinking_modes.mode_of(p, s.enable_thinking)
+
+        def render(messages: list[dict], mode: bool = mode) -> list[int]:
+            return targetmod.render_prompt(ctx.tokenizer, messages, mode)
+
+        ctx.prompts[i] = longctx.fit(p, render)
+        ctx.progress.progress("load", done, len(deep), unit="prompts", message=f"{p.id}: {p.depth} tokens")
 
 
 def load_target(ctx: EvalContext) -> None:
@@ -114,7 +150,8 @@ def local_references(ctx: EvalContext) -> None:
         requests = []
         for i in wave:
             p = ask(ctx, i, [found.get(j) for j in range(len(ctx.prompts))])
-            ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking)
+            mode = thinking_modes.mode_of(p, s.enable_thinking)  # --enable-thinking both: the prompt's own
+            ids = targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), mode)
             if s.sampled:
                 ctx.draws[i].seed = draw_seed(s.seed, ids, ctx.draws[i].number)
             requests.append(Request(ids, ctx.draws[i].seed if s.sampled else None))
@@ -156,15 +193,16 @@ def longest_row(ctx: EvalContext) -> tuple[int, int]:
     most each turn's prompt and max new tokens), the continuation and its tail."""
     s = ctx.settings
     turns = len(turn_waves(ctx.prompts)) or 1
-    longest = max((len(targetmod.render_prompt(ctx.tokenizer, p.message_dicts(), s.enable_thinking))
-                   for p in ctx.prompts), default=0)
+    longest = max((len(targetmod.render_prompt(ctx.tokenizer, p.message_dicts(),
+                                               thinking_modes.mode_of(p, s.enable_thinking))) for p in ctx.prompts),
+                  default=0)
     prompt = turns * longest + (turns - 1) * s.max_new_tokens
     return prompt, prompt + s.max_new_tokens + tail_length(ctx)
 
 
 def _reference_progress(ctx: EvalContext, at) -> None:
     ctx.progress.progress("reference", at.done, at.total, unit="rows", tokens_per_s=at.tokens_per_s,
-                          eta_s=at.eta_s, message=f"batch {at.stats.batch}")
+                          eta_s=at.eta_s, message=f"batch {at.stats.batch}" if at.total else "every row cached")
 
 
 def _decode_figures(stats: list) -> dict:
@@ -227,8 +265,8 @@ def server_references(ctx: EvalContext, engine_key: str | None = None) -> None:
         done = len(found)
         asked = [ask(ctx, i, [found.get(j) for j in range(len(ctx.prompts))]) for i in wave]
         sampled = SeededDraws(s.sampling, s.seed, [ctx.draws[i].number for i in wave]) if s.sampled else None
-        part = fetch_references(
-            endpoint, asked, ctx.tokenizer, enable_thinking=s.enable_thinking, max_tokens=s.max_new_tokens,
+        part = fetch_references(  # one mode: --enable-thinking both is refused with a server (check_thinking_values)
+            endpoint, asked, ctx.tokenizer, enable_thinking=bool(s.enable_thinking), max_tokens=s.max_new_tokens,
             stop_ids=ctx.stop_ids, cache_dir=ctx.cache_dir, strict_roundtrip=s.reference_strict_roundtrip,
             # mypy cannot infer a lambda with a default argument (done, bound per wave)
             on_sample=lambda d, t, r, done=done: progress.progress(  # type: ignore[misc]

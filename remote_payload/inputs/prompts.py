@@ -24,6 +24,10 @@ class Prompt:
     row_id: str | None = None   # the dataset row's id
     turn: int | None = None     # 1, 2, … in a multi-turn row (None: a single-turn prompt)
     follows: int | None = None  # index of the turn before this one: its answer goes into this turn's history
+    thinking: bool | None = None  # its chat template's thinking mode (None: the run's --enable-thinking)
+    paired: int | None = None   # --enable-thinking both: the index the prompt had before the two modes were made
+    depth: int | None = None    # a longctx prompt: the exact prompt length in target tokens it is built to
+    context: str | None = None  # a longctx prompt before it is built: the text its context is cut from
 
     def message_dicts(self) -> list[dict]:
         return [{"role": r, "content": c} for r, c in self.messages]

@@ -23,10 +23,11 @@ from remote_payload.metrics import migrate
 from remote_payload.metrics.by_k import summarize_by_k
 from remote_payload.metrics.chain import summarize
 from remote_payload.metrics.compare import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, compare_drafters
+from remote_payload.metrics.depth import by_context_depth
 from remote_payload.metrics.sample_rounds import rounds_from_entry
 from remote_payload.metrics.sampled import cluster_sums, clusters_of, online_summary, sampled_figures
 from remote_payload.metrics.sampled_rule import rule_summary
-from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci
+from remote_payload.metrics.stats import bootstrap_cis, bootstrap_mean_ci, verdict
 from remote_payload.metrics.tree import tree_summary
 
 # settings that legitimately differ between the parts of one sharded eval (the slice, and host-local paths)
@@ -57,6 +58,13 @@ def merge_shards(parts: Sequence[tuple[dict, list[dict]]]) -> tuple[dict, list[d
         by_dataset = dataset_breakdown(samples, name, seed=seed if isinstance(seed, int) else 0)
         if by_dataset is not None:
             d["metrics"]["by_dataset"] = by_dataset
+        by_thinking = thinking_breakdown(samples, name, seed=seed if isinstance(seed, int) else 0)
+        if by_thinking is not None:
+            d["metrics"]["by_thinking"] = by_thinking
+        if "by_context_depth" in ((first.get("drafters") or {}).get(name, {}).get("metrics") or {}):
+            d["metrics"]["by_context_depth"] = by_context_depth(
+                samples, name, seed=seed if isinstance(seed, int) else 0,
+                rule=str((sampling or {}).get("draft_rule") or "greedy") if isinstance(sampling, dict) else "greedy")
         if isinstance(sampling, dict):  # T > 0: the expectations over every part's draws, CIs over all prompts
             d["metrics"]["sampled"] = sampled_figures(samples, name, d["metrics"]["block_size"], sampling=sampling,
                                                       seed=seed if isinstance(seed, int) else 0)
@@ -284,7 +292,9 @@ def _merge_drafter(name: str, results_list: Sequence[dict], samples: list[dict])
         metrics["tree"] = metrics0["tree"]
     if "accept_length_by_k" in metrics0:  # every sample line carries its per-K record (metrics.by_k)
         records = [((line.get("drafters") or {}).get(name) or {}).get("by_k") for line in samples]
-        metrics["accept_length_by_k"] = summarize_by_k(records, B)
+        exact = all(((r["drafters"][name].get("metrics") or {}).get("accept_length_by_k") or {}).get("exact") is True
+                    for r in results_list)
+        metrics["accept_length_by_k"] = summarize_by_k(records, B, exact=exact)
     if "conventions" in metrics0:
         metrics["conventions"] = _merge_conventions(name, results_list, samples, chain, B)
     out = {k: v for k, v in d0.items() if k not in ("metrics", "online_check", "timings", "source")}
@@ -411,6 +421,10 @@ def _merge_reference(results_list) -> dict:
     servers = [p["server"] for p in parts if isinstance(p.get("server"), dict)]
     if servers:
         out["server"] = _merge_servers(servers)
+    in_order = sorted(results_list, key=lambda r: ((r.get("settings") or {}).get("shard") or {}).get("index") or 0)
+    decodes = [p["decode"] for p in (r.get("reference") or {} for r in in_order) if isinstance(p.get("decode"), dict)]
+    if decodes:  # each host decoded its own shard, at its own batch: one block per shard, in shard order
+        out["decode"] = decodes
     return out
 
 
@@ -496,6 +510,38 @@ def dataset_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> dic
             block["by_category"] = {c: _group_figures(m, name, seed) for c, m in sorted(categories.items())}
         out[dataset] = block
     return out
+
+
+THINKING_NOTE = ("--enable-thinking both: every prompt evaluated under both chat-template modes; per mode the "
+                 "figures of by_dataset over that mode's samples; paired = mean over prompts of τ(on) − τ(off) "
+                 "(each prompt's τ macro under each mode, at T > 0 the mean over its draws), 95% percentile "
+                 "bootstrap CI over prompts")
+
+
+def thinking_breakdown(lines: Sequence[dict], name: str, *, seed: int = 0) -> dict | None:
+    """``metrics.by_thinking`` of drafter ``name`` (None when no line names a thinking mode): each mode's figures
+    (``_group_figures``) and the paired difference on − off over the prompts evaluated under both."""
+    modes: dict[bool, list[dict]] = {False: [], True: []}
+    per_pair: dict[object, dict[bool, list[float]]] = {}
+    for line in lines:
+        mode = line.get("thinking")
+        if not isinstance(mode, bool):
+            continue
+        modes[mode].append(line)
+        tau = ((line.get("drafters") or {}).get(name) or {}).get("tau")
+        if tau is not None and _real(tau):
+            per_pair.setdefault(line.get("thinking_pair"), {False: [], True: []})[mode].append(float(tau))
+    if not modes[False] and not modes[True]:
+        return None
+    diffs = [sum(p[True]) / len(p[True]) - sum(p[False]) / len(p[False]) for p in per_pair.values()
+             if p[True] and p[False]]
+    ci = bootstrap_mean_ci(diffs, seed=seed)
+    return {"off": _group_figures(modes[False], name, seed), "on": _group_figures(modes[True], name, seed),
+            "paired": {"difference": sum(diffs) / len(diffs) if diffs else None, "ci": list(ci) if ci else None,
+                       "prompts": len(diffs), "verdict": verdict(
+                           ci, higher="τ is higher with thinking on", lower="τ is lower with thinking on",
+                           same="no clear difference between the modes", unit="prompts")},
+            "definition": THINKING_NOTE}
 
 
 def _group_figures(lines: Sequence[dict], name: str, seed: int) -> dict:

@@ -31,14 +31,16 @@ def bootstrap_mean_ci(values: Sequence[float], *, resamples: int = 2000, confide
     return means[lo_i], means[hi_i]
 
 
-def verdict(ci: tuple[float, float] | None) -> str:
+def verdict(ci: tuple[float, float] | None, *, higher: str = "B is higher", lower: str = "B is lower",
+            same: str = "no clear difference", unit: str = "samples") -> str:
+    """What a CI of a difference says, in words (the labels name the two sides)."""
     if ci is None:
-        return "too few samples for a confidence interval"
+        return f"too few {unit} for a confidence interval"
     if ci[0] > 0:
-        return "B is higher (CI excludes 0)"
+        return f"{higher} (CI excludes 0)"
     if ci[1] < 0:
-        return "B is lower (CI excludes 0)"
-    return "no clear difference (CI includes 0)"
+        return f"{lower} (CI excludes 0)"
+    return f"{same} (CI includes 0)"
 
 
 def bootstrap_cis(n: int, statistic: Callable[[Sequence[int]], Mapping[str, float | None]], *,

@@ -32,24 +32,25 @@ class GroupedConv(nn.Module):
         self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden_size))
         self.kernel_projection = nn.Linear(hidden_size, 2 * taps * self.groups, bias=False)
 
-    def _convolve(self, x: torch.Tensor, delta: torch.Tensor, side: int) -> torch.Tensor:
-        # x [G·B, H] -> [G, B, groups, group_size]; delta [G·B, taps, groups]
-        rows = x.reshape(-1, self.block_size, self.groups, self.group_size)
+    def _convolve(self, x: torch.Tensor, delta: torch.Tensor, side: int, block: int) -> torch.Tensor:
+        # x [G·b, H] -> [G, b, groups, group_size]; delta [G·b, taps, groups]; b the block's rows
+        rows = x.reshape(-1, block, self.groups, self.group_size)
         coef = (self.base_kernel[side].view(1, 1, self.taps, self.groups, self.group_size)
-                + delta.reshape(-1, self.block_size, self.taps, self.groups, 1))
+                + delta.reshape(-1, block, self.taps, self.groups, 1))
         out = coef[:, :, 0] * rows
         for t in range(1, self.taps):
             earlier = F.pad(rows[:, :-t], (0, 0, 0, 0, t, 0))  # row i reads row i − t, zeros before row 0
             out = out + coef[:, :, t] * earlier
         return out.reshape(x.shape)
 
-    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sub-layer's input convolved with side 0, and the side-1 coefficients for ``finish``."""
+    def prepare(self, x: torch.Tensor, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sub-layer's input convolved with side 0, and the side-1 coefficients for ``finish``. ``block``: the
+        rows per block when the engine plans fewer than the trained block size (bonus row + K mask rows)."""
         delta = self.kernel_projection(x).view(x.shape[0], 2, self.taps, self.groups)
-        return self._convolve(x, delta[:, 0], 0), delta[:, 1]
+        return self._convolve(x, delta[:, 0], 0, block or self.block_size), delta[:, 1]
 
-    def finish(self, y: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        return self._convolve(y, delta, 1)
+    def finish(self, y: torch.Tensor, delta: torch.Tensor, block: int | None = None) -> torch.Tensor:
+        return self._convolve(y, delta, 1, block or self.block_size)
 
 
 def layer_convs(spec: DrafterSpec) -> tuple[GroupedConv, GroupedConv] | None:

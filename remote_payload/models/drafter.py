@@ -31,6 +31,11 @@ Draft sources share one interface (the synthetic test drafter implements it too)
 ``DrafterRuntime.draft`` also takes ``slot0`` ("token" | "mask") and ``mask_id``: what fills the block
 other than the design's [committed token, mask × (B-1)]. The eval never sets them; ``--diagnose`` re-drafts
 with them to test a drafter against pitfalls 2 and 3 (mask-filled slot 0, another mask id).
+
+``block`` (``draft``, ``hidden``): the block's rows, 2 .. B (default B). An engine asked for K < B - 1 drafts
+plans a block of K + 1 rows, the committed token and K masks at positions a .. a+K (vLLM's DFlash proposer:
+``num_query_per_req = 1 + num_speculative_tokens``; SGLang: a block of ``speculative_num_draft_tokens``), so
+the bidirectional attention and DFlash2's convolutions see a shorter block; ``metrics/by_k.py`` replays that.
 """
 
 from __future__ import annotations
@@ -121,15 +126,15 @@ class DraftLayer(nn.Module):
         if convs is not None:
             self.attention_conv, self.mlp_conv = convs
 
-    def forward(self, h, cos, sin, ctx_k, ctx_v, mask):
+    def forward(self, h, cos, sin, ctx_k, ctx_v, mask, block: int | None = None):
         if not hasattr(self, "attention_conv"):
             h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
             return h + self.mlp(self.post_attention_layernorm(h))
         # DFlash2: the convolved normed input feeds the sub-layer, whose output is convolved before the residual
-        x, delta = self.attention_conv.prepare(self.input_layernorm(h))
-        h = h + self.attention_conv.finish(self.self_attn(x, cos, sin, ctx_k, ctx_v, mask), delta)
-        x, delta = self.mlp_conv.prepare(self.post_attention_layernorm(h))
-        return h + self.mlp_conv.finish(self.mlp(x), delta)
+        x, delta = self.attention_conv.prepare(self.input_layernorm(h), block)
+        h = h + self.attention_conv.finish(self.self_attn(x, cos, sin, ctx_k, ctx_v, mask), delta, block)
+        x, delta = self.mlp_conv.prepare(self.post_attention_layernorm(h), block)
+        return h + self.mlp_conv.finish(self.mlp(x), delta, block)
 
 
 class DFlashDrafter(nn.Module):
@@ -271,9 +276,18 @@ class DrafterRuntime:
 
     # -- blocks ----------------------------------------------------------------------------------
 
+    def block_rows(self, block: int | None) -> int:
+        """The rows of a block planned at ``block`` (None: the trained block size)."""
+        if block is None:
+            return self.block_size
+        if not 2 <= block <= self.block_size:
+            raise ValueError(f"a block of {block} rows: expected 2 .. {self.block_size} (the bonus row and 1 .. "
+                             f"{self.block_size - 1} mask rows)")
+        return int(block)
+
     def block_input_ids(self, tokens: torch.Tensor, anchors: torch.Tensor, slot0: str = "token",
-                        mask_id: int | None = None) -> torch.Tensor:
-        """[G, B] ids: slot 0 = the committed token at the anchor, slots 1.. = the mask token.
+                        mask_id: int | None = None, block: int | None = None) -> torch.Tensor:
+        """[G, b] ids: slot 0 = the committed token at the anchor, slots 1.. = the mask token (b = ``block``).
 
         ``slot0="mask"`` fills slot 0 with the mask too and ``mask_id`` replaces the spec's mask id: both
         only for diagnostic re-drafts (the block the design prescribes is the default).
@@ -281,21 +295,21 @@ class DrafterRuntime:
         if slot0 not in ("token", "mask"):
             raise ValueError(f"slot0 must be 'token' or 'mask', not {slot0!r}")
         mask = self.spec.mask_token_id if mask_id is None else int(mask_id)
-        ids = torch.full((anchors.shape[0], self.block_size), mask, dtype=torch.long, device=anchors.device)
+        ids = torch.full((anchors.shape[0], self.block_rows(block)), mask, dtype=torch.long, device=anchors.device)
         if slot0 == "token":
             ids[:, 0] = tokens[anchors]
         return ids
 
     def hidden(self, ctx: DraftContext, tokens, anchors, grad: bool = False, slot0: str = "token",
-               mask_id: int | None = None) -> torch.Tensor:
-        """Final-norm hidden states of slots 1..B-1 for every block: [G, B-1, H]."""
-        B = self.block_size
+               mask_id: int | None = None, block: int | None = None) -> torch.Tensor:
+        """Final-norm hidden states of slots 1..B-1 for every block: [G, B-1, H] (B = ``block`` when given)."""
+        B = self.block_rows(block)
         tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device)
         anchors = torch.as_tensor(anchors, dtype=torch.long, device=self.device)
         if int(anchors.max()) > ctx.length:
             raise PayloadError(f"anchor {int(anchors.max())} needs context up to it, only {ctx.length} positions given")
         with torch.set_grad_enabled(grad):
-            ids = self.block_input_ids(tokens, anchors, slot0, mask_id)
+            ids = self.block_input_ids(tokens, anchors, slot0, mask_id, B)
             emb_dev = self.embed.weight.device
             h = self.embed(ids.to(emb_dev)).to(self.device, self.dtype).reshape(-1, self.spec.hidden_size)
             if self.spec.input_embedding_scale != 1.0:
@@ -306,7 +320,7 @@ class DrafterRuntime:
             masks = {key: block_mask(anchors, B, C, *key) for key in self.mask_groups}
             layer_mask = {i: masks[key] for key, idxs in self.mask_groups.items() for i in idxs}
             for i, layer in enumerate(self.model.layers):
-                h = layer(h, cos, sin, ctx.k[i][:, :C], ctx.v[i][:, :C], layer_mask[i])
+                h = layer(h, cos, sin, ctx.k[i][:, :C], ctx.v[i][:, :C], layer_mask[i], B)
             h = self.model.norm(h).view(anchors.shape[0], B, -1)
         return h[:, 1:]
 
@@ -322,8 +336,8 @@ class DrafterRuntime:
             out = out * self.spec.output_multiplier
         return out
 
-    def _chunk_size(self, ctx_len: int) -> int:
-        B, heads = self.block_size, self.spec.num_heads
+    def _chunk_size(self, ctx_len: int, block: int) -> int:
+        B, heads = block, self.spec.num_heads
         budget = SCORE_BUDGET["cuda" if self.device.type == "cuda" else "cpu"]
         g = 1
         while g < 4096 and heads * (2 * g * B) * (ctx_len + 2 * g * B) <= budget:
@@ -332,16 +346,18 @@ class DrafterRuntime:
 
     @torch.no_grad()
     def draft(self, ctx: DraftContext, tokens, anchors, topk: int = 1, slot0: str = "token",
-              mask_id: int | None = None):
+              mask_id: int | None = None, block: int | None = None):
+        """(ids, logprobs) [A, b-1, topk] of the blocks anchored at ``anchors``, b = ``block`` rows (module doc)."""
         anchors = torch.as_tensor(anchors, dtype=torch.long)
+        rows = self.block_rows(block)
         if anchors.numel() == 0:
-            shape = (0, self.block_size - 1, topk)
+            shape = (0, rows - 1, topk)
             return torch.zeros(shape, dtype=torch.long), torch.zeros(shape)
-        g = self._chunk_size(int(anchors.max()))
+        g = self._chunk_size(int(anchors.max()), rows)
         ids_out, lp_out = [], []
         for start in range(0, anchors.numel(), g):
             chunk = anchors[start:start + g]
-            h = self.hidden(ctx, tokens, chunk, slot0=slot0, mask_id=mask_id)
+            h = self.hidden(ctx, tokens, chunk, slot0=slot0, mask_id=mask_id, block=rows)
             if self.selector is not None:  # DFlash2: the selector's walk from the block's anchor token
                 anchor_tokens = torch.as_tensor(tokens, dtype=torch.long)[chunk].to(self.device)
                 ids, lps, _ = self.selector.walk_candidates(*self.candidates(h), h, anchor_tokens, topk)
@@ -356,7 +372,7 @@ class DrafterRuntime:
                     idx = idx + self.d2t.to(idx.device)[idx]
                 ids_out.append(idx.cpu())
                 lp_out.append(vals.cpu())
-        B1 = self.block_size - 1
+        B1 = rows - 1
         return torch.cat(ids_out).view(-1, B1, topk), torch.cat(lp_out).view(-1, B1, topk)
 
     def candidates(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

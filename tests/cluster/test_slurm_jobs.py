@@ -76,10 +76,10 @@ def test_a_cancelled_running_task_leaves_no_finished_record(login, section):
 
 
 @pytest.mark.slow
-def test_a_task_past_its_time_limit_is_reported_as_killed_by_the_scheduler(login, section):
-    # Slurm's smallest limit is one minute: this test waits for it (about 60-90 s).
-    request = _request(section, "timeout", ("sleep", "300"), tasks=(0,))
-    submitted = submit(login, section.model_copy(update={"time_limit": "1"}), request)
+def test_a_task_past_its_time_limit_is_reported_as_killed_by_the_scheduler(time_limit_job):
+    # Slurm's smallest limit is one minute: the job (one task, `sleep 300`, time limit 1) was submitted when the
+    # session's Slurm started (tests/fixtures_slurm.py), so most of that minute is behind it by now.
+    login, request, submitted = time_limit_job
     final = follow(login, submitted, poll=1, max_poll=2, timeout=240)
     assert final[0].state == "TIMEOUT" and final[0].killed_by_scheduler
     assert task_records(login, request.job_dir, request.tasks)[0].exit_code is None

@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.sshd, pytest.mark.slow, pytest.mark.timeout(2400)]
 # starts are what takes the time.
 SAMPLES, MAX_NEW_TOKENS = 12, 96
 LEVELS = "1,4"  # the sweep rides on the same two servers: each level costs seconds of tokens, no start
+SMALL_K = 3  # --engine-k: the drafter served once more offering 3 drafts (its block re-planned at 4 rows)
 
 
 def inventory_with_engine_venv(box, venv: Path, dest: Path) -> Path:
@@ -43,7 +44,7 @@ def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows
     runs = tmp_path / "runs"
     args = ["eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter", eval_hosts["random"],
             "--samples", "2", "--max-new-tokens", "8", "--engine", "vllm"]
-    dry = dfo(*args, "--reference", "vllm", "--engine-concurrency", "1,4,16",
+    dry = dfo(*args, "--reference", "vllm", "--engine-concurrency", "1,4,16", "--engine-k", "3",
               "--payload-arg=--engine-arg=--tensor-parallel-size=2", "--dry-run", inventory=inventory, runs=runs)
     assert dry.returncode == 0, dry.stderr
     out = " ".join(dry.stdout.split())
@@ -53,6 +54,9 @@ def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows
     assert "a plain vLLM server (no speculation), started before the target loads: the reference continuations " \
            "and the baseline tokens/s" in out
     assert "one vLLM server per drafter (random) with it as DFlash speculative config" in out
+    assert "one more vLLM server per drafter and --engine-k K (3): tokens/s at K and the engine's acceptance at K " \
+           "beside the profile's accept_length_by_k[K] and its CI" in out
+    assert "per drafter and sample: one batched draft pass at the full block B, then B - 2 more at K + 1 rows" in out
     proc = dfo(*args, inventory=inventory, runs=runs)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = " ".join(proc.stderr.split())
@@ -70,7 +74,7 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     proc = dfo("eval", "--host", "ct129", "--target", str(engine_fixtures / "target"),
                "--drafter", f"ours={checkpoint}", "--samples", str(SAMPLES), "--max-new-tokens", str(MAX_NEW_TOKENS),
                "--dtype", "float32", "--threads", "1", "--engine", "vllm", "--reference", "vllm",
-               "--engine-concurrency", LEVELS, "--engine-k", "1", "--engine-check", "synthetic", "--json",
+               "--engine-concurrency", LEVELS, "--engine-k", str(SMALL_K), "--engine-check", "synthetic", "--json",
                inventory=inventory, runs=runs, timeout=2400)
     TIMINGS["eval --engine vllm --reference vllm"] = f"{time.monotonic() - started:.1f} s"
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -83,9 +87,9 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert "--per-request-spec-decode-metrics" in run["servers"]["ours"]["command"]
     assert not any(run["servers"][k].get("command") and "VLLM_API_KEY" in " ".join(run["servers"][k]["command"])
                    for k in run["servers"])
-    # one plain server for the eval, one per drafter, one more offering K = 1 draft (--engine-k 1), one with the
+    # one plain server for the eval, one per drafter, one more offering K = 3 drafts (--engine-k 3), one with the
     # synthetic sampler (--engine-check synthetic)
-    assert set(run["start_seconds"]) == {"plain", "ours", "ours-k1", "ours-synthetic"}
+    assert set(run["start_seconds"]) == {"plain", "ours", f"ours-k{SMALL_K}", "ours-synthetic"}
     TIMINGS.update({f"e2e start {k}": f"{v} s" for k, v in run["start_seconds"].items()})
     for name in ("vllm-plain.log", "vllm-ours.log"):
         assert name in run["logs"]
@@ -149,12 +153,13 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert "adds up to the server's counters exactly" in report and "per-step acceptance" in report
     assert (run_dir / "engine_speedup.png").is_file() and "![engine_speedup](engine_speedup.png)" in report
 
-    # --engine-k 1: per-K timings at every level. Two drafted K timed: both are calibration points of the
+    # --engine-k 3: per-K timings at every level. Two drafted K timed: both are calibration points of the
     # drafted line, so the error at each is the profile's τ against the engine's alone
-    assert all(set(row["per_k"]) == {"1"} and row["per_k"]["1"]["tokens_per_s"] > 0 for row in table)
+    k = str(SMALL_K)
+    assert all(set(row["per_k"]) == {k} and row["per_k"][k]["tokens_per_s"] > 0 for row in table)
     plan = results["k_plans"]["ours"]
-    assert plan["k_measured"] == [1, B - 1]
-    assert {(c["concurrency"], c["k"]) for c in plan["check"]} == {(c, k) for c in (1, 4) for k in (1, B - 1)}
+    assert plan["k_measured"] == [SMALL_K, B - 1]
+    assert {(c["concurrency"], c["k"]) for c in plan["check"]} == {(c, q) for c in (1, 4) for q in (SMALL_K, B - 1)}
     assert not any(c["held_out"] for c in plan["check"])
     for c in plan["check"]:
         assert c["relative_error"] == pytest.approx(c["profile_tau"] / c["engine_tau"] - 1, abs=2e-3), c
@@ -168,6 +173,25 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert profile["validation"]["passed"] and profile["measurement_conditions"]["engine"]["version"] == "0.32.0"
     assert profile["marginal_accept_rates"] == syn["rates"]  # the engine was fed the card's own rates
     assert profile["x_dfo"]["engine_synthetic_check"] == {"unsupported": syn["unsupported"]}
+
+    # The profile's per-K figure (the drafter run at a block of K + 1 rows, engine-counted) beside vLLM's own
+    # per-request acceptance at the same K: at the full block and at K = 3, inside the profile's 95% CI
+    by_k = profile["accept_length_by_k"]
+    assert profile["measurement_conditions"]["accept_length_by_k"]["method"] == "replanned"
+    assert by_k[str(B - 1)] == pytest.approx(profile["mean_accept_length"], abs=1e-5)
+    checks = eng["by_k_check"]
+    assert set(checks) == {k, str(B - 1)}
+    TIMINGS["e2e by K [K, engine, profile, CI]"] = json.dumps(
+        [[q, c["engine_mean_accept_length"], c["profile_mean_accept_length"], c["profile_ci95"]]
+         for q, c in sorted(checks.items())])
+    for q, c in checks.items():
+        lo, hi = profile["x_dfo"]["accept_length_by_k_ci95"][q]
+        assert c["profile_mean_accept_length"] == by_k[q] and c["profile_ci95"] == [lo, hi]
+        assert lo <= c["engine_mean_accept_length"] <= hi and c["within_ci"], (q, c)
+    # the engine's figure at K is the per-request counters' of that server (the per-K row's acceptance length)
+    assert checks[k]["engine_mean_accept_length"] == pytest.approx(table[0]["per_k"][k]["mean_acceptance_length"],
+                                                                  abs=1e-3)
+    assert profile["x_dfo"]["engine_by_k_check"][k]["within_ci"] is True
 
 
 def _arg(argv: list[str], flag: str) -> str:

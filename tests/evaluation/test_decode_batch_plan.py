@@ -32,6 +32,16 @@ def test_decode_batch_is_in_the_help(command):
     assert proc.returncode == 0 and "--decode-batch" in proc.stdout and "N|auto" in proc.stdout
 
 
+def test_decode_batch_is_in_the_payloads_help():
+    import argparse
+
+    from remote_payload.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    text = " ".join(sub.choices["eval"].format_help().split())
+    assert "--decode-batch N|auto" in text and "1 on the CPU" in text
+
+
 def test_a_bad_decode_batch_is_refused_before_anything_connects(tmp_path):
     proc = dfo(*EVAL, "--decode-batch", "0", inventory=_inventory(tmp_path, None))
     assert proc.returncode == 2 and "--decode-batch '0': expected a whole number of rows >= 1, or auto" in proc.stderr

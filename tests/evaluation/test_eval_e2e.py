@@ -141,8 +141,9 @@ def test_remote_failure_surfaces_the_payload_error_and_marks_the_run_failed(sand
     config["dflash_config"]["target_layer_ids"] = ids + [ids[-1] - 1]
     (bad / "config.json").write_text(json.dumps(config))
     runs = tmp_path / "runs"
+    # --no-lint: the payload's own check is what this test is about (the lint would stop it first: tests/lint).
     proc = dfo(sandbox, "eval", "--host", "ct129", "--target", eval_hosts["target"], "--drafter", f"bad={bad}",
-               "--samples", "2", "--max-new-tokens", "16", runs=runs)
+               "--samples", "2", "--max-new-tokens", "16", "--no-lint", runs=runs)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "drafter 'bad'" in proc.stderr and "fc expects" in proc.stderr and "Traceback" not in proc.stderr
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
@@ -150,6 +151,7 @@ def test_remote_failure_surfaces_the_payload_error_and_marks_the_run_failed(sand
     assert record["status"] == "failed" and "fc expects" in record["error"]
     assert "dfo-payload error:" in (run_dir / "logs" / "ct129.log").read_text()
     assert not (run_dir / "results.json").exists()
+    assert "lint skipped (--no-lint)" in proc.stderr
 
 
 def test_two_eval_hosts_shard_the_prompts_and_merge_with_provenance(sandbox, eval_hosts, tmp_path):

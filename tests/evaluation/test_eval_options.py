@@ -18,6 +18,7 @@ from orchestrator.core.errors import InputError
 from orchestrator.core.inventory import parse_inventory
 from orchestrator.evaluation.plan import EvalRequest, parse_drafter, plan_eval
 from remote_payload.cli import build_parser
+from remote_payload.errors import PayloadError
 from remote_payload.eval import options as declared
 from remote_payload.eval.settings import EvalSettings, check_values, settings_from_values
 
@@ -243,7 +244,8 @@ def test_every_request_value_reaches_the_payload_settings_unchanged():
     skip = {"target", "prompts", "reference", "reference_model", "engine", "payload_args",  # planned: below
             "datasets", "suite", "dataset_files",  # real sets: tests/evaluation/test_dataset_options.py
             "selection", "selection_concurrency",  # they need a dataset: test_selection_reaches_the_payload below
-            "protocol"}  # it fixes a dataset: test_a_protocol_fills_the_options_left_at_their_default below
+            "protocol",  # it fixes a dataset: test_a_protocol_fills_the_options_left_at_their_default below
+            "card", "explain"}  # a card fixes its protocol, --explain needs one: tests/cards/test_card_options.py
     given = {o.field: _non_default(o) for o in declared.request_options() if o.payload and o.field not in skip}
     assert given, "no option to carry"
     req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)], **given,
@@ -349,3 +351,30 @@ def test_every_option_that_needs_another_is_refused_alone_by_the_payload_and_by_
     # with what it needs, each is accepted
     plan_eval(EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
                           engine="vllm", engine_k="1,3", engine_concurrency="1,4"), INV)
+
+
+def test_enable_thinking_both_reaches_the_payload_and_is_refused_with_a_server(files):
+    """`dfo eval --enable-thinking both` (typer's flags take no value: flag_words turns it into the hidden flag),
+    its payload argv and the payload's parse; the bare and --no- forms keep their meaning; a server is refused."""
+    for given, expected in ((["--enable-thinking", "both"], "both"), (["--enable-thinking=both"], "both"),
+                            (["--enable-thinking"], True), (["--no-enable-thinking"], False)):
+        proc = dfo(*BASE, *given, "--dry-run", "--json", inventory=files["inventory"])
+        assert proc.returncode == 0, proc.stderr
+        (job,) = json.loads(proc.stdout)["plan"]["jobs"]
+        assert settings_from_values(vars(build_parser().parse_args(job["args"]))).enable_thinking == expected, given
+    assert declared.flag_words(["--enable-thinking", "both", "--", "--enable-thinking", "both"]) == [
+        "--enable-thinking-both", "--", "--enable-thinking", "both"]
+    proc = dfo(*BASE, "--enable-thinking", "both", "--engine", "vllm", "--dry-run", inventory=files["inventory"])
+    assert proc.returncode == 2 and "--enable-thinking both with --engine vllm" in proc.stderr, proc.stderr
+    with pytest.raises(PayloadError, match="--enable-thinking 'sometimes': expected no value"):
+        build_parser().parse_args(["eval", "--target", "t", "--drafter", "a=b", "--enable-thinking", "sometimes"])
+
+
+def test_longctx_depths_reach_the_payload_and_bad_ones_are_refused_before_anything_connects():
+    req = EvalRequest(hosts=["ct129"], target="/m/t", drafters=[parse_drafter("ours=/m/d", INV)],
+                      datasets=["longctx:4k,16k@2"])
+    (job,) = plan_eval(req, INV).jobs
+    settings = settings_from_values(vars(build_parser().parse_args(job.args)))
+    assert [s.depths for s in settings.dataset_specs] == [(4096, 16384)]
+    with pytest.raises(InputError, match="depth '4q' is not a token count"):
+        plan_eval(dataclasses.replace(req, datasets=["longctx:4q"]), INV)

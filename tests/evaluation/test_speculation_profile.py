@@ -165,6 +165,52 @@ def test_the_engine_synthetic_check_travels_with_the_profile_and_the_report():
     assert "engine_synthetic_check" not in build_profile(*_results(), "d")["x_dfo"]
 
 
+def test_profile_counts_steps_as_the_engine_does_and_names_its_per_k_method():
+    results, samples = _results()
+    block = results["drafters"]["d"]["metrics"]["accept_length_by_k"]
+    block.update(method="replanned", definition="K + 1 rows", exact=True)
+    block["by_k"]["2"].update(ci95=[1.8, 2.2], committed={"mean_accept_length": 1.9})
+    # every sample has the vllm convention's record (drafts accepted past the stop counted): the card uses it
+    samples[0]["drafters"]["d"]["conventions"] = {"vllm": {"accepted": [3, 0, 1, 3]}}
+    samples[1]["drafters"]["d"]["conventions"] = {"vllm": {"accepted": [3, 3]}}
+    p = build_profile(results, samples, "d")
+    assert p["mean_accept_length"] == round(1 + 13 / 6, 6) and "past the stop token" in \
+        p["measurement_conditions"]["convention"]
+    assert p["measurement_conditions"]["accept_length_by_k"]["method"] == "replanned"
+    assert p["x_dfo"]["accept_length_by_k_ci95"] == {"2": [1.8, 2.2]}
+    assert p["x_dfo"]["accept_length_by_k_committed"] == {"2": 1.9}
+    del samples[1]["drafters"]["d"]["conventions"]  # one sample without: the committed rounds, said so
+    p = build_profile(results, samples, "d")
+    assert p["mean_accept_length"] == 3.0 and "lower bound" in p["measurement_conditions"]["convention"]
+
+
+def test_an_old_dfo_profile_is_recognised_and_compare_says_the_methods_differ(tmp_path):
+    from cli_runner import dfo
+
+    from orchestrator.evaluation.profile import BY_K_METHOD, OLD_BY_K_METHOD, by_k_method
+    from remote_payload.metrics import by_k
+
+    assert (BY_K_METHOD, OLD_BY_K_METHOD) == (by_k.METHOD, by_k.OLD_METHOD)  # the controller's copy of the names
+
+    results, samples = _results()  # a results.json from before: per-K figures without a method
+    old = build_profile(results, samples, "d")
+    assert by_k_method(old) == "truncated"
+    results["drafters"]["d"]["metrics"]["accept_length_by_k"]["method"] = "replanned"
+    new = build_profile(results, samples, "d")
+    assert by_k_method(new) == "replanned"
+    del old["measurement_conditions"]["accept_length_by_k"]  # as dfo wrote it then: no such field
+    assert by_k_method(old) == "truncated"
+    assert by_k_method({"accept_length_by_k": {"1": 1.5}}) is None  # another tool's card that does not say
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    proc = dfo("runs", "compare", str(tmp_path / "old.json"), str(tmp_path / "new.json"))
+    assert proc.returncode == 0, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "warning: accept_length_by_k was measured by different methods: A truncated, B replanned" in err
+    same = dfo("runs", "compare", str(tmp_path / "new.json"), str(tmp_path / "new.json"), "--json")
+    assert "methods_differ" not in json.loads(same.stdout) and "warning" not in same.stderr
+
+
 @pytest.mark.parametrize("change,message", [
     ({"marginal_accept_rates": [float("nan"), 0.25, 0.1]}, r"marginal_accept_rates\[0\] is nan: expected a rate in"),
     ({"marginal_accept_rates": [1.5, 0.25, 0.1], "mean_accept_length": 2.85},

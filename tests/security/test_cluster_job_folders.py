@@ -251,3 +251,22 @@ def test_every_call_to_the_login_node_has_a_timeout():
     task_records(login, "/shared/dfo/slurm-jobs/j", (0,))
     recorded_job_ids(login, "/shared/dfo/slurm-jobs", "12")
     assert len(login.timeouts) == 2 and all(t is not None and 0 < t <= 600 for t in login.timeouts)
+
+
+def test_a_file_served_larger_than_listed_stops_the_download(tmp_path):
+    """A pull (SSH or cluster) checks the host's list before and after each download, and a host that serves
+    more bytes than it listed is stopped as the bytes come, not after it filled the disk."""
+    from orchestrator.core.errors import HostError
+    from orchestrator.jobs.operation import download_verified
+
+    class Session:  # serves 10 MB in 1 MB chunks for a file listed at 3 bytes
+        def get(self, remote, local, progress=None):
+            with open(local, "wb") as fh:
+                for i in range(1, 11):
+                    fh.write(b"x" * (1 << 20))
+                    progress(i << 20, 10 << 20)
+
+    manifest = {"results.json": {"sha256": "0" * 64, "size": 3}}
+    with pytest.raises(HostError, match="results file results.json is larger than the 3 bytes the host listed"):
+        download_verified(Session(), "hpc", "/r", manifest, tmp_path)
+    assert (tmp_path / "results.json").stat().st_size == 1 << 20  # stopped at the first chunk

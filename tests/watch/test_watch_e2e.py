@@ -160,7 +160,9 @@ def test_watch_evaluates_each_checkpoint_once_through_kills_and_a_corrupt_file(s
     entries = final["checkpoints"]
     assert {n: e["status"] for n, e in entries.items()} == {
         "step_100.pt": "done", "step_200.pt": "done", "step_250.pt": "failed", "step_300.pt": "done"}
-    assert "strip-checkpoint" in entries["step_250.pt"]["error"]
+    # The lint refuses the corrupt file where it lies, before any strip or relay.
+    refused = entries["step_250.pt"]["error"]
+    assert "[torch-not-zip]" in refused and "nothing was relayed" in refused
     assert entries["step_200.pt"]["attempts"] == 2  # the attempt killed while relaying was redone
     # Exactly once: one complete run per checkpoint, and the series points at it.
     complete = {}

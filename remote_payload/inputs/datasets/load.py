@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from remote_payload.errors import PayloadError
+from remote_payload.inputs.datasets import longctx
 from remote_payload.inputs.datasets.registry import DatasetSpec, package_source
 from remote_payload.inputs.datasets.rows import read_rows
 from remote_payload.inputs.datasets.selection import RULE, RULE_TEXTS, SEED, SERVER, first_turn_only, select_rows
@@ -63,6 +64,11 @@ def load_one(spec: DatasetSpec, file: str | None, start: int = 0, selection: str
         raise PayloadError(f"dataset {spec.name} ({_short(source.files)}): row id(s) {', '.join(twice[:5])} occur "
                            "more than once (each row is one sample: ids must be unique)")
     seen: dict[int, int] = {}
+    if spec.depths:  # longctx: each chosen row at each depth, built to it on the eval host (longctx.fit)
+        prompts = longctx.prompts_of(source.rows, chosen, all_ids, spec.depths, start,
+                                     lambda i: f"dataset {spec.name} ({_short(source.files)}) row {i + 1}")
+        row_ids = [all_ids[pos] for pos in chosen]
+        chosen = []
     for pos in chosen:
         row, rid = source.rows[pos], all_ids[pos]
         seen[pos] = seen.get(pos, 0) + 1
@@ -93,7 +99,8 @@ def load_one(spec: DatasetSpec, file: str | None, start: int = 0, selection: str
                             **({"concurrency": concurrency, "warmup_rows": [all_ids[i % len(all_ids)]
                                                                             for i in range(concurrency)]
                                 if all_ids else []} if selection == SERVER else {})},
-              "row_ids": row_ids, "samples": len(prompts), "multi_turn": adapter.multi_turn}
+              "row_ids": row_ids, "samples": len(prompts), "multi_turn": adapter.multi_turn,
+              **({"depths": list(spec.depths), "construction": longctx.CONSTRUCTION} if spec.depths else {})}
     return prompts, record
 
 

@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from remote_payload.errors import PayloadError
-from remote_payload.inputs.datasets import builtin, gsm8k, humaneval, math500, mbpp, mt_bench
+from remote_payload.inputs.datasets import builtin, gsm8k, humaneval, longctx, math500, mbpp, mt_bench
 from remote_payload.inputs.datasets.adapter import Adapter
 
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (gsm8k.ADAPTER, math500.ADAPTER, humaneval.ADAPTER,
-                                                     mbpp.ADAPTER, mt_bench.ADAPTER, builtin.ADAPTER)}
+                                                     mbpp.ADAPTER, mt_bench.ADAPTER, builtin.ADAPTER,
+                                                     longctx.ADAPTER)}
 PAYLOAD_ROOT = Path(__file__).resolve().parents[2]
 # z-lab's suite: its sets in its order, the paper's counts, its output length (dflash/benchmark.py's default).
 SUITES = {"zlab": ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")}
 SUITE_MAX_NEW_TOKENS = {"zlab": 2048}
-SPEC_FORM = "NAME[:SPLIT][@N]"
+SPEC_FORM = "NAME[:SPLIT][@N]"  # longctx: longctx:DEPTHS[@N], e.g. longctx:4k,16k@8
 
 
 @dataclass(frozen=True)
@@ -27,19 +28,27 @@ class DatasetSpec:
     split: str
     count: int | None  # rows to select (None: every row); mt-bench's rows are questions of two turns each
     from_suite: bool = False  # the suite's count (every row when the file holds fewer), not one the user gave
+    depths: tuple[int, ...] = ()  # longctx: the prompt lengths in target tokens (inputs/datasets/longctx.py)
 
     @property
     def adapter(self) -> Adapter:
         return ADAPTERS[self.name]
 
     def text(self) -> str:
-        return f"{self.name}:{self.split}" + (f"@{self.count}" if self.count is not None else "")
+        split = ",".join(map(longctx.depth_label, self.depths)) if self.depths else self.split
+        return f"{self.name}:{split}" + (f"@{self.count}" if self.count is not None else "")
 
 
 def parse_spec(text: str) -> DatasetSpec:
     """``humaneval``, ``gsm8k:train@16``, ``mt-bench@8``; raises PayloadError saying what is expected."""
     rest, at, count_text = text.partition("@")
     name, colon, split = rest.partition(":")
+    if name == longctx.NAME:  # longctx:4k,16k[@N], or longctx@4k,16k (depths where a count would be)
+        depths_text = split if colon else count_text if at and not count_text.isdigit() else None
+        depths = longctx.parse_depths(depths_text, f"--dataset {text!r}") if depths_text else longctx.DEFAULT_DEPTHS
+        if at and not colon and not count_text.isdigit():
+            at, count_text = "", ""
+        colon, split = "", ""
     adapter = ADAPTERS.get(name)
     if adapter is None:
         raise PayloadError(f"--dataset {text!r}: unknown dataset {name!r} (known: {', '.join(ADAPTERS)}; the form "
@@ -52,7 +61,8 @@ def parse_spec(text: str) -> DatasetSpec:
         if not (count_text.isascii() and count_text.isdigit()) or int(count_text) < 1:
             raise PayloadError(f"--dataset {text!r}: @N must be a whole number of at least 1, not {count_text!r}")
         count = int(count_text)
-    return DatasetSpec(name, split if colon else adapter.split, count)
+    return DatasetSpec(name, split if colon else adapter.split, count,
+                       depths=depths if name == longctx.NAME else ())
 
 
 def dataset_specs(values: list[str] | None, suite: str | None = None) -> list[DatasetSpec]:

@@ -109,6 +109,52 @@ def test_chain_le_budgeted_le_topk_where_the_conditions_hold(depth_run, samples,
     assert all(n >= 1 for n in held.values()), held
 
 
+def test_tau_by_context_depth_equals_a_replay_restricted_to_each_bucket(depth_run, samples, target):
+    """The zlab drafter's first layer slides over 64 positions and the samples run past it: per depth bucket, τ
+    macro, τ micro and p1 equal a plain replay of the drafter's own drafts counting only the rounds anchored in the
+    bucket, each with a bootstrap CI around it."""
+    results, lines, paths = depth_run
+    by_id = {p.id: (ref, feats) for p, ref, feats in samples}
+    assert load_drafter(paths["ours"]).spec.attn[0].window == 64
+    assert max(line["prompt_tokens"] + line["continuation_tokens"] for line in lines) > 64 + 32
+    for name, path in paths.items():
+        depth = results["drafters"][name]["metrics"]["by_context_depth"]
+        assert depth["layout"] == "power-of-two"  # samples of tens to hundreds of tokens: finer than < 1k
+        ld = load_drafter(path)
+        replayed = []  # per sample: (anchor, accepted, produced) of a plain greedy replay
+        for line in lines:
+            ref, feats = by_id[line["id"]]
+            acc, _ = _per_anchor(_recompute(target, name, ref, ld, feats))
+            a, last, rounds = line["prompt_tokens"], len(ref.tokens) - 1, []
+            while a < last:
+                produced = min(acc["chain"][a] + 1, last - a)
+                rounds.append((a, acc["chain"][a], produced))
+                a += produced
+            replayed.append(rounds)
+        buckets = depth["buckets"]
+        assert [b["lo"] for b in buckets[1:]] == [b["hi"] for b in buckets[:-1]]  # contiguous, every round binned
+        assert sum(b["rounds"] for b in buckets) == results["drafters"][name]["metrics"]["rounds"]
+        beyond_window = 0
+        for b in buckets:
+            inside = [[r for r in rs if b["lo"] <= r[0] < b["hi"]] for rs in replayed]
+            inside = [rs for rs in inside if rs]
+            assert b["samples"] == len(inside), (name, b["label"])
+            if not inside:
+                assert b["tau_macro"]["value"] is None
+                continue
+            flat = [r for rs in inside for r in rs]
+            assert b["tau_macro"]["value"] == pytest.approx(sum(sum(r[2] for r in rs) / len(rs) for rs in inside)
+                                                            / len(inside))
+            assert b["tau_micro"]["value"] == pytest.approx(sum(r[2] for r in flat) / len(flat))
+            assert b["p1"]["value"] == pytest.approx(sum(1 for r in flat if r[1] >= 1) / len(flat))
+            if len(inside) >= 2:
+                for key in ("tau_macro", "p1"):
+                    lo, hi = b[key]["ci"]
+                    assert lo <= b[key]["value"] <= hi, (name, b["label"], key)
+            beyond_window += b["lo"] >= 64
+        assert beyond_window >= 1, name  # buckets past the sliding window are reported
+
+
 def test_comparison_block_with_two_fixture_drafters(depth_run):
     results, lines, _paths = depth_run
     comp = results["comparison"]

@@ -143,6 +143,15 @@ def test_merged_metrics_equal_an_unsharded_run():
     assert "warnings" not in merged
 
 
+def test_each_shards_decode_figures_are_kept():
+    p0, p1 = _parts()
+    assert "decode" not in merge_shards([p0, p1])[0]["reference"]  # a server's references: none
+    p0[0]["reference"]["decode"] = {"batch": 32, "idle_share": 0.2}
+    p1[0]["reference"]["decode"] = {"batch": 1, "idle_share": 0.0}
+    merged, _ = merge_shards([p1, p0])
+    assert merged["reference"]["decode"] == [{"batch": 32, "idle_share": 0.2}, {"batch": 1, "idle_share": 0.0}]
+
+
 def test_provenance_timings_and_counts():
     p0, p1 = _parts()
     merged, _ = merge_shards([p0, p1])
@@ -328,3 +337,26 @@ def test_parts_of_results_schema_1_merge_with_the_april_count_under_its_dated_na
     del p1[1][1]["drafters"]["b"]["conventions"]
     with pytest.raises(PayloadError, match=r"sample p3, drafter 'b': .*no 'conventions' record"):
         merge_shards([p0, p1])
+
+
+def test_depth_and_thinking_blocks_are_recomputed_over_all_parts():
+    """metrics.by_context_depth (one layout from every part's samples) and metrics.by_thinking (pairs across the
+    merged lines) come from the merged sample lines, not from the parts' own blocks."""
+    from remote_payload.metrics.aggregate import thinking_breakdown
+    from remote_payload.metrics.depth import by_context_depth
+
+    lines = _all_lines()
+    for line in lines:  # as --enable-thinking both writes them: prompt i//2 under mode i%2
+        line.update(thinking=line["index"] % 2 == 1, thinking_pair=line["index"] // 2)
+    parts = []
+    for results, part_lines in _parts(lines):
+        for n in ("a", "b"):
+            results["drafters"][n]["metrics"]["by_context_depth"] = by_context_depth(part_lines, n)
+        parts.append((results, part_lines))
+    merged, _ = merge_shards(parts)
+    for n in ("a", "b"):
+        metrics = merged["drafters"][n]["metrics"]
+        assert metrics["by_context_depth"] == by_context_depth(lines, n)
+        assert metrics["by_thinking"] == thinking_breakdown(lines, n)
+        assert metrics["by_thinking"]["paired"]["prompts"] == N_SAMPLES // 2
+        assert sum(b["rounds"] for b in metrics["by_context_depth"]["buckets"]) == metrics["rounds"]
