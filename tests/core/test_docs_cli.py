@@ -151,6 +151,7 @@ FOREIGN = {
                               "--speculative-", "--tensor-parallel-size", "--speculative-algorithm"},
     "apt-get, pip": {"--no-install-recommends", "--no-deps"},
     "scripts/test.sh": {"--quick"},
+    "vllm-project/speculators' converter": {"--include-last-layer"},
     "z-lab's benchmark": {"--max-samples"},
     "benchmarks/relay_bench.py": {"--size"},
 }
