@@ -79,7 +79,8 @@ class DemoOutcome:
         return temperature_table(self.run.results(), self.sampled.results()) if self.sampled else []
 
     def card_lines(self) -> list[str]:
-        return self.cards.lines() if self.cards else []
+        """The two cards' verdicts, after a blank line (the block docs_outputs cuts ends at one)."""
+        return ["", *self.cards.lines()] if self.cards else []
 
 
 def _build_fixtures(connector: Connector, host: str, python: str, out: str, what: str, events: Events) -> None:
