@@ -56,9 +56,9 @@ def card_request(request: EvalRequest, card: Path, explain: bool) -> EvalRequest
                    explain_prompts=CARD_ROWS if explain else None)
 
 
-def card_texts(published: dict, max_new_tokens: int) -> dict[str, str]:
-    """The two card files (name → YAML) from the published run's results: each figure is a mode's τ macro there
-    (``metrics.by_thinking``), at full precision."""
+def card_texts(published: dict, max_new_tokens: int, run_name: str) -> dict[str, str]:
+    """The two card files (name → YAML) from the published run's results (run RUN_NAME, their source): each figure
+    is a mode's τ macro there (``metrics.by_thinking``), at full precision."""
     by_mode = json_object(json_object(json_object(json_object(published.get("drafters")).get(CARD_DRAFTER))
                                       .get("metrics")).get("by_thinking"))
     taus: dict[str, float] = {}
@@ -68,7 +68,8 @@ def card_texts(published: dict, max_new_tokens: int) -> dict[str, str]:
             raise OperationError(f"the demo's card figures: drafter {CARD_DRAFTER} has no τ with thinking {mode} in "
                                  f"the published run (metrics.by_thinking.{mode}.tau_macro: {value!r})")
         taus[mode] = float(value)
-    return {name: _card_yaml(name, taus[mode], thinking, max_new_tokens)
+    return {name: _card_yaml(name, f"dfo demo run {run_name}, --enable-thinking both", taus[mode], thinking,
+                             max_new_tokens)
             for name, mode, thinking in ((CARDS[0], "off", "off"), (CARDS[1], "on", "unknown"))}
 
 
@@ -91,7 +92,7 @@ def card_evals(connector: Any, request: EvalRequest, inv: Any, runs_dir: Path, e
     folder = published.path / "cards"
     folder.mkdir(exist_ok=True)
     paths = []
-    for name, text in card_texts(published.results(), request.max_new_tokens).items():
+    for name, text in card_texts(published.results(), request.max_new_tokens, published.name).items():
         paths.append(folder / f"{name}.yaml")
         paths[-1].write_text(text, encoding="utf-8")
     runs = []
@@ -113,9 +114,9 @@ def _card_drafter(request: EvalRequest):
     return found[0]
 
 
-def _card_yaml(name: str, tau: float, thinking: str, max_new_tokens: int) -> str:
+def _card_yaml(name: str, source: str, tau: float, thinking: str, max_new_tokens: int) -> str:
     return f"""card: {name}
-source: dfo demo (measured by its published-figures eval)
+source: {source}
 target: {{name: fixture-target}}
 drafter: {{name: fixture-zlab-drafter}}
 figure: {{tau: {tau!r}, ci: null, n: {CARD_ROWS}}}

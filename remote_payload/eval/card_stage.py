@@ -77,8 +77,9 @@ def subset_knobs(ctx: EvalContext, card: Card, name: str, lines: list[dict]) -> 
                   selection=s.selection if s.dataset_specs else None, temperature=s.temperature, top_p=s.top_p,
                   top_k=s.top_k, samples_per_prompt=s.samples_per_prompt, dtype=s.dtype,
                   layer_offsets=layer_offsets(ctx, name), drafter_template=template)
-    if s.temperature == 0 and UNKNOWN in (card.protocol.top_p, card.protocol.top_k):
-        skipped.append("top_p, top_k: the run decodes greedily (T = 0), where they do not enter the figure")
+    silent = [k for k in ("top_p", "top_k") if getattr(card.protocol, k) == UNKNOWN]
+    if s.temperature == 0 and silent:
+        skipped.append(f"{', '.join(silent)}: the run decodes greedily (T = 0), where they do not enter the figure")
     reruns = alternatives(card, run)
     for done, (knob, setting, changed) in enumerate(reruns):
         ctx.progress.progress("card", done, len(reruns), unit="reruns", message=f"{knob} {setting}")

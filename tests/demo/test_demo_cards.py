@@ -45,7 +45,7 @@ def test_the_figures_are_measured_under_both_thinking_modes_on_the_card_drafter(
 
 
 def test_the_card_files_carry_the_measured_figures_and_the_evals_apply_them(tmp_path):
-    texts = card_texts(PUBLISHED, 96)
+    texts = card_texts(PUBLISHED, 96, "20261207-012042-ct129-cff5")
     assert list(texts) == list(CARDS)
     for name, text in texts.items():
         (tmp_path / f"{name}.yaml").write_text(text)
@@ -53,6 +53,7 @@ def test_the_card_files_carry_the_measured_figures_and_the_evals_apply_them(tmp_
     assert (off.figure.tau, off.protocol.thinking) == (4.123456789, False)  # full precision, not retyped
     assert (unknown.figure.tau, unknown.protocol.thinking) == (1.2987654321, "unknown")
     assert off.protocol.n == unknown.protocol.n == CARD_ROWS and off.protocol.max_new_tokens == 96
+    assert off.source == "dfo demo run 20261207-012042-ct129-cff5, --enable-thinking both" == unknown.source
     reproduced = _settings(card_request(_request(), tmp_path / f"{CARDS[0]}.yaml", explain=False))
     explained = _settings(card_request(_request(), tmp_path / f"{CARDS[1]}.yaml", explain=True))
     for s in (reproduced, explained):
