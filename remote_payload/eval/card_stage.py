@@ -182,13 +182,13 @@ def rerun(ctx: EvalContext, name: str, changed: dict) -> list[dict] | str:
     if template is not None:  # a copy: the run's tokenizer keeps the target's template
         tokenizer = copy.copy(ctx.tokenizer)
         tokenizer.chat_template = template
-    target = ctx.target
+    target, cache_dir = ctx.target, ctx.cache_dir
     if s.dtype != ctx.settings.dtype:
         loaded = target_in(ctx, s.dtype)
         if isinstance(loaded, str):
             return loaded
-        target = loaded
-    alt = EvalContext(settings=s, fault=ctx.fault, device=ctx.device, cache_dir=ctx.cache_dir,
+        target, cache_dir = loaded, dtype_cache(ctx.cache_dir, s.dtype)
+    alt = EvalContext(settings=s, fault=ctx.fault, device=ctx.device, cache_dir=cache_dir,
                       target_config=ctx.target_config, tokenizer=tokenizer, stop_ids=ctx.stop_ids,
                       drafters={name: drafter}, target=target)
     try:
@@ -208,6 +208,13 @@ def rerun(ctx: EvalContext, name: str, changed: dict) -> list[dict] | str:
         if target is not ctx.target:  # the second copy goes before the next rerun
             alt.target = target = None
             _free_memory(ctx.device)
+
+
+def dtype_cache(cache_dir: Path, dtype: str) -> Path:
+    """The caches of a rerun in another dtype: a folder of their own. A reference or feature file is one per prompt,
+    its dtype inside it, not in its name: written beside the run's, the rerun's would replace them, and every later
+    rerun or eval in the run's dtype would decode those rows again."""
+    return cache_dir / f"explain-{dtype}"
 
 
 def target_in(ctx: EvalContext, dtype: str):

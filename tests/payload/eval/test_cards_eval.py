@@ -12,6 +12,7 @@ from payload_helpers import drafter_copy, read_results
 from orchestrator.evaluation.card_report import card_lines
 from remote_payload.cards.explain import merged_card
 from remote_payload.cli import build_parser
+from remote_payload.eval.card_stage import dtype_cache
 from remote_payload.eval.pipeline import run_eval
 from remote_payload.eval.settings import EvalSettings, settings_from_values
 
@@ -44,8 +45,10 @@ def measured(fixture_dir, eval_cache, tmp_path_factory):
     work = tmp_path_factory.mktemp("card-figures")
 
     def run(out, dtype="float32", **kw):
+        # bf16 in the folder the dtype rerun caches in: the fp32 entries of the other cases stay as they are
+        cache = eval_cache if dtype == "float32" else dtype_cache(eval_cache, dtype)
         s = EvalSettings(target=str(fixture_dir / "target"), drafters=[("z", str(fixture_dir / "zlab-drafter"))],
-                         dtype=dtype, cache_dir=str(eval_cache), out=str(work / out), **kw)
+                         dtype=dtype, cache_dir=str(cache), out=str(work / out), **kw)
         return run_eval(s)["drafters"]["z"]["metrics"]
 
     # the first FEW rows in bf16 and at T = 1 (one seeded draw): what the dtype and temperature reruns measure
