@@ -5,9 +5,10 @@
 The tiny target and z-lab-format drafter, the 12 built-in prompts, fp32 on the CPU, a cold reference/feature
 cache (a temporary folder). In order, in one cache: the eval without a card; ``--card`` with that run's own τ as
 the figure (reproduced: the verdict alone); the same card with ``--explain`` (every knob measured although nothing
-is to be explained); a card whose figure is τ with thinking on (measured in a cache of its own, so the card run's
-thinking rerun decodes cold) and thinking left unknown (above: ``--explain`` runs by itself). Printed, not
-asserted: each run's wall seconds, its card stage's seconds and each rerun's.
+is to be explained: the reruns decode cold); a card whose figure is τ with thinking on (measured in a cache of its
+own) and thinking left unknown (above: ``--explain`` runs by itself; its reruns read back what the run before
+decoded, as a second ``--explain`` on the same rows does). Printed, not asserted: each run's wall seconds, its card
+stage's seconds and each rerun's.
 """
 
 from __future__ import annotations
