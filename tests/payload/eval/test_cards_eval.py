@@ -1,6 +1,7 @@
 """--card on the fixtures, in-process: a card measured under its own protocol is reproduced, and a card whose
-figure was taken with a knob the card leaves unknown (thinking, the count, max new tokens) is below or above,
-with --explain naming that knob first and closing the gap. Every published figure here comes from an
+figure was taken with a knob the card leaves unknown (thinking, the count, max new tokens, T) is below or above,
+with --explain naming that knob first and closing the gap; the dtype and the drafter's own chat template are
+measured, a quantized drafter reported. Every published figure here comes from an
 independent run of the payload with explicit options (its τ macro, computed by metrics/chain.py and
 conventions.py), never from the card code under test."""
 
