@@ -72,8 +72,9 @@ def demo_cmd(
                              "install openssh-server and iproute2 (scripts/setup.sh does)") from None
     _finished(app_ctx, outcome)
     render_run(app_ctx, outcome.run, json_out)
-    if not json_out:  # τ at T = 0 beside τ at T = 1 (the demo's second, sampled eval); the cluster's tasks
-        for line in outcome.temperature_lines() + (outcome.cluster.lines() if outcome.cluster else []):
+    if not json_out:  # τ at T = 0 beside τ at T = 1 (the demo's second, sampled eval); the cards; the cluster's tasks
+        for line in (outcome.temperature_lines() + outcome.card_lines()
+                     + (outcome.cluster.lines() if outcome.cluster else [])):
             app_ctx.out.print(Text(line))
     if engine and not json_out:
         from orchestrator.demo.engine_story import side_by_side

@@ -83,7 +83,9 @@ def demo_blocks(out: str) -> dict[str, str]:
     table = between(lines, lambda s: re.match(r"run \d{8}-\d{6}-", s) is not None,
                     lambda s: s.startswith("run folder:"))
     temperature = between(lines, lambda s: s.startswith("τ at T=0 and at T="), lambda s: not s.strip())
-    blocks = {"demo-steps": steps, "demo-table": table, "demo-temperature": [s for s in temperature if s.strip()]}
+    cards = between(lines, lambda s: s.startswith("cards (figures measured"), lambda s: not s.strip())
+    blocks = {"demo-steps": steps, "demo-table": table, "demo-temperature": [s for s in temperature if s.strip()],
+              "demo-cards": [s for s in cards if s.strip()]}
     return {name: "\n".join(text) for name, text in blocks.items() if text}
 
 
@@ -97,8 +99,8 @@ def report_benchmarks(report: str) -> str:
 
 # ------------------------------------------------------------------------------ running the commands
 
-PRODUCED = ("demo-steps", "demo-table", "demo-temperature", "demo-report-benchmarks", "inventory-check",
-            "runs-list")
+PRODUCED = ("demo-steps", "demo-table", "demo-temperature", "demo-cards", "demo-report-benchmarks",
+            "inventory-check", "runs-list")
 
 
 def dfo(cwd: Path, *args: str) -> str:

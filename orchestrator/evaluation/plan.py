@@ -418,11 +418,20 @@ def card_plan(req: EvalRequest) -> list[str]:
     """The plan's card lines: the verdict, and what --explain adds (it runs by itself on a gap)."""
     if not req.card:
         return []
-    from remote_payload.cards.explain import explain_cost
+    from remote_payload.cards.explain import RunSide, explain_cost
 
     card = load_request_card(req.card)
-    rows = req.explain_prompts or declared.BY_FIELD["explain_prompts"].default
-    cost = explain_cost(card, req.enable_thinking, req.max_new_tokens, rows, card.protocol.n)
+
+    def value(name: str):  # the request's value, else the payload's default
+        given = getattr(req, name)
+        return declared.BY_FIELD[name].default if given is None else given
+
+    # the layer offsets and the drafter's own template are read on the host: both counted as possible here
+    run = RunSide(thinking=req.enable_thinking, max_new_tokens=req.max_new_tokens,
+                  selection=value("selection") if req.datasets else None, temperature=value("temperature"),
+                  top_p=value("top_p"), top_k=value("top_k"), samples_per_prompt=value("samples_per_prompt"),
+                  dtype=req.dtype, layer_offsets=(-1, 1), template_unknown=True)
+    cost = explain_cost(card, run, value("explain_prompts"), card.protocol.n)
     return [f"card {card.card} ({card.source}): τ {card.figure.tau:g} published; the verdict of drafter "
             f"{req.drafters[0].name} (reproduced, below or above) beside the τ table and in results.json card",
             cost if req.explain else f"{cost} — only if the verdict is not reproduced (--explain: always)"]

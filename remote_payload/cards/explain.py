@@ -10,9 +10,11 @@ the whole run (τ measured + shift, the CI shifted with it). Knob names are fixe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from remote_payload.cards import protocol as card_protocol
+from remote_payload.cards.facts import QUANTIZED_SEEN
 from remote_payload.cards.schema import AGGREGATIONS, COUNTS, UNKNOWN, Card, parse_card
 from remote_payload.cards.verdict import (
     aggregation_of,
@@ -23,9 +25,18 @@ from remote_payload.cards.verdict import (
 )
 
 FREE = ("count", "aggregation", "draft_rule", "k", "end_rule")  # from the run itself
-SUBSET = ("thinking", "max_new_tokens", "selection", "layer_offset", "prompt_normalization")  # subset reruns
-KNOBS = (*FREE, *SUBSET, "chat_template", "temperature", "top_p", "top_k", "dtype", "quantization")  # fixed words
+SUBSET = ("thinking", "max_new_tokens", "selection", "chat_template", "temperature", "top_p", "top_k", "dtype",
+          "layer_offset", "prompt_normalization")  # subset reruns
+FACTS = ("quantization",)  # reported, not rerun: nothing to switch off offline
+KNOBS = (*FREE, *SUBSET, *FACTS)  # fixed words
 CARD_MAX_NEW = (2048, 4096)  # what cards measure when they give no length: z-lab's benchmark default, its cards'
+# The sampling values cards publish at, each rerun only where the card leaves it unknown and it differs from the
+# run's (at most two reruns for T, one each for top-p and top-k at the defaults): greedy (z-lab's paper tables,
+# EAGLE's) and T = 1 (z-lab's t1 cards, the DFlash2 card); no nucleus (z-lab's benchmark default) and 0.95; top-k
+# off and 20 (0.95 and 20 are Qwen3's generation_config, which the DFlash2 card and engines' defaults follow).
+CARD_TEMPERATURES = (0.0, 1.0)
+CARD_TOP_P = (1.0, 0.95)
+CARD_TOP_K = (0, 20)
 EXPLAINS = (0.5, 1.5)  # the share of the gap a knob must close to explain it
 OTHER_SELECTION = {"zlab-transformers": "zlab-server", "zlab-server": "zlab-transformers"}
 SUSPECT = ("no knob explains the gap: the drafter itself is the suspect (its weights, its training, or an export "
@@ -104,58 +115,105 @@ def free_knobs(card: Card, lines: Sequence[dict], name: str, settings: dict, *, 
     return out
 
 
-def alternatives(card: Card, thinking: bool | str, max_new_tokens: int, selection: str | None = None,
-                 layer_offsets: Sequence[int] = ()) -> list[tuple[str, str, dict]]:
+@dataclass(frozen=True)
+class RunSide:
+    """The run's own value of each subset knob: what a rerun changes, and what it compares with."""
+
+    thinking: bool | str
+    max_new_tokens: int
+    selection: str | None = None        # a benchmark-dataset run's selection (None: a prompt set)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    samples_per_prompt: int = 1
+    dtype: str = "bfloat16"
+    layer_offsets: Sequence[int] = ()   # those in range (read from the drafter's spec on the host)
+    drafter_template: str | None = None  # the template text the drafter was trained with, where it ships one
+    template_unknown: bool = False      # the plan: the drafter's files are on the host, a rerun is possible
+
+
+def alternatives(card: Card, run: RunSide) -> list[tuple[str, str, dict]]:
     """(knob, setting, what changes) of each subset rerun: thinking the other way; for a card that gives no
     length, the lengths cards use (a longer one is skipped when every response ended before a shorter one); for a
-    dataset card that gives no selection, z-lab's other path; the drafter's target layer ids shifted by each of
-    ``layer_offsets`` (those in range); the prompts with repeated newlines collapsed. A change is a settings
-    field, or ``layer_offset`` / ``prompt_normalization`` (the rerun applies those itself)."""
+    dataset card that gives no selection, z-lab's other path; the prompts rendered with the chat template the
+    drafter ships; for a card that gives no T / top-p / top-k, the values cards use other than the run's (top-p
+    and top-k only where the run samples: at T = 0 they do not enter the figure); the other dtype; the drafter's
+    target layer ids shifted by each of ``layer_offsets``; the prompts with repeated newlines collapsed. A change
+    is a settings field, or ``layer_offset`` / ``prompt_normalization`` / ``chat_template`` (the rerun applies
+    those itself)."""
+    p = card.protocol
     out: list[tuple[str, str, dict]] = []
-    if isinstance(thinking, bool):  # "both" (--enable-thinking both) measured each mode already
-        out.append(("thinking", "off" if thinking else "on", {"enable_thinking": not thinking}))
-    if card.protocol.max_new_tokens == UNKNOWN:
-        out += [("max_new_tokens", str(n), {"max_new_tokens": n}) for n in CARD_MAX_NEW if n != max_new_tokens]
-    if card.protocol.selection == UNKNOWN and selection in OTHER_SELECTION:
-        other = OTHER_SELECTION[selection]
+    if isinstance(run.thinking, bool):  # "both" (--enable-thinking both) measured each mode already
+        out.append(("thinking", "off" if run.thinking else "on", {"enable_thinking": not run.thinking}))
+    if p.max_new_tokens == UNKNOWN:
+        out += [("max_new_tokens", str(n), {"max_new_tokens": n}) for n in CARD_MAX_NEW if n != run.max_new_tokens]
+    if p.selection == UNKNOWN and run.selection in OTHER_SELECTION:
+        other = OTHER_SELECTION[run.selection]
         out.append(("selection", other, {"selection": other}))
-    out += [("layer_offset", f"{d:+d}", {"layer_offset": d}) for d in layer_offsets]
+    if run.drafter_template is not None or run.template_unknown:
+        out.append(("chat_template", "drafter", {"chat_template": run.drafter_template}))
+    if p.temperature == UNKNOWN:
+        out += [("temperature", f"{t:g}", {"temperature": t}) for t in CARD_TEMPERATURES if t != run.temperature]
+    if run.temperature > 0:
+        if p.top_p == UNKNOWN:
+            out += [("top_p", f"{v:g}", {"top_p": v}) for v in CARD_TOP_P if v != run.top_p]
+        if p.top_k == UNKNOWN:
+            out += [("top_k", str(v), {"top_k": v}) for v in CARD_TOP_K if v != run.top_k]
+    other = other_dtype(run.dtype)
+    out.append(("dtype", other, {"dtype": other}))
+    out += [("layer_offset", f"{d:+d}", {"layer_offset": d}) for d in run.layer_offsets]
     out.append(("prompt_normalization", "repeated newlines collapsed", {"prompt_normalization": True}))
     return out
 
 
-def explain_cost(card: Card, thinking: bool | str, max_new_tokens: int, rows: int, run_rows: int | None,
-                 selection: str | None = None) -> str:
+def other_dtype(dtype: str) -> str:
+    """The dtype the dtype knob reruns in: bfloat16, what cards and engines measure in, unless the run already is;
+    then float32 (no bf16 rounding anywhere)."""
+    return "float32" if dtype in ("bfloat16", "bf16") else "bfloat16"
+
+
+def explain_cost(card: Card, run: RunSide, rows: int, run_rows: int | None) -> str:
     """The plan's line: which reruns --explain makes and their size against the run's own decoding and extraction
     (the layer offsets are known once the drafter's spec is read on the host: ±1 counted here; they read the run's
-    references back and extract other layers only)."""
-    reruns = alternatives(card, thinking, max_new_tokens, selection, (-1, 1))
+    references back and extract other layers only; the chat template is counted where the drafter may ship one)."""
+    reruns = alternatives(card, run)
     names = ", ".join(f"{k} {v}" for k, v, _ in reruns)
     size = ""
     if run_rows:
         used = min(rows, run_rows)
+        draws = run.samples_per_prompt if run.temperature > 0 else 1
         decoded = [c for k, _, c in reruns if k != "layer_offset"]
-        tokens = sum(int(c.get("max_new_tokens", max_new_tokens)) for c in decoded)
-        size = (f"; at most ≈ {tokens * used / (max_new_tokens * run_rows):.2g}× the run's reference decoding "
-                f"({len(decoded)} rerun(s) of {used} of its {run_rows} row(s), each up to its max new tokens) and "
-                f"{len(reruns) * used / run_rows:.2g}× its feature extraction; references already cached are read "
-                "back")
+        tokens = sum(int(c.get("max_new_tokens", run.max_new_tokens)) * _draws(c, run) for c in decoded)
+        size = (f"; at most ≈ {tokens * used / (run.max_new_tokens * draws * run_rows):.2g}× the run's reference "
+                f"decoding ({len(decoded)} rerun(s) of {used} of its {run_rows} row(s), each up to its max new "
+                f"tokens) and {len(reruns) * used / run_rows:.2g}× its feature extraction; references already cached "
+                "are read back")
     return (f"--explain: the free knobs ({', '.join(FREE)}) from the run's own samples, no extra pass; subset reruns "
-            f"of the first {rows} row(s): {names}{size}; prompt_normalization only where a prompt has repeated "
-            "newlines, a layer offset only where it stays among the target's layers")
+            f"of the first {rows} row(s): {names}{size}; dtype {other_dtype(run.dtype)} loads the target once more "
+            "in it; chat_template only where the drafter ships the template it was trained with, "
+            "prompt_normalization only where a prompt has repeated newlines, a layer offset only where it stays "
+            "among the target's layers")
+
+
+def _draws(change: dict, run: RunSide) -> int:
+    """The continuations a rerun decodes per row: one at T = 0, the run's draws per prompt at T > 0."""
+    return run.samples_per_prompt if float(change.get("temperature", run.temperature)) > 0 else 1
 
 
 def rank(entries: Sequence[dict], measured: float, published: float) -> list[dict]:
     """Each entry with gap_closed and explains, best first (closest to closing the whole gap); one entry per
-    knob (its best setting), then the others."""
+    knob (its best setting), then the others. A fact (``quantization``: no τ) closes nothing measurable: after
+    every measured knob."""
     gap = published - measured
     scored = []
     for e in entries:
-        shift = e["tau"] - (e["tau_base"] if e.get("tau_base") is not None else measured)
-        closed = shift / gap if gap else None
+        if e.get("tau") is None:
+            scored.append({**e, "gap_closed": None, "explains": False})
+            continue
+        base = e["tau_base"] if e.get("tau_base") is not None else measured
+        closed = (e["tau"] - base) / gap if gap else None
         ci = e.get("ci")
-        carried = [c + measured - (e.get("tau_base") if e.get("tau_base") is not None else measured) for c in ci] \
-            if ci else None
+        carried = [c + measured - base for c in ci] if ci else None
         explains = closed is not None and EXPLAINS[0] <= closed <= EXPLAINS[1] and \
             (carried is None or carried[0] <= published <= carried[1])
         scored.append({**e, "gap_closed": closed, "explains": explains})
@@ -168,17 +226,20 @@ def rank(entries: Sequence[dict], measured: float, published: float) -> list[dic
 
 
 def explanation(ranked: Sequence[dict]) -> str:
-    """The report's one sentence."""
-    if not ranked:
-        return SUSPECT + " (no knob could be measured)"
-    top = ranked[0]
+    """The report's one sentence (a quantization fact is added to it when no knob explains the gap)."""
+    measured = [e for e in ranked if e.get("tau") is not None]
+    facts = [e for e in ranked if e.get("fact")]
+    quantized = "; " + "; ".join(f"the {e['setting']}" for e in facts) + f": {QUANTIZED_SEEN}" if facts else ""
+    if not measured:
+        return SUSPECT + " (no knob could be measured)" + quantized
+    top = measured[0]
     closed = top["gap_closed"]
     share = f"{closed:.0%}" if closed is not None else "none"
     if top["explains"]:
         ci = f" [{top['ci'][0]:.2f}, {top['ci'][1]:.2f}]" if top.get("ci") else ""
         return (f"{top['knob']} explains the gap: with {top['knob']} {top['setting']} τ is {top['tau']:.2f}{ci} "
                 f"({top['from']}, {top['rows']} prompt(s)), closing {share} of it")
-    return f"{SUSPECT}; the closest, {top['knob']} {top['setting']}, closes {share} of it"
+    return f"{SUSPECT}; the closest, {top['knob']} {top['setting']}, closes {share} of it{quantized}"
 
 
 def _run_values(card: Card, settings: dict) -> dict:

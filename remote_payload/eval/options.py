@@ -325,7 +325,8 @@ OPTIONS: tuple[Option, ...] = (
            "rank them by how much of it each closes (on by itself when the verdict is not 'reproduced').",
            kind=bool, default=False, commands=(EVAL,)),
     Option("--explain-prompts", "explain_prompts", "With --card: rows (the run's first N) that the subset reruns of "
-           "--explain measure under each alternative setting (thinking, max new tokens, layer offsets, …).", kind=int,
+           "--explain measure under each alternative setting (thinking, max new tokens, chat template, T / top-p / "
+           "top-k, dtype, layer offsets, …).", kind=int,
            default=16, minimum=1, metavar="N", commands=(EVAL,)),
     Option("--draft-rule", "draft_rule", "With --temperature > 0: how a round drafts and verifies. sampled (z-lab's "
            "current code): drafts drawn from the drafter's law, accepted while u·q(d) < p(d), a residual draw at the "

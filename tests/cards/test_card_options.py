@@ -136,12 +136,15 @@ def test_the_plan_states_the_card_and_the_cost_of_explain(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "card zlab-qwen3-8b-dflash-b16-humaneval-t0 (https://huggingface.co/z-lab/Qwen3-8B-DFlash-b16): τ 6.55" \
         in text
-    # max new tokens and the selection are the card's: thinking, the normalised prompts (decoded again) and the
+    # max new tokens, the selection and T = 0 are the card's (top-p and top-k do not enter at T = 0): thinking, the
+    # drafter's template, float32 (the run's dtype is bfloat16) and the normalised prompts (decoded again) and the
     # two layer offsets (extracted again), each on 16 of the 164 rows
     assert ("--explain: the free knobs (count, aggregation, draft_rule, k, end_rule) from the run's own samples, no "
-            "extra pass; subset reruns of the first 16 row(s): thinking on, layer_offset -1, layer_offset +1, "
-            "prompt_normalization repeated newlines collapsed; at most ≈ 0.2× the run's reference decoding (2 "
-            "rerun(s) of 16 of its 164 row(s), each up to its max new tokens) and 0.39× its feature extraction") in text
+            "extra pass; subset reruns of the first 16 row(s): thinking on, chat_template drafter, dtype float32, "
+            "layer_offset -1, layer_offset +1, prompt_normalization repeated newlines collapsed; at most ≈ 0.39× the "
+            "run's reference decoding (4 rerun(s) of 16 of its 164 row(s), each up to its max new tokens) and 0.59× "
+            "its feature extraction; references already cached are read back; dtype float32 loads the target once "
+            "more in it; chat_template only where the drafter ships the template it was trained with") in text
     assert "--explain --explain-prompts" not in text and "--card zlab-qwen3-8b-dflash-b16-humaneval-t0" in text
 
 

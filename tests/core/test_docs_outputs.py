@@ -46,6 +46,9 @@ run folder: runs/20261204-125400-ct129-56e3  (report.md)
 τ at T=0 and at T=1 (3 seeded draws per prompt):
   ours      3.19  1.33
 
+cards (figures measured with --enable-thinking both; card files in runs/r/cards):
+  card demo-thinking-off: τ 4.12 (…): reproduced, Δ +0.00
+  card demo-thinking-unknown: τ 4.12 (…): above, Δ +2.82
 """
 
 
@@ -64,6 +67,10 @@ def test_the_demo_blocks_are_cut_from_the_demo_output():
     assert blocks["demo-table"] == ("run 20261204-125400-ct129-56e3\n| table |\n"
                                     "run folder: runs/20261204-125400-ct129-56e3  (report.md)")
     assert blocks["demo-temperature"] == "τ at T=0 and at T=1 (3 seeded draws per prompt):\n  ours      3.19  1.33"
+    assert blocks["demo-cards"].splitlines() == [
+        "cards (figures measured with --enable-thinking both; card files in runs/r/cards):",
+        "  card demo-thinking-off: τ 4.12 (…): reproduced, Δ +0.00",
+        "  card demo-thinking-unknown: τ 4.12 (…): above, Δ +2.82"]
 
 
 def test_report_benchmarks_is_the_section_body():
