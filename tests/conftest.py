@@ -12,6 +12,7 @@ Point the dfo CLI at them with ``DFO_INVENTORY=str(box.inventory_path)``.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -49,24 +50,72 @@ def pytest_collection_modifyitems(config, items):
                  or item.get_closest_marker("engine"))
         if not heavy:
             item.add_marker(pytest.mark.quick)
-        group = XDIST_GROUPS.get(folder) or ("engine" if item.get_closest_marker("engine") else None)
+        group = (XDIST_GROUPS.get(folder) or ("engine" if item.get_closest_marker("engine") else None)
+                 or _module_group(item))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+def _module_group(item) -> str | None:
+    """A module whose tests share a module-scoped fixture runs on one worker: spread over two, each worker
+    computed the fixture again (the sampled-rule agreement draws cost minutes each time)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.scope == "module" for chain in defs.values() for d in chain):
+        return item.nodeid.split("::")[0]
+    return None
+
+
 WORKER_FIGURES: list[str] = []  # measured figures the xdist workers handed back (the engine's timings)
+SHARED_SETUPS: dict[str, float] = {}  # seconds of each session/module fixture set-up of this process
+SETUP_SHOWN_S = 5.0  # the summary lists the shared set-ups that took longer (where the suite's budget goes)
+WORKER_SETUPS: list[tuple[str, dict]] = []
+
+
+class SetupTimer:
+    """Times the shared fixtures, so a new cold build paid inside the suite shows in the summary. A plugin, not a
+    hook of this conftest: a session fixture's set-up runs the session's hooks, which a conftest below the
+    rootdir is not part of."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        started = time.monotonic()
+        yield
+        if fixturedef.scope in ("session", "module"):
+            where = (fixturedef.argname if fixturedef.scope == "session"
+                     else f"{request.node.nodeid}::{fixturedef.argname}")
+            SHARED_SETUPS[where] = SHARED_SETUPS.get(where, 0.0) + time.monotonic() - started
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(SetupTimer(), "dfo-setup-timer")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    figures = getattr(node, "workeroutput", {}).get("engine_timings")
+    output = getattr(node, "workeroutput", {})
+    figures = output.get("engine_timings")
     if figures:
         WORKER_FIGURES.append(figures)
+    if output.get("shared_setups"):
+        gateway = getattr(node, "gateway", None)
+        WORKER_SETUPS.append((getattr(gateway, "id", "a worker"), output["shared_setups"]))
+
+
+def pytest_sessionfinish(session):
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # an xdist worker: the controller prints them
+        output["shared_setups"] = dict(SHARED_SETUPS)
 
 
 def pytest_terminal_summary(terminalreporter):
     for figures in WORKER_FIGURES:
         terminalreporter.write_line("engine timings: " + figures)
+    # Each fixture's own time: pytest sets up the fixtures it asks for before it.
+    for worker, setups in WORKER_SETUPS or [("this process", SHARED_SETUPS)]:
+        slow = sorted(((s, n) for n, s in setups.items() if s >= SETUP_SHOWN_S), reverse=True)
+        if slow:
+            terminalreporter.write_line(f"shared fixture set-ups over {SETUP_SHOWN_S:g} s ({worker}): "
+                                        + ", ".join(f"{n} {s:.0f} s" for s, n in slow))
 
 
 @pytest.fixture(scope="session")

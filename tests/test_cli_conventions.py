@@ -620,7 +620,10 @@ def test_ctrl_c_during_connects_to_silent_hosts_ends_the_command_at_once(tmp_pat
     inventory = broken_inventory(tmp_path, {"silent": port, "silent2": port})
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "--connect-timeout", "60", "inventory", "check",
                              "--connect"], env={**os.environ, "DFO_INVENTORY": str(inventory), "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as a terminal's foreground command gets it, also when this suite was started in the
+                            # background (where SIGINT is ignored, and the ignore is inherited)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while len(accepted) < 2 and time.monotonic() < deadline and proc.poll() is None:

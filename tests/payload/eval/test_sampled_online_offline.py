@@ -1,6 +1,6 @@
 """τ at T > 0: the offline estimate (the teacher-forced replay over continuations sampled from the target) against
-the z-lab-rule online loop (target tokens drawn at every block slot, greedy drafts), each over its own 204 draws
-(12 built-in prompts × 17 seeds), at T = 1 and T = 0.6, on the fixture target and its trained z-lab drafter.
+the z-lab-rule online loop (target tokens drawn at every block slot, greedy drafts), each over its own 96 draws
+(12 built-in prompts × 8 seeds), at T = 1 and T = 0.6, on the fixture target and its trained z-lab drafter.
 
 Tolerance: ``metrics.sampled.expectation_agreement``, a two-sample test paired by prompt at a 1% false-alarm rate
 (|D| <= 2.576·SE, SE from the within-prompt variances of both sides). It rests on the two having one law per
@@ -25,7 +25,8 @@ from remote_payload.metrics.chain import sample_tau
 from remote_payload.metrics.sampled import expectation_agreement
 
 MAX_NEW = 16
-DRAWS = 17  # per prompt: 12 × 17 = 204 per side
+DRAWS = 8  # per prompt: 12 × 8 = 96 per side. At 17 the verdicts were the same: here the agreements' |D| is at
+# most 0.40 of its bound and the T = 1 vs 0.6 difference 2.3 bounds (2.5 at 17)
 TEMPERATURES = (1.0, 0.6)
 
 
@@ -78,7 +79,7 @@ def test_offline_expectation_agrees_with_the_online_loop(per_draw, T):
         verdict = expectation_agreement(fig[offline], fig[online], fig["prompt"])
         print(f"T={T:g} {offline}: {verdict['offline_tau']:.3f} vs online {verdict['online_tau']:.3f}, "
               f"D {verdict['difference']:+.3f} ± {verdict['bound']:.3f}")
-        assert verdict["prompts"] == 12 and verdict["draws"] == [204, 204]
+        assert verdict["prompts"] == 12 and verdict["draws"] == [12 * DRAWS] * 2
         assert verdict["agree"] is True, verdict
     # acceptance happens at all (a drafter that never accepts would agree trivially)
     assert sum(fig["offline"]) / len(fig["offline"]) > 1.5

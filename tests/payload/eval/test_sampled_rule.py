@@ -1,6 +1,6 @@
 """τ under the sampled rule (eval/sampled_rule.py): the forward/backward over round boundaries given each
 continuation, against brute force, against the greedy replay (one-hot drafts), and against the online
-sampled-rule loop over 204 draws (12 built-in prompts × 17 seeds) on the fixture target.
+sampled-rule loop over 120 draws (12 built-in prompts × 10 seeds) on the fixture target.
 
 Tolerance of the online agreement: ``metrics.sampled.expectation_agreement``, paired by prompt, |D| <= 2.576·SE
 (two-sided, 1% false-alarm rate). The estimator's per-draw values have less variance than the loop's (the round
@@ -24,7 +24,8 @@ from remote_payload.metrics.chain import sample_tau, summarize
 from remote_payload.metrics.sampled import expectation_agreement, variance_parts
 
 MAX_NEW = 16
-DRAWS = 17  # per prompt: 12 × 17 = 204 per side
+DRAWS = 10  # per prompt: 12 × 10 = 120 per side (the greedy rule's replay still 2.0 bounds from the loop for
+# DFlash2, 3.1 at 17 draws; fewer and the test that tells the rules apart loses its margin)
 # The drafters the online agreement runs for: a name of the session's `loaded` fixtures (tests/payload/conftest.py).
 DRAFTERS = ["zlab", "dflash2"]
 
@@ -189,7 +190,7 @@ def test_the_estimate_agrees_with_the_online_sampled_rule_loop(per_draw, name):
     verdict = expectation_agreement(fig["offline"], fig["online"], fig["prompt"])
     print(f"{name}: estimate {verdict['offline_tau']:.3f} vs loop {verdict['online_tau']:.3f}, "
           f"D {verdict['difference']:+.3f} ± {verdict['bound']:.3f}; max check error {max(fig['checks']):.2e}")
-    assert verdict["prompts"] == 12 and verdict["draws"] == [204, 204]
+    assert verdict["prompts"] == 12 and verdict["draws"] == [12 * DRAWS] * 2
     assert verdict["agree"] is True, verdict
     assert max(fig["checks"]) <= sr.TOLERANCE
     assert verdict["offline_tau"] > 1.15  # drafts are accepted at all (a never-accepting drafter agrees trivially)
