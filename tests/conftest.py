@@ -32,7 +32,7 @@ pytest_plugins = ["fixtures_provision", "fixtures_eval", "fixtures_slurm"]
 FULL_ONLY_FIXTURES = frozenset({
     "sandbox", "fresh_sandbox", "connector", "eval_hosts", "provisioned_ct129", "provision_cache",
     "fixture_dir", "eval_cache", "target", "samples", "loaded", "runtime_for", "run_payload",
-    "engine_python", "engine_fixtures", "servers", "target_model", "fla_python",
+    "engine_python", "engine_fixtures", "servers", "target_model", "fla_python", "qwen3_target", "impostor_models",
 })
 # Folders whose tests start processes or build models without going through those fixtures.
 FULL_ONLY_FOLDERS = ("engine", "fla_cpu", "testing", "demo")

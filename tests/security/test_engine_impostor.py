@@ -62,7 +62,7 @@ openai_server.serve_as_engine(sys.argv[3:])
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def impostor_models(tmp_path_factory):
     """The tiny fixture target (and a drafter for the eval's input checks), loaded once."""
     from remote_payload.fixtures import build as fx
 
@@ -112,17 +112,18 @@ class PortThief:
             self.server.stop()
 
 
-def _thief(tmp_path, tiny, monkeypatch) -> tuple[str, PortThief]:
+def _thief(tmp_path, impostor_models, monkeypatch) -> tuple[str, PortThief]:
     engine_python = _script(tmp_path / "engine-python", IMPORTING_ENGINE)
     monkeypatch.setenv("THIEF_READY", str(tmp_path / "thief-ready"))
-    return engine_python, PortThief(engine_python, tiny[1], tiny[2], tmp_path / "thief-ready")
+    return engine_python, PortThief(engine_python, impostor_models[1], impostor_models[2], tmp_path / "thief-ready")
 
 
-def test_a_port_thief_gets_no_prompt(tmp_path, tiny, monkeypatch):
+def test_a_port_thief_gets_no_prompt(tmp_path, impostor_models, monkeypatch):
     """--engine: the thief on the engine's port is refused before anything is sent (it got the prompts)."""
-    engine_python, thief = _thief(tmp_path, tiny, monkeypatch)
-    srv = EngineServer(ServerConfig(python=engine_python, target=str(tiny[0] / "target")), tmp_path / "vllm.log")
-    prompt = EnginePrompt("secret-prompt", list(tiny[2]("the prompt only the engine may see")["input_ids"]))
+    engine_python, thief = _thief(tmp_path, impostor_models, monkeypatch)
+    srv = EngineServer(ServerConfig(python=engine_python, target=str(impostor_models[0] / "target")),
+                       tmp_path / "vllm.log")
+    prompt = EnginePrompt("secret-prompt", list(impostor_models[2]("the prompt only the engine may see")["input_ids"]))
     refused = None
     try:
         srv.start(timeout_s=START_TIMEOUT_S)
@@ -140,18 +141,19 @@ def test_a_port_thief_gets_no_prompt(tmp_path, tiny, monkeypatch):
     assert srv.proc.returncode is not None  # the engine dfo started is stopped
 
 
-def _reference_settings(tmp_path, tiny, engine_python: str) -> EvalSettings:
-    return EvalSettings(target=str(tiny[0] / "target"), drafters=[("r", str(tiny[0] / "random-drafter"))],
+def _reference_settings(tmp_path, impostor_models, engine_python: str) -> EvalSettings:
+    return EvalSettings(target=str(impostor_models[0] / "target"),
+                        drafters=[("r", str(impostor_models[0] / "random-drafter"))],
                         samples=2, max_new_tokens=8, device="cpu", dtype="float32", threads=1,
                         cache_dir=str(tmp_path / "cache"), out=str(tmp_path / "out"), reference_engine="vllm",
                         engine_python=engine_python, engine_start_timeout=START_TIMEOUT_S)
 
 
-def test_reference_vllm_gives_a_port_thief_neither_the_users_key_nor_prompts(tmp_path, tiny, monkeypatch):
+def test_reference_vllm_gives_a_port_thief_neither_the_users_key_nor_prompts(tmp_path, impostor_models, monkeypatch):
     """--reference vllm: the user's $DFO_REFERENCE_API_KEY went as Bearer to whoever held the engine's port."""
     monkeypatch.setenv(REFERENCE_API_KEY_ENV, USER_KEY)
-    engine_python, thief = _thief(tmp_path, tiny, monkeypatch)
-    ctx = EvalContext(settings=_reference_settings(tmp_path, tiny, engine_python))
+    engine_python, thief = _thief(tmp_path, impostor_models, monkeypatch)
+    ctx = EvalContext(settings=_reference_settings(tmp_path, impostor_models, engine_python))
     stages.start(ctx)
     stages.check_inputs(ctx)
     refused = None
@@ -168,7 +170,7 @@ def test_reference_vllm_gives_a_port_thief_neither_the_users_key_nor_prompts(tmp
     assert refused is not None and "is held by another process" in refused and USER_KEY not in refused
 
 
-def test_the_engine_gets_its_own_key_on_every_request_and_the_users_on_none(tmp_path, tiny, monkeypatch):
+def test_the_engine_gets_its_own_key_on_every_request_and_the_users_on_none(tmp_path, impostor_models, monkeypatch):
     """A whole --reference vllm eval against the stand-in engine: readiness probes with a wrong key first, then
     the per-run key; every request carries the per-run key, none the user's; the key is in no output."""
     from remote_payload.eval.pipeline import run_eval
@@ -178,7 +180,7 @@ def test_the_engine_gets_its_own_key_on_every_request_and_the_users_on_none(tmp_
     monkeypatch.setenv("FAKE_ENGINE_REQUESTS", str(log))
     stand_in = _script(tmp_path / "engine-python", STAND_IN_ENGINE.format(python=sys.executable,
                                                                           tests=str(PAYLOAD_TESTS)))
-    results = run_eval(_reference_settings(tmp_path, tiny, stand_in))
+    results = run_eval(_reference_settings(tmp_path, impostor_models, stand_in))
     first, *requests = [json.loads(line) for line in log.read_text().splitlines()]
     key = first["api_key"]
     assert key and key != USER_KEY and not any(key in arg for arg in first["argv"])
@@ -196,14 +198,14 @@ def test_the_engine_gets_its_own_key_on_every_request_and_the_users_on_none(tmp_
         assert key not in text and USER_KEY not in text, path
 
 
-def test_an_engine_that_ignores_the_key_is_refused_before_the_key_is_sent(tmp_path, tiny, monkeypatch):
+def test_an_engine_that_ignores_the_key_is_refused_before_the_key_is_sent(tmp_path, impostor_models, monkeypatch):
     """Our own process on the port, but serving without the key (a vLLM that ignores $VLLM_API_KEY): refused."""
     log = tmp_path / "engine-requests.jsonl"
     monkeypatch.setenv("FAKE_ENGINE_REQUESTS", str(log))
     monkeypatch.setenv("FAKE_ENGINE_IGNORES_KEY", "1")
     stand_in = _script(tmp_path / "engine-python", STAND_IN_ENGINE.format(python=sys.executable,
                                                                           tests=str(PAYLOAD_TESTS)))
-    srv = EngineServer(ServerConfig(python=stand_in, target=str(tiny[0] / "target")), tmp_path / "vllm.log")
+    srv = EngineServer(ServerConfig(python=stand_in, target=str(impostor_models[0] / "target")), tmp_path / "vllm.log")
     with pytest.raises(EngineError) as err:
         srv.start(timeout_s=START_TIMEOUT_S)
     msg = str(err.value)
