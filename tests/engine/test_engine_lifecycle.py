@@ -255,3 +255,19 @@ def test_real_vllm_requires_the_key_and_argv_does_not_hold_it(servers):
     assert b"vllm.entrypoints.openai.api_server" in cmdline and srv.api_key.encode() not in cmdline
     assert f"VLLM_API_KEY={srv.api_key}".encode() in Path(f"/proc/{srv.pid}/environ").read_bytes()
     assert srv.api_key not in srv.log_path.read_text(errors="replace")
+
+
+def test_each_engine_venv_gets_its_own_vllm_cache_folder(monkeypatch, tmp_path):
+    """vLLM names its model-info entries without its release: one cache folder shared by two releases made each
+    start after the other release inspect every model class again. One folder per venv, under the caller's."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    root = {name: vllm.server_env(vs.ServerConfig(python=f"/opt/{name}/bin/python", target="/t"), "k")[
+        "VLLM_CACHE_ROOT"] for name in ("vllm-0.31", "vllm-0.32")}
+    assert root["vllm-0.31"] != root["vllm-0.32"]
+    assert all(r.startswith(str(tmp_path / "cache") + "/dfo-venvs/") for r in root.values())
+    again = vllm.server_env(vs.ServerConfig(python="/opt/vllm-0.31/bin/python", target="/t", threads=2), "other")
+    assert again["VLLM_CACHE_ROOT"] == root["vllm-0.31"]  # the venv decides, not the server's settings
+    monkeypatch.delenv("VLLM_CACHE_ROOT")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert vllm.server_env(vs.ServerConfig(python="/opt/v/bin/python", target="/t"), "k")["VLLM_CACHE_ROOT"] \
+        .startswith(str(tmp_path / "home" / ".cache" / "vllm" / "dfo-venvs"))

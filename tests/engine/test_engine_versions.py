@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from conftest import MAX_NEW, START_TIMEOUT_S, TIMINGS
@@ -22,9 +23,11 @@ from conftest import MAX_NEW, START_TIMEOUT_S, TIMINGS
 from orchestrator.evaluation.compare import dataset_lines, engine_pairing
 from remote_payload.engines.run import EnginePrompt, run_prompts
 from remote_payload.engines.server import EngineServer
+from remote_payload.engines.vllm import server_env
 from remote_payload.eval.engine_setup import engine_version
 
 pytestmark = pytest.mark.timeout(1800)
+QWEN3_INFO = "vllm-model_executor-models-qwen3-Qwen3ForCausalLM.json"  # vLLM's name for the entry
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,11 @@ def test_two_vllm_releases_paired_by_prompt(servers, previous_python, prompts, e
 
     versions = engine_version(previous_python), engine_version(servers.python)
     assert versions == ("0.31.0", "0.32.0")
+    # each release kept what it learnt of the target's model class in its own cache folder (one shared folder
+    # made every start after the other release inspect the class again: 10 to 20 s each)
+    roots = [Path(server_env(s.cfg, "-")["VLLM_CACHE_ROOT"]) for s in (server, current_server)]
+    entries = [json.loads((r / "modelinfos" / QWEN3_INFO).read_text())["hash"] for r in roots]
+    assert roots[0] != roots[1] and entries[0] != entries[1], (roots, entries)
     k = json.loads(current_server.command[current_server.command.index("--speculative-config") + 1])[
         "num_speculative_tokens"]
     assert json.loads(server.command[server.command.index("--speculative-config") + 1])["num_speculative_tokens"] == k
