@@ -88,8 +88,9 @@ def _cores(threads: int) -> str:
 def cache_root(python: str, env: dict[str, str]) -> str:
     """vLLM's cache folder for the venv of PYTHON: one per venv, so releases never evict each other's entries."""
     base = env.get("VLLM_CACHE_ROOT") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache", "vllm")
-    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))  # <venv>/bin/python: not resolved, a venv's
-    digest = hashlib.sha256(venv.encode()).hexdigest()[:12]           # python links to the base interpreter
+    # <venv>/bin/python, not resolved: a venv's python is a link to the base interpreter, the same for every venv
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    digest = hashlib.sha256(venv.encode()).hexdigest()[:12]
     return os.path.join(base, "dfo-venvs", f"{os.path.basename(venv)[:40]}-{digest}")
 
 
