@@ -54,6 +54,19 @@ def pytest_collection_modifyitems(config, items):
                  or _module_group(item))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    if config.getoption("numprocesses", None) and config.getoption("dist", "no") != "no":
+        _slow_singles_first(items)
+
+
+def _slow_singles_first(items) -> None:
+    """Under xdist: the tests in no group, slow ones first. xdist queues the groups by size, then every single test
+    in collection order, so the minute-long watch and cluster tests (last in the folders' order) were handed out
+    last and one worker ran them alone while the other had finished: a minute and a half of one idle core in a
+    measured run. Grouped tests keep their places (a module's own order, the engine group's)."""
+    singles = [i for i, item in enumerate(items) if not item.get_closest_marker("xdist_group")]
+    ordered = sorted((items[i] for i in singles), key=lambda item: item.get_closest_marker("slow") is None)
+    for i, item in zip(singles, ordered, strict=True):
+        items[i] = item
 
 
 def _module_group(item) -> str | None:

@@ -6,7 +6,8 @@ trained weights plus Gaussian noise whose scale shrinks with N (the last step: t
 the team's training format (model + optimizer state + step + config). Each file is written in chunks
 with pauses, straight to its final name, as trainers do, so a watcher can find it half-written.
 ``--corrupt STEP`` writes that step as bytes that are no checkpoint (an injected failure); ``--slow STEP``
-spreads that step's writing over ``--slow-seconds`` (a file a watcher is sure to find half-written).
+spreads that step's writing over ``--slow-seconds`` (a file a watcher is sure to find half-written); once the
+``--hurry PATH`` exists, the rest of it goes at ``--chunk-delay`` (a test lets it finish once it has looked).
 ``--wait-for PATH`` (repeatable) holds the second, third, … file back until the first, second, … PATH
 exists (tests sequence the trainer with it).
 ``--proxy-logdir DIR`` logs a proxy the way trainers do (``train/acc_0`` in a TensorBoard event file, at each
@@ -104,14 +105,16 @@ def noisy_checkpoint(source: Path, step: int, scale: float, spec: dict | None) -
     return buf.getvalue()
 
 
-def write_slowly(path: Path, data: bytes, chunks: int, delay: float) -> None:
+def write_slowly(path: Path, data: bytes, chunks: int, delay: float, hurry: Path | None = None,
+                 hurried_delay: float = 0.0) -> None:
+    """DATA into PATH in CHUNKS, DELAY seconds apart (HURRIED_DELAY once the file HURRY exists)."""
     size = -(-len(data) // chunks)
     with path.open("wb") as fh:
         for i in range(0, len(data), size):
             fh.write(data[i:i + size])
             fh.flush()
             os.fsync(fh.fileno())
-            time.sleep(delay)
+            time.sleep(hurried_delay if hurry is not None and hurry.exists() else delay)
 
 
 def noise_at(step: int, honest: list[int], good: list[int], args: argparse.Namespace) -> float:
@@ -134,6 +137,7 @@ def main() -> None:
     ap.add_argument("--chunk-delay", type=float, default=0.5, help="seconds between chunks of one file")
     ap.add_argument("--slow", type=int, action="append", default=[], help="write this step slowly")
     ap.add_argument("--slow-seconds", type=float, default=60.0)
+    ap.add_argument("--hurry", type=Path, help="once this path exists, a slow step's rest goes at --chunk-delay")
     ap.add_argument("--gap", type=float, default=0.0, help="seconds between files")
     ap.add_argument("--wait-for", type=Path, action="append", default=[],
                     help="before file i + 1, wait until the i-th --wait-for path exists")
@@ -162,8 +166,10 @@ def main() -> None:
             log_proxy(args.proxy_logdir, "train/acc_0", step, 0.3 + 0.4 * (1 - 0.5 ** (i + 1)))
         path = args.out / f"step_{step}.pt"
         _log(args.log, event="start", name=path.name, step=step, bytes=len(data))
-        delay = args.slow_seconds / args.chunks if step in args.slow else args.chunk_delay
-        write_slowly(path, data, args.chunks, delay)
+        if step in args.slow:
+            write_slowly(path, data, args.chunks, args.slow_seconds / args.chunks, args.hurry, args.chunk_delay)
+        else:
+            write_slowly(path, data, args.chunks, args.chunk_delay)
         _log(args.log, event="done", name=path.name, step=step, sha256=hashlib.sha256(data).hexdigest(),
              corrupt=step in args.corrupt)
         time.sleep(args.gap)

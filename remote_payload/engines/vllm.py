@@ -88,8 +88,10 @@ def _cores(threads: int) -> str:
 def cache_root(python: str, env: dict[str, str]) -> str:
     """vLLM's cache folder for the venv of PYTHON: one per venv, so releases never evict each other's entries."""
     base = env.get("VLLM_CACHE_ROOT") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache", "vllm")
-    # <venv>/bin/python, not resolved: a venv's python is a link to the base interpreter, the same for every venv
-    venv = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    # The venv's folder resolved, not its python (a link to the base interpreter, the same for every venv): a venv
+    # reached through a link (a cluster's shared `current` folder) shares the entries of the venv it points to, and
+    # a link re-pointed at another release gets that release's folder instead of mixing the two.
+    venv = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(python))))
     digest = hashlib.sha256(venv.encode()).hexdigest()[:12]
     return os.path.join(base, "dfo-venvs", f"{os.path.basename(venv)[:40]}-{digest}")
 

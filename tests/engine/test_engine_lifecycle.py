@@ -267,6 +267,17 @@ def test_each_engine_venv_gets_its_own_vllm_cache_folder(monkeypatch, tmp_path):
     assert all(r.startswith(str(tmp_path / "cache") + "/dfo-venvs/") for r in root.values())
     again = vllm.server_env(vs.ServerConfig(python="/opt/vllm-0.31/bin/python", target="/t", threads=2), "other")
     assert again["VLLM_CACHE_ROOT"] == root["vllm-0.31"]  # the venv decides, not the server's settings
+    # a venv reached through a link is the venv it points to; re-pointed at another release, that release's folder
+    for name in ("vllm-0.31", "vllm-0.32"):
+        (tmp_path / name / "bin").mkdir(parents=True)
+    link = tmp_path / "current"
+    via = {}
+    for name in ("vllm-0.31", "vllm-0.32"):
+        link.unlink(missing_ok=True)
+        link.symlink_to(tmp_path / name, target_is_directory=True)
+        via[name] = vllm.cache_root(str(link / "bin" / "python"), {"VLLM_CACHE_ROOT": "/c"})
+        assert via[name] == vllm.cache_root(str(tmp_path / name / "bin" / "python"), {"VLLM_CACHE_ROOT": "/c"})
+    assert via["vllm-0.31"] != via["vllm-0.32"]
     monkeypatch.delenv("VLLM_CACHE_ROOT")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert vllm.server_env(vs.ServerConfig(python="/opt/v/bin/python", target="/t"), "k")["VLLM_CACHE_ROOT"] \

@@ -1,11 +1,20 @@
-"""`dfo eval --engine vllm --reference vllm --engine-concurrency 1,4` end to end on a sandbox host, with a real vLLM.
+"""`dfo eval --engine vllm --reference vllm --engine-concurrency 1,4 --engine-k 3 --engine-check synthetic` end
+to end with a real vLLM, inside a task of the sandbox Slurm (ct129 over SSH where Slurm cannot run here).
 
-ONE eval run, two engine starts: the plain server (references through the --reference client, then the
-baseline tokens/s at 1 and 4 requests in flight) and one DFlash server for the drafter (the same two levels,
-per-request acceptance, the counter cross-check), which is the team's training-format checkpoint of
-the Qwen3 engine fixture, so the run also proves that vLLM loads dfo's z-lab export of it. ct129's
-``paths.engine_venv`` points at the tests' engine venv (the sandbox hosts share this filesystem); the payload
-venv and the deploy come from the shared ``eval_hosts`` fixture.
+ONE eval run, four engine starts: the plain server (references through the --reference client, then the
+baseline tokens/s at 1 and 4 requests in flight), one DFlash server for the drafter (the same two levels,
+per-request acceptance, the counter cross-check), one more offering K = 3 drafts and one with the synthetic
+sampler. The drafter is the team's training-format checkpoint of the Qwen3 engine fixture, so the run also proves
+that vLLM loads dfo's z-lab export of it. On the cluster the task's payload starts every server on its compute
+node, on a port it picks there and with a key it draws there; dfo follows the array, pulls the task's results and
+the servers' logs. The engine venv is the tests' vLLM venv, reached from the cluster's shared folder through a
+link (a cluster keeps its venvs on the shared filesystem; the sandbox's is this machine's); on ct129 its
+``paths.engine_venv`` points at it (the sandbox hosts share this filesystem). The payload venv and the deploy come
+from the shared ``eval_hosts`` fixture. tests/cluster/test_cluster_engine.py covers two tasks with two servers
+each, with a stand-in server.
+
+One run for both executors' engine story: a real vLLM start is 25-75 s on a busy 2-core box, and the run on a
+single host differs from the run in a task only in where the payload runs, which the executor tests cover.
 """
 
 from __future__ import annotations
@@ -13,14 +22,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from cli_runner import dfo
 from conftest import TIMINGS
 
+from orchestrator.testing.slurm import cluster_inventory, missing_reason
+
 pytestmark = [pytest.mark.sshd, pytest.mark.slow, pytest.mark.timeout(2400)]
 # Every built-in prompt at the DFlash engine test's length (~200 rounds): enough for the agreement rule to tell
-# a near-tie flip from a fault (4 x 64, ~45 rounds, allowed τ ±1.8). The tokens cost seconds; the two server
+# a near-tie flip from a fault (4 x 64, ~45 rounds, allowed τ ±1.8). The tokens cost seconds; the four server
 # starts are what takes the time.
 SAMPLES, MAX_NEW_TOKENS = 12, 96
 LEVELS = "1,4"  # the sweep rides on the same two servers: each level costs seconds of tokens, no start
@@ -35,6 +47,39 @@ def inventory_with_engine_venv(box, venv: Path, dest: Path) -> Path:
     lines.insert(i + 1, f"      engine_venv: {json.dumps(str(venv))}\n")
     dest.write_text("".join(lines))
     return dest
+
+
+def _with_engine_venv(text: str, host: str, venv: Path) -> str:
+    """The inventory TEXT with HOST's paths.engine_venv set to VENV."""
+    start = text.index(f"  {host}:\n")
+    models = text.index("      models: ", start)
+    end = text.index("\n", models) + 1
+    return text[:end] + f"      engine_venv: {json.dumps(str(venv))}\n" + text[end:]
+
+
+class Place(NamedTuple):
+    host: str  # --host
+    inventory: Path
+    folder: str  # the run's hosts/<folder>/ and logs/<folder>-* name
+    slurm: bool
+
+
+@pytest.fixture
+def place(request, sandbox, engine_python, tmp_path) -> Place:
+    """A task of the sandbox Slurm (host ``hpc``, the engine venv through a link in its shared folder, a task time
+    limit with room for four starts on a busy box), or ct129 where the sandbox Slurm cannot run here."""
+    venv = Path(engine_python).parents[1]
+    if missing_reason():
+        return Place("ct129", inventory_with_engine_venv(sandbox, venv, tmp_path / "inventory.yaml"), "ct129", False)
+    slurm = request.getfixturevalue("slurm")
+    link = Path(sandbox.hosts["ct129"].root_dir) / f"vllm-venv-{tmp_path.name[-16:]}"
+    link.symlink_to(venv, target_is_directory=True)
+    inventory = cluster_inventory(sandbox, slurm, tmp_path / "inventory.yaml")
+    text = _with_engine_venv(inventory.read_text(), "hpc", link)
+    hpc = text.index("  hpc:\n")
+    limit = text.index("      time_limit: '10'\n", hpc)
+    inventory.write_text(text[:limit] + "      time_limit: '30'\n" + text[limit + len("      time_limit: '10'\n"):])
+    return Place("hpc", inventory, "hpc[0]", True)
 
 
 def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows_the_engine(sandbox, eval_hosts,
@@ -66,12 +111,12 @@ def test_no_engine_venv_is_refused_before_anything_changes_and_the_dry_run_shows
     assert not runs.exists()
 
 
-def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_python, engine_fixtures, tmp_path):
-    inventory = inventory_with_engine_venv(sandbox, Path(engine_python).parents[1], tmp_path / "inventory.yaml")
+def test_eval_with_vllm_engine_and_vllm_references(place, eval_hosts, engine_fixtures, tmp_path):
+    inventory = place.inventory
     runs = tmp_path / "runs"
     checkpoint = engine_fixtures / "trained-drafter" / "checkpoint.pt"
     started = time.monotonic()
-    proc = dfo("eval", "--host", "ct129", "--target", str(engine_fixtures / "target"),
+    proc = dfo("eval", "--host", place.host, "--target", str(engine_fixtures / "target"),
                "--drafter", f"ours={checkpoint}", "--samples", str(SAMPLES), "--max-new-tokens", str(MAX_NEW_TOKENS),
                "--dtype", "float32", "--threads", "1", "--engine", "vllm", "--reference", "vllm",
                "--engine-concurrency", LEVELS, "--engine-k", str(SMALL_K), "--engine-check", "synthetic", "--json",
@@ -80,6 +125,12 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = Path(json.loads(proc.stdout)["path"])
     results = json.loads((run_dir / "results.json").read_text())
+    if place.slurm:  # one task, run to its end on the compute node; no port or key reached its batch script
+        slurm = json.loads((run_dir / "run.json").read_text())["jobs"][place.host]["slurm"]
+        assert [t["state"] for t in slurm["tasks"].values()] == ["COMPLETED"]
+        assert slurm["tasks"]["0"]["node"] == "node1"
+        scripts = list(Path(slurm["job_dir"]).glob("batch-*.sh"))
+        assert scripts and not any("--port" in s.read_text() or "API_KEY" in s.read_text() for s in scripts)
 
     run = results["engine"]
     assert run["name"] == "vllm" and run["version"] == "0.32.0" and run["used_for"] == ["references", "drafters"]
@@ -90,11 +141,11 @@ def test_eval_with_vllm_engine_and_vllm_references(sandbox, eval_hosts, engine_p
     # one plain server for the eval, one per drafter, one more offering K = 3 drafts (--engine-k 3), one with the
     # synthetic sampler (--engine-check synthetic)
     assert set(run["start_seconds"]) == {"plain", "ours", f"ours-k{SMALL_K}", "ours-synthetic"}
-    TIMINGS.update({f"e2e start {k}": f"{v} s" for k, v in run["start_seconds"].items()})
-    for name in ("vllm-plain.log", "vllm-ours.log"):
+    TIMINGS.update({f"e2e start {k} ({place.host})": f"{v} s" for k, v in run["start_seconds"].items()})
+    for name in ("vllm-plain.log", "vllm-ours.log"):  # the servers' logs, pulled from the host or the task's folder
         assert name in run["logs"]
-        assert (run_dir / "hosts" / "ct129" / "engine" / name).is_file()
-        assert "api_server" in (run_dir / "logs" / f"ct129-{name}").read_text()
+        assert (run_dir / "hosts" / place.folder / "engine" / name).is_file()
+        assert "api_server" in (run_dir / "logs" / f"{place.folder}-{name}").read_text()
     server = results["reference"]["server"]
     assert server["started_by_payload"] == "vllm" and server["model"] == run["served_name"]
     assert server["roundtrip_mismatches"] == [] and server["ids_source"] == {"server": SAMPLES}

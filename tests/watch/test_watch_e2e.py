@@ -2,8 +2,8 @@
 
 The trainer (orchestrator/testing/fake_trainer.py, a detached job on kpro6) writes step_100.pt,
 step_200.pt, a corrupt step_250.pt and step_300.pt, each noisier-to-cleaner copy of the fixtures' trained
-drafter (so τ rises with the step), chunk by chunk (step_200 over a minute), each file held back until
-the test lets it start.
+drafter (so τ rises with the step), chunk by chunk (step_200 over a minute, or until the test has looked), each
+file held back until the test lets it start.
 The watcher must evaluate each good checkpoint exactly once and never a half-written one, survive a
 SIGKILL while it relays and while the eval job runs, record the corrupt one as failed and go on, call
 --on-result once per checkpoint, evaluate the baseline once, and leave no relayed weights on ct129.
@@ -81,10 +81,12 @@ class Background:
 
 @pytest.fixture
 def trainer(sandbox, eval_hosts, provision_cache, tmp_path):
-    """Starts the fake trainer on kpro6; yields (folder, log, gate(i) to let file i start)."""
+    """Starts the fake trainer on kpro6; yields (folder, log, gate(i) to let file i start, the gate that lets the
+    slow step_200 finish at once)."""
     kpro6 = sandbox.hosts["kpro6"]
     folder = posixpath.join(str(kpro6.checkpoints), f"run-{tmp_path.name[-12:]}")
     log, gates = tmp_path / "trainer.jsonl", [tmp_path / f"gate{i}" for i in range(len(STEPS) - 1)]
+    hurry = tmp_path / "hurry"
     source = eval_hosts["ours"].split(":", 1)[1]
     with Connector(load_inventory(sandbox.inventory_path)) as connector:
         python = provision(connector, "kpro6", offline=True, wheelhouse_cache=provision_cache).python
@@ -92,20 +94,20 @@ def trainer(sandbox, eval_hosts, provision_cache, tmp_path):
         connector.session("kpro6").put(TRAINER, script)
         argv = [python, script, "--source", source, "--out", folder, "--steps", ",".join(map(str, STEPS)),
                 "--corrupt", str(CORRUPT), "--slow", "200", "--slow-seconds", "60", "--chunks", "30",
-                "--chunk-delay", "0.2", "--log", str(log)]
+                "--chunk-delay", "0.2", "--hurry", str(hurry), "--log", str(log)]
         for g in gates:
             argv += ["--wait-for", str(g)]
         handle = launch_job(connector, "kpro6", argv, lock=None, job_name="fake trainer")
         try:
-            yield folder, log, gates
+            yield folder, log, gates, hurry
         finally:
-            for g in gates:
+            for g in [*gates, hurry]:
                 g.touch()
             cancel_job(connector, "kpro6", handle.job_id)
 
 
 def test_watch_evaluates_each_checkpoint_once_through_kills_and_a_corrupt_file(sandbox, eval_hosts, trainer, tmp_path):
-    folder, log, gates = trainer
+    folder, log, gates, hurry = trainer
     runs = tmp_path / "runs"
     hook_log = tmp_path / "hook.jsonl"
     hook_script = tmp_path / "hook.py"
@@ -121,7 +123,8 @@ def test_watch_evaluates_each_checkpoint_once_through_kills_and_a_corrupt_file(s
     wait_for(lambda: any(e["event"] == "done" for e in trainer_events(log)), "step_100.pt", timeout=120)
     gates[0].touch()
     wait_for(lambda: any(e["event"] == "start" and e["step"] == 200 for e in trainer_events(log)), "step_200 start")
-    # step_100 must have been quiet for --settle (5 s) on a fast machine too; step_200 keeps growing for ~60 s.
+    # step_100 must have been quiet for --settle (5 s) on a fast machine too; step_200 keeps growing (over 60 s, or
+    # until the test has looked and lets it finish).
     time.sleep(6)
     dry = dfo(sandbox, *args, "--dry-run", "--json", runs=runs)
     assert dry.returncode == 0, dry.stderr[-2000:]
@@ -134,6 +137,8 @@ def test_watch_evaluates_each_checkpoint_once_through_kills_and_a_corrupt_file(s
     first = series_state(state)
     assert set(first["checkpoints"]) == {"step_100.pt"} and first["checkpoints"]["step_100.pt"]["status"] == "done"
     assert set(first["baselines"]["drafters"]) == {"random"}
+    assert not any(e["event"] == "done" and e["step"] == 200 for e in trainer_events(log))  # it was still growing
+    hurry.touch()
 
     # 2. The rest, with the watcher SIGKILLed once while it relays and once while the eval job runs.
     wait_for(lambda: any(e["event"] == "done" and e["step"] == 200 for e in trainer_events(log)), "step_200 done")

