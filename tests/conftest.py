@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
                  or _module_group(item))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-    if config.getoption("numprocesses", None) and config.getoption("dist", "no") != "no":
+    if hasattr(config, "workerinput"):  # an xdist worker (its collection is what the scheduler hands out)
         _slow_singles_first(items)
 
 

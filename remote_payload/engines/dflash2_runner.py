@@ -40,8 +40,20 @@ class RunnerFacts:
     v1_refuses: bool  # this release refuses a candidate-head draft on V1 (else V1 ignores the selector)
 
 
+# (python, environment) -> its answer: a payload process asks a venv once per environment (each ask imports
+# vLLM's config in a fresh interpreter, 10-15 s on a busy 2-core host; a run may hold several DFlash2 drafters).
+_ANSWERS: dict[tuple[str, tuple[tuple[str, str], ...]], RunnerFacts] = {}
+
+
 def probe(python: str, env: dict[str, str], timeout_s: float = 180) -> RunnerFacts:
     """The facts from the engine venv, under the server's own environment."""
+    key = (python, tuple(sorted(env.items())))
+    if key not in _ANSWERS:
+        _ANSWERS[key] = _ask(python, env, timeout_s)
+    return _ANSWERS[key]
+
+
+def _ask(python: str, env: dict[str, str], timeout_s: float) -> RunnerFacts:
     try:
         out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:

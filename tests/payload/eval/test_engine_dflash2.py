@@ -22,6 +22,24 @@ def test_runner_decision():
     assert runner_from_log("INFO ready", True) == V2 and runner_from_log("INFO ready", None) is None
 
 
+def test_the_venv_is_asked_once_per_environment(tmp_path, monkeypatch):
+    """A stand-in engine python that answers the probe and counts the asks: the same venv and environment again
+    is the first answer; another environment is asked anew."""
+    asks = tmp_path / "asks"
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho ask >> " + str(asks) + "\n"
+                      "echo '{\"triton\": false, \"v2_env\": null, \"v1_refuses\": true}'\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(dflash2_runner, "_ANSWERS", {})
+    env = {"PATH": "/usr/bin:/bin", "VLLM_X": "1"}
+    first = dflash2_runner.probe(str(python), env)
+    assert first == RunnerFacts(triton=False, v2_env=None, v1_refuses=True)
+    assert dflash2_runner.probe(str(python), dict(env)) == first
+    assert asks.read_text().count("ask") == 1
+    dflash2_runner.probe(str(python), {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert asks.read_text().count("ask") == 2
+
+
 def _ctx():
     warnings: list[str] = []
     return SimpleNamespace(warn=warnings.append, warnings=warnings)
