@@ -228,10 +228,10 @@ def start_in_sandbox(box, root: Path, *, gpus: int = 0, accounting: bool = False
 
 
 def cluster_inventory(box, slurm: SandboxSlurm, dest: Path, *, name: str = "hpc",
-                      variants: dict[str, str] | None = None) -> Path:
+                      variants: dict[str, str] | None = None, time_limit: str = "10") -> Path:
     """BOX's inventory plus cluster host NAME: ct129's SSH, workdir (its release and venv) and paths, the
     sandbox's SLURM_CONF in its env, and a slurm: section whose shared folder is ct129's root (partition debug,
-    ten-minute tasks); plus one more host per VARIANTS entry (host name -> more slurm: keys, as YAML lines),
+    TIME_LIMIT-minute tasks); plus one more host per VARIANTS entry (host name -> more slurm: keys, as YAML lines),
     by default NAME-serial, the same cluster one task at a time. Written to DEST."""
     from orchestrator.core.inventory import load_inventory
 
@@ -243,7 +243,7 @@ def cluster_inventory(box, slurm: SandboxSlurm, dest: Path, *, name: str = "hpc"
             f"    paths:\n      checkpoints: {ct129.paths.checkpoints}\n      models: {ct129.paths.models}\n"
             f"    env:\n      SLURM_CONF: {slurm.conf}\n"
             f"    slurm:\n      shared: {box.hosts['ct129'].root_dir}\n      partition: debug\n"
-            "      time_limit: '10'\n")
+            f"      time_limit: '{time_limit}'\n")
     if variants is None:
         variants = {f"{name}-serial": "max_parallel: 1"}
     more = "".join(host.replace(f"  {name}:\n", f"  {variant}:\n", 1)

@@ -40,17 +40,13 @@ SMALL_K = 3  # --engine-k: the drafter served once more offering 3 drafts (its b
 
 
 def inventory_with_engine_venv(box, venv: Path, dest: Path) -> Path:
-    """The sandbox inventory with ct129's ``paths.engine_venv`` set (a JSON string is a YAML string)."""
-    lines = box.inventory_path.read_text().splitlines(keepends=True)
-    models = str(box.hosts["ct129"].models)
-    i = next(i for i, line in enumerate(lines) if line.strip().startswith("models:") and models in line)
-    lines.insert(i + 1, f"      engine_venv: {json.dumps(str(venv))}\n")
-    dest.write_text("".join(lines))
+    """The sandbox inventory with ct129's ``paths.engine_venv`` set."""
+    dest.write_text(_with_engine_venv(box.inventory_path.read_text(), "ct129", venv))
     return dest
 
 
 def _with_engine_venv(text: str, host: str, venv: Path) -> str:
-    """The inventory TEXT with HOST's paths.engine_venv set to VENV."""
+    """The inventory TEXT with HOST's paths.engine_venv set to VENV (a JSON string is a YAML string)."""
     start = text.index(f"  {host}:\n")
     models = text.index("      models: ", start)
     end = text.index("\n", models) + 1
@@ -74,11 +70,8 @@ def place(request, sandbox, engine_python, tmp_path) -> Place:
     slurm = request.getfixturevalue("slurm")
     link = Path(sandbox.hosts["ct129"].root_dir) / f"vllm-venv-{tmp_path.name[-16:]}"
     link.symlink_to(venv, target_is_directory=True)
-    inventory = cluster_inventory(sandbox, slurm, tmp_path / "inventory.yaml")
-    text = _with_engine_venv(inventory.read_text(), "hpc", link)
-    hpc = text.index("  hpc:\n")
-    limit = text.index("      time_limit: '10'\n", hpc)
-    inventory.write_text(text[:limit] + "      time_limit: '30'\n" + text[limit + len("      time_limit: '10'\n"):])
+    inventory = cluster_inventory(sandbox, slurm, tmp_path / "inventory.yaml", time_limit="30")
+    inventory.write_text(_with_engine_venv(inventory.read_text(), "hpc", link))
     return Place("hpc", inventory, "hpc[0]", True)
 
 
