@@ -10,9 +10,12 @@ import re
 import shlex
 import stat
 import subprocess
+import time
 
 MAX_TEXT = 1 << 20  # bytes of a command's stdout handed back
 RECORD_BYTES = 512  # a task's started.json / finished.json is a one-line JSON object
+WAIT_MAX_S = 30.0  # the longest one wait_records call holds the login session (follow's longest interval)
+WAIT_STEP_S = 0.25  # how often it looks at the task folders (local stat calls, no Slurm command)
 # \Z, not $: "$" also matches before a trailing newline, and "123\n" is no job id.
 DIGITS = re.compile(r"^[0-9]{1,12}\Z")
 TARGET = re.compile(r"^[0-9]{1,12}(_[0-9]{1,4})?\Z")
@@ -218,6 +221,22 @@ def records(job_dir, tasks):
             texts = {name: _head(os.path.join(folder, name + ".json")) for name in texts}
         out[str(int(task))] = texts
     return out
+
+
+def wait_records(job_dir, tasks, seen, wait_s):
+    """records(JOB_DIR, TASKS) as soon as a task has a record SEEN (task -> the record names the controller has
+    seen) does not list, or after WAIT_S seconds (at most WAIT_MAX_S). Looking at the task folders costs the
+    scheduler nothing, so the controller learns that a task ended when it ends and asks squeue only then or
+    when its own interval is up."""
+    deadline = time.time() + min(max(float(wait_s), 0.0), WAIT_MAX_S)
+    known = {str(task): set(names) for task, names in dict(seen).items()}
+    while True:
+        found = records(job_dir, tasks)
+        new = any(text and name not in known.get(task, ()) for task, texts in found.items()
+                  for name, text in texts.items())
+        if new or time.time() >= deadline:
+            return found
+        time.sleep(WAIT_STEP_S)
 
 
 def task_results(job_dir, task, limit=1000):

@@ -162,9 +162,12 @@ def _checked_id(session: LoginSession, job_id: str) -> str:
 def follow(session: LoginSession, submitted: Submitted, *, poll: float = 1.0, timeout: float = 3600.0,
            on_change: Callable[[TaskState], None] | None = None, max_poll: float = 30.0) -> dict[int, TaskState]:
     """Poll until every task has left the queue; ON_CHANGE sees each task whenever its state changes. The
-    interval grows from POLL to MAX_POLL while nothing changes (a long job does not hammer slurmctld)."""
+    interval between squeue calls grows from POLL to MAX_POLL while nothing changes (a long job does not hammer
+    slurmctld), and is cut short when a task writes its started or finished record (``wait_for_records``): a
+    task's end is seen within a second of it, not up to MAX_POLL later."""
     deadline = time.monotonic() + timeout
     seen: dict[int, TaskState] = {}
+    records_seen: dict[int, set[str]] = {}
     polls = 0
     interval = poll
     while True:
@@ -200,7 +203,32 @@ def follow(session: LoginSession, submitted: Submitted, *, poll: float = 1.0, ti
             raise OperationError(f"{session.name}: job {submitted.array_job_id} still has tasks in the queue after "
                                  f"{timeout:.0f} s", hint=f"follow it with squeue -j {submitted.array_job_id}, or "
                                  f"cancel it with scancel {submitted.array_job_id} on the login node")
-        time.sleep(interval)
+        if wait_for_records(session, submitted, records_seen, interval, at_least=poll):
+            interval = poll
+
+
+def wait_for_records(session: LoginSession, submitted: Submitted, seen: dict[int, set[str]], wait_s: float, *,
+                     at_least: float) -> bool:
+    """Wait up to WAIT_S for a task of SUBMITTED to write a started or finished record not in SEEN (updated in
+    place); True when one did. The login node's answer is only a hint to look again, never a result, and the
+    wait lasts AT_LEAST seconds whatever it answers (a host that always claims news cannot make the follower
+    spin on slurmctld)."""
+    started = time.monotonic()
+    answer = call(session, "wait_records", timeout=wait_s + CALL_TIMEOUT_S, job_dir=submitted.job_dir,
+                  tasks=list(submitted.tasks), seen={str(t): sorted(names) for t, names in seen.items()},
+                  wait_s=wait_s)
+    news = False
+    for task in submitted.tasks:
+        texts = answer.get(str(task)) if isinstance(answer, dict) else None
+        record = task_record(task, texts)
+        have = {name for name, present in (("started", record.started), ("finished", record.exit_code is not None))
+                if present}
+        news = news or bool(have - seen.get(task, set()))
+        seen[task] = seen.get(task, set()) | have
+    rest = at_least - (time.monotonic() - started)
+    if rest > 0:
+        time.sleep(rest)
+    return news
 
 
 def cancel(session: LoginSession, array_job_id: str, task: int | None = None) -> None:

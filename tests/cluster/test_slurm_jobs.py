@@ -7,7 +7,15 @@ import time
 
 import pytest
 
-from orchestrator.cluster.operation import cancel, follow, resubmit, submit, task_records, task_states
+from orchestrator.cluster.operation import (
+    cancel,
+    follow,
+    resubmit,
+    submit,
+    task_records,
+    task_states,
+    wait_for_records,
+)
 from orchestrator.cluster.plan import BatchRequest
 
 
@@ -73,6 +81,28 @@ def test_a_cancelled_running_task_leaves_no_finished_record(login, section):
     assert final[0].state == "CANCELLED"
     record = task_records(login, request.job_dir, request.tasks)[0]
     assert record.started and record.exit_code is None  # half-done: resume would run it again
+
+
+def test_the_follower_hears_of_a_tasks_end_from_its_record_not_at_the_end_of_its_interval(login, section):
+    """follow() sleeps between squeue calls in wait_for_records: a task's started and finished records end the
+    wait when they appear (the login node looks at the task's folder, Slurm's controller is not asked), never
+    sooner than its floor, whatever the login node answers."""
+    submitted = submit(login, section, _request(section, "records", ("sleep", "2"), tasks=(0,)))
+    seen: dict[int, set[str]] = {}
+    assert wait_for_records(login, submitted, seen, 25, at_least=0) and "started" in seen[0]
+    if "finished" not in seen[0]:
+        started = time.monotonic()
+        assert wait_for_records(login, submitted, seen, 25, at_least=0)
+        assert time.monotonic() - started < 20, "the wait ran to its end instead of ending on the finished record"
+    assert seen == {0: {"started", "finished"}}
+    started = time.monotonic()
+    assert not wait_for_records(login, submitted, seen, 1.0, at_least=0)  # nothing new: the whole wait
+    assert time.monotonic() - started >= 1.0
+    started = time.monotonic()  # a follower that has seen nothing hears news at once, but waits out its floor
+    assert wait_for_records(login, submitted, {}, 25, at_least=1.5)
+    assert time.monotonic() - started >= 1.5
+    final = follow(login, submitted, poll=0.5, max_poll=1, timeout=60)
+    assert final[0].state == "COMPLETED"
 
 
 @pytest.mark.slow
