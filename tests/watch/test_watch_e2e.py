@@ -36,6 +36,10 @@ pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 TRAINER = Path(__file__).resolve().parents[2] / "orchestrator" / "testing" / "fake_trainer.py"
 STEPS = (100, 200, 250, 300)
 CORRUPT = 250
+# A file is written in CHUNKS pieces, CHUNK_DELAY apart (3 s), the slow step_200 one piece a second: --settle 3 s
+# is three of its gaps, so a file still being written never looks settled, and the test waits little on the
+# trainer (it waited 20 s more at 30 pieces 0.2 s apart and --settle 5).
+CHUNKS, CHUNK_DELAY, SETTLE = 60, 0.05, 3
 
 
 def wait_for(predicate, what: str, timeout: float = 300, every: float = 0.1):
@@ -93,8 +97,8 @@ def trainer(sandbox, eval_hosts, provision_cache, tmp_path):
         script = posixpath.join(str(kpro6.workdir), "fake_trainer.py")
         connector.session("kpro6").put(TRAINER, script)
         argv = [python, script, "--source", source, "--out", folder, "--steps", ",".join(map(str, STEPS)),
-                "--corrupt", str(CORRUPT), "--slow", "200", "--slow-seconds", "60", "--chunks", "30",
-                "--chunk-delay", "0.2", "--hurry", str(hurry), "--log", str(log)]
+                "--corrupt", str(CORRUPT), "--slow", "200", "--slow-seconds", "60", "--chunks", str(CHUNKS),
+                "--chunk-delay", str(CHUNK_DELAY), "--hurry", str(hurry), "--log", str(log)]
         for g in gates:
             argv += ["--wait-for", str(g)]
         handle = launch_job(connector, "kpro6", argv, lock=None, job_name="fake trainer")
@@ -115,7 +119,7 @@ def test_watch_evaluates_each_checkpoint_once_through_kills_and_a_corrupt_file(s
                            f"open({str(hook_log)!r}, 'a').write(json.dumps(json.load(sys.stdin)) + '\\n')\n")
     hook = f"{sys.executable} {hook_script}"
     args = ["watch", f"kpro6:{folder}/", "--host", "ct129", "--target", eval_hosts["target"],
-            "--drafter", eval_hosts["random"], "--series", "run7", "--pattern", "step_*.pt", "--settle", "5",
+            "--drafter", eval_hosts["random"], "--series", "run7", "--pattern", "step_*.pt", "--settle", str(SETTLE),
             "--samples", "3", "--max-new-tokens", "32", "--dtype", "float32", "--threads", "1", "--on-result", hook]
     state = runs / "series" / "run7" / "series.json"
 
@@ -123,9 +127,9 @@ def test_watch_evaluates_each_checkpoint_once_through_kills_and_a_corrupt_file(s
     wait_for(lambda: any(e["event"] == "done" for e in trainer_events(log)), "step_100.pt", timeout=120)
     gates[0].touch()
     wait_for(lambda: any(e["event"] == "start" and e["step"] == 200 for e in trainer_events(log)), "step_200 start")
-    # step_100 must have been quiet for --settle (5 s) on a fast machine too; step_200 keeps growing (over 60 s, or
+    # step_100 must have been quiet for --settle on a fast machine too; step_200 keeps growing (over 60 s, or
     # until the test has looked and lets it finish).
-    time.sleep(6)
+    time.sleep(SETTLE + 1)
     dry = dfo(sandbox, *args, "--dry-run", "--json", runs=runs)
     assert dry.returncode == 0, dry.stderr[-2000:]
     planned = json.loads(dry.stdout)
