@@ -24,6 +24,7 @@ side by side.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -84,10 +85,15 @@ class DemoOutcome:
 
 
 def _build_fixtures(connector: Connector, host: str, python: str, out: str, what: str, events: Events) -> None:
+    """The fixture items WHAT built (or copied from the fixture cache) into OUT on a sandbox host. The sandbox's
+    hosts are this machine: with ``$DFO_FIXTURE_CACHE`` set here, their job uses that cache too (an SSH session
+    does not inherit this process's environment), so a demo after the tests, or inside them, trains nothing they
+    trained already; otherwise the payload's default cache (``~/.cache/dfo-payload/fixtures``)."""
     inv_host = connector.inventory.hosts[host]
     argv = [python, "-m", "remote_payload", "fixtures", "--out", out, "--what", what]
+    cache = os.environ.get("DFO_FIXTURE_CACHE")
     handle = launch_job(connector, host, argv, cwd=payload_dir(inv_host.workdir), job_name=f"demo fixtures {what}",
-                        lock=None)
+                        lock=None, env={"DFO_FIXTURE_CACHE": cache} if cache else None)
     status = follow_job(connector, host, handle.job_id, events=events)
     if not status.ok:
         raise OperationError(f"{host}: building fixtures failed ({status.state}):\n  "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 from cli_runner import dfo_process
+from fixtures_provision import wheelhouse_cache_dir
 from test_series_scale import _read_scalars
 
 from orchestrator.core.events import QuietEvents
@@ -40,10 +41,13 @@ class _UpToTheSandbox(QuietEvents):
         raise _StopBeforeTheSandbox(text)
 
 
-def test_the_watch_demo_writes_tensorboard_events_and_a_later_demo_keeps_its_series(tmp_path):
+def test_the_watch_demo_writes_tensorboard_events_and_a_later_demo_keeps_its_series(tmp_path, tmp_path_factory):
     runs = tmp_path / "runs"
     args = ["demo", "--watch", "--samples", "2", "--max-new-tokens", "32"]
-    first = dfo_process(*args, runs=runs, timeout=1500)
+    # The suite's wheelhouse (DFO_CACHE) and fixture cache (DFO_FIXTURE_CACHE, which the demo hands to its hosts'
+    # fixture jobs): on a fresh machine the demo's own defaults are empty, and it downloaded the wheels and trained
+    # the fixtures again (75 s of training) where the payload tests had just built the same ones.
+    first = dfo_process(*args, runs=runs, timeout=1500, env={"DFO_CACHE": str(wheelhouse_cache_dir(tmp_path_factory))})
     assert first.returncode == 0, first.stderr[-4000:]
     assert "kept as" not in first.stderr  # nothing earlier to keep
     series = runs / "series" / SERIES
