@@ -89,9 +89,12 @@ def sshd_config_text(host: SandboxHost, run_id: str, *, own_home: bool, penaltie
         ("LogLevel", "VERBOSE"),
         ("PrintMotd", "no"),
         ("PrintLastLog", "no"),
-        # Which fake host a session is on; the run marker finds detached jobs at teardown.
+        # Which fake host a session is on; the run marker finds detached jobs at teardown. Without own_home a
+        # session runs this user's ~/.bashrc, and a pyenv set up there rehashes at every session: a rehash killed
+        # with its session (a downed link, a stopped host) leaves pyenv's lock behind, and every later session
+        # then waited 60 s for it (a whole CI run stalled so); PYENV_REHASH_TIMEOUT=0 gives up at once instead.
         ("SetEnv", " ".join(quote_conf(v) for v in (
-            f"DFO_SANDBOX_HOST={host.name}", f"DFO_SANDBOX_RUN={run_id}",
+            f"DFO_SANDBOX_HOST={host.name}", f"DFO_SANDBOX_RUN={run_id}", "PYENV_REHASH_TIMEOUT=0",
             *([f"HOME={host.home}"] if own_home else [])))),
     ]
     if penalties_option:
