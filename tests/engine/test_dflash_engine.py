@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import MAX_NEW, TIMINGS
 
+from orchestrator.testing.processes import descendants
 from remote_payload.engines.run import EnginePrompt, run_prompts, sweep
 from remote_payload.engines.spec_metrics import read_counters
 from remote_payload.metrics.engine_agreement import compare, per_step_differences
@@ -159,30 +161,13 @@ def test_metrics_page_parses_to_the_run_totals(servers, dflash_sweep):
     assert read_counters(page, "vllm:", "some-other-model").drafts == 0  # samples are filtered by model_name
 
 
-def _descendants(pid: int) -> list[str]:
-    """The process titles (vLLM names its processes ``VLLM::…``) of every process below PID, from /proc."""
-    import os
-
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    titles, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        try:
-            titles.append(open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode().strip())
-        except OSError:
-            continue
-        todo += children.get(child, [])
-    return titles
-
-
 def test_the_model_runs_in_the_engine_core_process_not_a_third_one(servers, dflash_sweep):
     """VLLM_ENABLE_V1_MULTIPROCESSING=0 (remote_payload/engines/vllm.py): at tensor parallel 1 the worker runs
     inside the engine core, as vLLM lays it out on a GPU, instead of an interpreter of its own to start."""
-    titles = _descendants(servers.get("dflash").proc.pid)
+    titles = []  # vLLM names its processes VLLM::…
+    for pid in descendants(servers.get("dflash").proc.pid):
+        try:
+            titles.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip())
+        except OSError:
+            continue
     assert [t for t in titles if t.startswith("VLLM::")] == ["VLLM::EngineCore"], titles
