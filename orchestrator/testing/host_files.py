@@ -89,12 +89,14 @@ def sshd_config_text(host: SandboxHost, run_id: str, *, own_home: bool, penaltie
         ("LogLevel", "VERBOSE"),
         ("PrintMotd", "no"),
         ("PrintLastLog", "no"),
-        # Which fake host a session is on; the run marker finds detached jobs at teardown. Without own_home a
-        # session runs this user's ~/.bashrc, and a pyenv set up there rehashes at every session: a rehash killed
-        # with its session (a downed link, a stopped host) leaves pyenv's lock behind, and every later session
-        # then waited 60 s for it (a whole CI run stalled so); PYENV_REHASH_TIMEOUT=0 gives up at once instead.
+        # Which fake host a session is on; the run marker finds detached jobs at teardown. SHLVL=1: bash runs
+        # ~/.bashrc for a command sent over SSH only as a top-level shell (SHLVL below 2 once it counts itself),
+        # and this user's ~/.bashrc is a developer's: on this machine a pyenv init, about 0.1 s of CPU in every
+        # session (a third of the CPU of the SSH-heavy tests) and a rehash lock that, left behind by a session
+        # killed mid-rehash, made every later session wait 60 s. A sandbox host is a server, not a login: its
+        # sessions get sshd's own PATH. PYENV_REHASH_TIMEOUT=0 still covers a shell that runs the file anyway.
         ("SetEnv", " ".join(quote_conf(v) for v in (
-            f"DFO_SANDBOX_HOST={host.name}", f"DFO_SANDBOX_RUN={run_id}", "PYENV_REHASH_TIMEOUT=0",
+            f"DFO_SANDBOX_HOST={host.name}", f"DFO_SANDBOX_RUN={run_id}", "PYENV_REHASH_TIMEOUT=0", "SHLVL=1",
             *([f"HOME={host.home}"] if own_home else [])))),
     ]
     if penalties_option:

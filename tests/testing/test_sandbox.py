@@ -285,6 +285,21 @@ def test_own_home_per_host(tmp_path):
             assert home == cd == str(host.home) and host.home.is_dir()
 
 
+def test_a_session_does_not_run_the_accounts_bashrc(tmp_path):
+    """A command over SSH would run ~/.bashrc (bash does so for sshd); a sandbox host's sessions skip it, as a
+    developer's file (a pyenv init in this machine's) cost every session 0.1 s of CPU and once a 60 s wait."""
+    require_sshd()
+    with Sandbox(tmp_path / "sb", hosts=["kpro6"], own_home=True) as box:
+        host = box.hosts["kpro6"]
+        marker = tmp_path / "bashrc-ran"
+        (host.home / ".bashrc").write_text(f"echo ran >> {marker}\n")
+        assert ok(box.run_ssh("kpro6", "echo $HOME")).strip() == str(host.home)
+        assert not marker.exists()
+        # The same file does run where bash is asked to read it: the check above looks at the right file.
+        ok(box.run_ssh("kpro6", "bash -ic true"))
+        assert marker.read_text() == "ran\n"
+
+
 def test_custom_host_names_and_roles(tmp_path):
     require_sshd()
     with Sandbox(tmp_path / "sb", {"trainer": ["train"], "judge-a": ["eval"], "judge-b": ["eval", "train"]}) as box:
