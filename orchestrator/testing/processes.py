@@ -78,15 +78,20 @@ def pids_with_env(entry: bytes) -> list[int]:
     return found
 
 
+def command_line(pid: int) -> str | None:
+    """The process's command line, its arguments joined by spaces (a title it set itself, as sshd and vLLM do,
+    reads as one); None when it is gone or not ours to read."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
 def command_line_has(pid: int, word: str) -> bool:
     """Does the live process pid have `word` as a whole word on its command line?"""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    cmdline = command_line(pid)
     # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -e -f CONF [listener] ..."): match words.
-    words = b" " + cmdline.replace(b"\0", b" ") + b" "
-    return b" " + word.encode() + b" " in words and alive(pid)
+    return cmdline is not None and f" {word} " in f" {cmdline} " and alive(pid)
 
 
 def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:

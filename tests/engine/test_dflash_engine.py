@@ -14,12 +14,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import MAX_NEW, TIMINGS
 
-from orchestrator.testing.processes import descendants
+from orchestrator.testing.processes import command_line, descendants
 from remote_payload.engines.run import EnginePrompt, run_prompts, sweep
 from remote_payload.engines.spec_metrics import read_counters
 from remote_payload.metrics.engine_agreement import compare, per_step_differences
@@ -164,10 +163,5 @@ def test_metrics_page_parses_to_the_run_totals(servers, dflash_sweep):
 def test_the_model_runs_in_the_engine_core_process_not_a_third_one(servers, dflash_sweep):
     """VLLM_ENABLE_V1_MULTIPROCESSING=0 (remote_payload/engines/vllm.py): at tensor parallel 1 the worker runs
     inside the engine core, as vLLM lays it out on a GPU, instead of an interpreter of its own to start."""
-    titles = []  # vLLM names its processes VLLM::…
-    for pid in descendants(servers.get("dflash").proc.pid):
-        try:
-            titles.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip())
-        except OSError:
-            continue
+    titles = [t for t in map(command_line, descendants(servers.get("dflash").proc.pid)) if t]  # VLLM::… names
     assert [t for t in titles if t.startswith("VLLM::")] == ["VLLM::EngineCore"], titles
